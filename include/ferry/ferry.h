@@ -1,0 +1,161 @@
+/*
+ * ferry.h — the whole public C API of libferry.
+ *
+ * Conventions (GDRCopy's, minus its errno/-1 mix):
+ *  - every call returns a ferry_status_t; outputs come last, as pointers;
+ *  - on failure ferry_last_error() returns a thread-local message that says what
+ *    went wrong and with which value; it stays valid until the next failing call
+ *    on the same thread;
+ *  - handles are opaque typed pointers; create/destroy come in pairs;
+ *  - no CUDA header is needed to use this header (streams are void*).
+ *
+ * A changed signature becomes NAME_v2 and the old one stays; FERRY_API_VERSION
+ * is the version this header describes, ferry_get_api_version() the one the
+ * loaded library implements.
+ */
+#ifndef FERRY_FERRY_H
+#define FERRY_FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_API_MAJOR 1
+#define FERRY_API_MINOR 0
+#define FERRY_API_VERSION ((FERRY_API_MAJOR << 16) | FERRY_API_MINOR)
+
+#if defined(__GNUC__)
+#define FERRY_API __attribute__((visibility("default")))
+#else
+#define FERRY_API
+#endif
+
+typedef enum ferry_status {
+  FERRY_SUCCESS = 0,
+  FERRY_ERROR_INVALID_ARGUMENT = 1, /* bad pointer, size, alignment, option value */
+  FERRY_ERROR_OUT_OF_MEMORY = 2,    /* OS, CUDA or a configured limit refused memory */
+  FERRY_ERROR_OS = 3,               /* a system call failed; the message has errno */
+  FERRY_ERROR_CUDA = 4,             /* a CUDA call failed; the message has its code */
+  FERRY_ERROR_NO_DEVICE = 5,        /* no CUDA driver or no CUDA device */
+  FERRY_ERROR_NOT_SUPPORTED = 6,    /* this machine cannot do it (e.g. no gdrdrv) */
+  FERRY_ERROR_INTERNAL = 7          /* a bug in ferry: please report it */
+} ferry_status_t;
+
+/* Message of the last failing call on this thread ("" if none). */
+FERRY_API const char* ferry_last_error(void);
+/* Stable name of a status, e.g. "FERRY_ERROR_OUT_OF_MEMORY". */
+FERRY_API const char* ferry_status_name(ferry_status_t status);
+
+/* ---- versions ---------------------------------------------------------- */
+
+typedef struct ferry_versions {
+  int api_major, api_minor;  /* C API implemented by the loaded library */
+  char library[32];          /* e.g. "0.1.0" */
+  int cuda_runtime;          /* e.g. 13000; the runtime ferry was built with */
+  int cuda_driver;           /* e.g. 13000; 0 when no driver is installed */
+} ferry_versions_t;
+
+FERRY_API ferry_status_t ferry_get_api_version(int* major, int* minor);
+FERRY_API ferry_status_t ferry_get_versions(ferry_versions_t* out);
+
+/* ---- options ----------------------------------------------------------- */
+/* Options come from FERRY_* environment variables, read once. An unknown
+ * FERRY_ key or a bad value makes this (and every call that needs options)
+ * fail with FERRY_ERROR_INVALID_ARGUMENT, quoting the value. */
+FERRY_API ferry_status_t ferry_options_check(void);
+/* Number of options and the i-th option's name, default and documentation. */
+FERRY_API ferry_status_t ferry_option_count(size_t* count);
+FERRY_API ferry_status_t ferry_option_info(size_t index, const char** name,
+                                           const char** default_value, const char** doc);
+
+/* Fault injection for error-path tests: "call:N" makes call number N+1 of
+ * that kind fail once; "call:N+" makes every call after the first N fail.
+ * Calls: mmap, madvise, memfd, touch, register. Several rules separated by ','.
+ * "" clears. Also read from FERRY_FAULT_INJECT at start. */
+FERRY_API ferry_status_t ferry_set_fault_injection(const char* spec);
+
+/* ---- devices ----------------------------------------------------------- */
+
+/* Number of CUDA devices; FERRY_ERROR_NO_DEVICE (with the reason) when there
+ * is no driver or no device. */
+FERRY_API ferry_status_t ferry_device_count(int* count);
+
+
+/* ---- host pool and pinned pool ------------------------------------------ */
+/* Exact-size host allocations carved from 2 MiB-aligned chunks that are huge-
+ * page (hugetlb or THP) or small-page backed, recycled on free, returned to the
+ * OS on trim or by a throttled background releaser. A pinned pool registers
+ * each chunk with the CUDA driver once, so its allocations are pinned. */
+
+typedef struct ferry_pool* ferry_pool_t;
+
+typedef enum ferry_huge {
+  FERRY_HUGE_AUTO = 0, /* huge pages for allocations of 2 MiB and more */
+  FERRY_HUGE_YES = 1,
+  FERRY_HUGE_NO = 2
+} ferry_huge_t;
+
+typedef enum ferry_huge_policy {
+  FERRY_HUGE_POLICY_AUTO = 0, /* hugetlb pages if reserved, else THP */
+  FERRY_HUGE_POLICY_HUGETLB = 1,
+  FERRY_HUGE_POLICY_THP = 2,
+  FERRY_HUGE_POLICY_OFF = 3
+} ferry_huge_policy_t;
+
+typedef struct ferry_pool_options {
+  size_t chunk_bytes;          /* multiple of 2 MiB; default FERRY_CHUNK_SIZE (64 MiB) */
+  int memfd;                   /* 1: back chunks by memfd (shareable); default 0 */
+  ferry_huge_policy_t huge_pages;
+  size_t limit_bytes;          /* hard limit on reserved bytes; 0 = none */
+  int zero_recycled;           /* zero recycled memory before reuse */
+  int touch_threads;           /* 0 = one per core, at most 16 */
+  int64_t release_delay_ms;    /* background release after this idle time; 0 = only trim */
+  size_t release_batch_bytes;  /* cap per background round */
+  int numa_node;               /* -1: none (pinned pools: the GPU's node); -2: never bind */
+  size_t target_bytes;         /* reserve (and pin) this much in the background at creation */
+} ferry_pool_options_t;
+
+typedef struct ferry_counter {
+  uint64_t current, peak, total;
+} ferry_counter_t;
+
+typedef struct ferry_pool_kind_stats {
+  ferry_counter_t reserved, committed, in_use, cached, released;
+} ferry_pool_kind_stats_t;
+
+typedef struct ferry_pool_stats {
+  ferry_pool_kind_stats_t small, huge;
+  uint64_t allocations, frees, recycles, chunk_reservations, chunk_releases, fallbacks;
+  uint64_t touch_ns, register_ns;
+  uint64_t chunks_small_pages, chunks_thp, chunks_hugetlb_2m, chunks_hugetlb_1g;
+  size_t note_count; /* fallbacks remembered; read them with ferry_pool_get_note */
+} ferry_pool_stats_t;
+
+/* Fills *out with the defaults (from FERRY_* options). */
+FERRY_API ferry_status_t ferry_pool_options_init(ferry_pool_options_t* out);
+/* options may be NULL (defaults). */
+FERRY_API ferry_status_t ferry_pool_create(const ferry_pool_options_t* options, ferry_pool_t* out);
+FERRY_API ferry_status_t ferry_pinned_pool_create(const ferry_pool_options_t* options, int device,
+                                                  ferry_pool_t* out);
+/* Releases every chunk (unpinning first). Live allocations become invalid. */
+FERRY_API ferry_status_t ferry_pool_destroy(ferry_pool_t pool);
+/* alignment: power of two up to 2 MiB; 0 means 256. */
+FERRY_API ferry_status_t ferry_pool_alloc(ferry_pool_t pool, size_t bytes, size_t alignment,
+                                          ferry_huge_t huge, void** out);
+/* Double free, foreign or interior pointer: FERRY_ERROR_INVALID_ARGUMENT, nothing changed. */
+FERRY_API ferry_status_t ferry_pool_free(ferry_pool_t pool, void* ptr);
+FERRY_API ferry_status_t ferry_pool_trim(ferry_pool_t pool, size_t keep_bytes, size_t* released);
+/* Waits until options.target_bytes are reserved and ready. */
+FERRY_API ferry_status_t ferry_pool_wait_ready(ferry_pool_t pool);
+FERRY_API ferry_status_t ferry_pool_get_stats(ferry_pool_t pool, ferry_pool_stats_t* out);
+/* The i-th remembered fallback note; valid until the next call on this thread. */
+FERRY_API ferry_status_t ferry_pool_get_note(ferry_pool_t pool, size_t index, const char** note);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_FERRY_H */

@@ -1,0 +1,33 @@
+// error.cpp — message formatting for ferry's exceptions.
+#include "core/error.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace ferry {
+
+OsError::OsError(const std::string& call, int err)
+    : Error(err == ENOMEM ? FERRY_ERROR_OUT_OF_MEMORY : FERRY_ERROR_OS,
+            call + " failed: " + std::strerror(err) + " (errno " + std::to_string(err) + ")"),
+      errno_(err) {}
+
+std::string format_bytes(size_t bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[48];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  else if (v == static_cast<double>(static_cast<long long>(v)))
+    std::snprintf(buf, sizeof buf, "%.0f %s", v, units[u]);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace ferry

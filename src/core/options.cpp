@@ -1,0 +1,192 @@
+// options.cpp — the option table and its strict parser.
+#include "core/options.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+
+#include "core/error.h"
+#include "core/fault.h"
+
+extern char** environ;
+
+namespace ferry {
+namespace {
+
+// The one table. Keep it sorted by name; docs/options.md is generated from it
+// by `ferry options --markdown`.
+const OptionSpec kOptions[] = {
+    {"FERRY_CHUNK_SIZE", "64MiB",
+     "bytes the arena reserves from the OS at a time (a multiple of 2 MiB)", OptionType::size,
+     nullptr},
+    {"FERRY_FAULT_INJECT", "",
+     "make chosen system or CUDA calls fail, for error-path tests: call:N[+],... "
+     "(calls: mmap, madvise, memfd, touch, register)",
+     OptionType::text, nullptr},
+    {"FERRY_HUGE_PAGES", "auto",
+     "how huge chunks get huge pages: auto (hugetlb if reserved, else THP), hugetlb, thp, off",
+     OptionType::choice, "auto|hugetlb|thp|off"},
+    {"FERRY_POOL_LIMIT", "0", "hard limit on bytes a pool reserves from the OS; 0 = none",
+     OptionType::size, nullptr},
+    {"FERRY_RELEASE_BATCH", "128MiB",
+     "most bytes the background releaser returns to the OS per round", OptionType::size,
+     nullptr},
+    {"FERRY_RELEASE_DELAY_MS", "0",
+     "background release: chunks free for this long go back to the OS; 0 = only on trim",
+     OptionType::integer, nullptr},
+    {"FERRY_TOUCH_THREADS", "0",
+     "threads that first-touch a new chunk; 0 = one per core, at most 16", OptionType::integer,
+     nullptr},
+    {"FERRY_ZERO_RECYCLED", "0",
+     "zero recycled memory before handing it out again (Python pools default to 1)",
+     OptionType::boolean, nullptr},
+};
+
+const OptionSpec* find_spec(const std::string& name) {
+  for (const auto& s : kOptions)
+    if (name == s.name) return &s;
+  return nullptr;
+}
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+void validate(const OptionSpec& spec, const std::string& value) {
+  const std::string what = std::string(spec.name);
+  switch (spec.type) {
+    case OptionType::size: parse_size(value, what); break;
+    case OptionType::boolean: parse_bool(value, what); break;
+    case OptionType::integer: parse_integer(value, what); break;
+    case OptionType::text:
+      if (what == "FERRY_FAULT_INJECT") {
+        try {
+          parse_fault_spec(value);
+        } catch (const InvalidArgument& e) {
+          throw InvalidArgument(what + "='" + value + "': " + e.what());
+        }
+      }
+      break;
+    case OptionType::choice: {
+      std::string all = spec.choices, item;
+      size_t pos = 0;
+      while (pos <= all.size()) {
+        size_t bar = all.find('|', pos);
+        if (bar == std::string::npos) bar = all.size();
+        if (all.substr(pos, bar - pos) == value) return;
+        pos = bar + 1;
+      }
+      throw InvalidArgument(what + "='" + value + "': expected one of " + all);
+    }
+  }
+}
+
+}  // namespace
+
+std::span<const OptionSpec> option_table() { return kOptions; }
+
+uint64_t parse_size(const std::string& text, const std::string& what) {
+  const std::string t = trim(text);
+  auto bad = [&](const char* why) {
+    return InvalidArgument(what + "='" + text + "': " + why +
+                           " (expected a byte count such as 4096, 64MiB, 1G)");
+  };
+  if (t.empty() || !std::isdigit(static_cast<unsigned char>(t[0]))) throw bad("not a size");
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long n = std::strtoull(t.c_str(), &end, 10);
+  if (errno == ERANGE) throw bad("too large");
+  std::string unit = trim(end);
+  for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  uint64_t mult = 1;
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib")
+    mult = 1ull << 10;
+  else if (unit == "m" || unit == "mb" || unit == "mib")
+    mult = 1ull << 20;
+  else if (unit == "g" || unit == "gb" || unit == "gib")
+    mult = 1ull << 30;
+  else if (unit == "t" || unit == "tb" || unit == "tib")
+    mult = 1ull << 40;
+  else
+    throw bad("unknown unit");
+  if (n > UINT64_MAX / mult) throw bad("too large");
+  return n * mult;
+}
+
+bool parse_bool(const std::string& text, const std::string& what) {
+  std::string t = trim(text);
+  for (auto& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
+  if (t == "0" || t == "false" || t == "no" || t == "off") return false;
+  throw InvalidArgument(what + "='" + text + "': expected 1/0, true/false, yes/no or on/off");
+}
+
+int64_t parse_integer(const std::string& text, const std::string& what) {
+  const std::string t = trim(text);
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(t.c_str(), &end, 10);
+  if (t.empty() || *end != '\0' || errno == ERANGE)
+    throw InvalidArgument(what + "='" + text + "': expected an integer");
+  return v;
+}
+
+Options Options::parse(const std::vector<std::pair<std::string, std::string>>& env) {
+  Options o;
+  for (const auto& s : kOptions) o.values_[s.name] = s.default_value;
+  for (const auto& [name, value] : env) {
+    if (name.rfind("FERRY_", 0) != 0) continue;
+    const OptionSpec* spec = find_spec(name);
+    if (!spec)
+      throw InvalidArgument("unknown option " + name + "='" + value +
+                            "' (run `ferry options` for the list)");
+    validate(*spec, value);
+    o.values_[name] = trim(value);
+  }
+  return o;
+}
+
+const std::string& Options::raw(const char* name, OptionType type) const {
+  const OptionSpec* spec = find_spec(name);
+  if (!spec || (spec->type != type && !(type == OptionType::text && spec->type == OptionType::choice)))
+    throw InvalidArgument(std::string("internal: no option ") + name + " of that type");
+  return values_.at(name);
+}
+
+uint64_t Options::size(const char* name) const { return parse_size(raw(name, OptionType::size), name); }
+bool Options::boolean(const char* name) const { return parse_bool(raw(name, OptionType::boolean), name); }
+int64_t Options::integer(const char* name) const {
+  return parse_integer(raw(name, OptionType::integer), name);
+}
+const std::string& Options::text(const char* name) const { return raw(name, OptionType::text); }
+
+const Options& options() {
+  // Parsed once; a bad environment is remembered and reported on every call.
+  static std::once_flag once;
+  static std::optional<Options> parsed;
+  static std::string failure;
+  std::call_once(once, [] {
+    std::vector<std::pair<std::string, std::string>> env;
+    for (char** e = environ; e && *e; ++e) {
+      std::string kv = *e;
+      size_t eq = kv.find('=');
+      if (eq != std::string::npos) env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+    }
+    try {
+      parsed = Options::parse(env);
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  });
+  if (!parsed) throw InvalidArgument(failure);
+  return *parsed;
+}
+
+}  // namespace ferry

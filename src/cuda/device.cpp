@@ -1,0 +1,62 @@
+// device.cpp — device enumeration and properties through the CUDA runtime.
+#include "cuda/device.h"
+
+#include <cuda_runtime_api.h>
+
+#include "core/error.h"
+#include "cuda/cuda_check.h"
+
+namespace ferry::cuda {
+
+Versions versions() noexcept {
+  Versions v;
+  v.runtime = CUDART_VERSION;
+  if (cudaDriverGetVersion(&v.driver) != cudaSuccess) v.driver = 0;
+  return v;
+}
+
+int device_count() {
+  int n = 0;
+  check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+  if (n == 0) throw NoDevice("no CUDA device: the driver reports 0 devices", cudaErrorNoDevice);
+  return n;
+}
+
+void set_device(int device) {
+  int n = device_count();
+  if (device < 0 || device >= n)
+    throw InvalidArgument("device " + std::to_string(device) + " does not exist (" +
+                          std::to_string(n) + " CUDA device" + (n == 1 ? "" : "s") + ")");
+  check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+DeviceInfo device_info(int device) {
+  set_device(device);
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+  DeviceInfo d;
+  d.index = device;
+  d.name = p.name;
+  d.total_memory_bytes = p.totalGlobalMem;
+  char bus[32] = {};
+  check(cudaDeviceGetPCIBusId(bus, sizeof bus, device), "cudaDeviceGetPCIBusId");
+  d.pci_bus_id = bus;
+  d.cc_major = p.major;
+  d.cc_minor = p.minor;
+  d.multiprocessors = p.multiProcessorCount;
+  d.async_engine_count = p.asyncEngineCount;
+  d.can_map_host_memory = p.canMapHostMemory;
+  auto attr = [&](cudaDeviceAttr a) {
+    int v = 0;
+    return cudaDeviceGetAttribute(&v, a, device) == cudaSuccess ? v : -1;
+  };
+  d.host_native_atomic_supported = attr(cudaDevAttrHostNativeAtomicSupported);
+  d.pageable_memory_access = attr(cudaDevAttrPageableMemoryAccess);
+  d.concurrent_managed_access = attr(cudaDevAttrConcurrentManagedAccess);
+  d.host_register_supported = attr(cudaDevAttrHostRegisterSupported);
+  d.numa_node = attr(cudaDevAttrNumaId);
+  cudaGetLastError();
+  return d;
+}
+
+}  // namespace ferry::cuda

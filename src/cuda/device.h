@@ -1,0 +1,39 @@
+// device.h — CUDA devices and versions, as plain C++ values (no CUDA types).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ferry::cuda {
+
+struct Versions {
+  int runtime = 0;  // CUDART_VERSION ferry was built with, e.g. 13000
+  int driver = 0;   // 0 when no driver is installed
+};
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  size_t total_memory_bytes = 0;
+  std::string pci_bus_id;  // "0000:00:05.0"
+  int cc_major = 0, cc_minor = 0;
+  int multiprocessors = 0;
+  int async_engine_count = 0;
+  int host_native_atomic_supported = 0;
+  int pageable_memory_access = 0;
+  int concurrent_managed_access = 0;
+  int can_map_host_memory = 0;
+  int host_register_supported = 0;
+  int numa_node = -1;  // cudaDevAttrNumaId; -1 when unknown
+};
+
+Versions versions() noexcept;
+
+// Throws NoDevice (with the reason) when there is no driver or device.
+int device_count();
+DeviceInfo device_info(int device);
+
+// Makes `device` current on this thread; InvalidArgument for a bad index.
+void set_device(int device);
+
+}  // namespace ferry::cuda

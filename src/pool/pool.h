@@ -1,0 +1,125 @@
+// pool.h — ferry's host memory pool: exact-size allocations carved from
+// huge-or-small chunks that the arena reserves from the OS, recycled on free,
+// returned to the OS only on trim() or by the background releaser.
+//
+// This is the contract the layers above (CUDA pinned pool, C API, Python) use.
+// No CUDA here: a pinned pool is this pool plus ChunkHooks that register each
+// chunk with the driver once (src/cuda/pinned_pool.*).
+//
+// Invariants (checked by the tests after every operation):
+//   reserved  = committed + released         (per kind)
+//   committed = in_use + cached               (per kind)
+//   huge and small allocations never share a chunk.
+// Free paths never throw except for a pointer the pool did not hand out
+// (InvalidArgument; nothing is changed).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+// What a chunk is backed by; fixed when the chunk is reserved.
+enum class Backing { small_pages, thp, hugetlb_2m, hugetlb_1g };
+const char* backing_name(Backing b) noexcept;
+
+// Accounting kind: huge (THP or hugetlb chunks) or small (MADV_NOHUGEPAGE).
+enum class PageKind { small = 0, huge = 1 };
+
+// What an allocation asks for. automatic = huge for >= 2 MiB, else small.
+enum class HugeWant { automatic, yes, no };
+
+// How huge chunks get their huge pages.
+enum class HugePolicy { automatic, hugetlb, thp, off };
+
+// Called by the pool OUTSIDE its lock. A pinned pool registers chunks here.
+class ChunkHooks {
+ public:
+  virtual ~ChunkHooks() = default;
+  // The chunk is reserved and touched. Throw ferry::Error to refuse it: the
+  // pool then unmaps it and the allocation that needed it fails with that error.
+  virtual void on_chunk_ready(void* base, size_t bytes) = 0;
+  // The chunk is about to be unmapped (trim, background release, destroy).
+  virtual void on_chunk_release(void* base, size_t bytes) noexcept = 0;
+};
+
+struct PoolOptions {
+  size_t chunk_bytes = 64u << 20;     // multiple of 2 MiB
+  bool memfd = false;                 // back chunks by memfd (MAP_SHARED) instead of anonymous memory
+  HugePolicy huge_pages = HugePolicy::automatic;
+  size_t limit_bytes = 0;             // hard limit on reserved bytes; 0 = none
+  bool zero_recycled = false;         // zero recycled ranges before handing them out
+  int touch_threads = 0;              // 0 = one per core, at most 16
+  int64_t release_delay_ms = 0;       // background release of chunks free this long; 0 = off
+  size_t release_batch_bytes = 128u << 20;  // cap per background round
+  int numa_node = -1;                 // bind chunks to this node (mbind); -1 = no binding
+  size_t target_bytes = 0;            // reserve this much in the background at creation
+  HugeWant target_kind = HugeWant::yes;  // kind of the target chunks
+
+  // Defaults from the FERRY_* options (core/options.h); throws InvalidArgument.
+  static PoolOptions from_environment();
+};
+
+struct Counter {
+  uint64_t current = 0, peak = 0, total = 0;  // total: sum of all increases
+};
+
+struct KindStats {
+  Counter reserved;   // address space held in chunks
+  Counter committed;  // touched and not released
+  Counter in_use;     // handed out (sizes rounded to the alignment asked)
+  Counter cached;     // committed, free, recyclable
+  Counter released;   // part of a live chunk, returned to the OS (MADV_DONTNEED)
+};
+
+struct PoolStats {
+  KindStats kind[2];  // indexed by PageKind
+  uint64_t allocations = 0;
+  uint64_t frees = 0;
+  uint64_t recycles = 0;            // allocations served from cached (used before) memory
+  uint64_t chunk_reservations = 0;
+  uint64_t chunk_releases = 0;
+  uint64_t fallbacks = 0;           // times a wanted backing was refused and another used
+  uint64_t touch_ns = 0;            // time spent first-touching chunks
+  uint64_t register_ns = 0;         // time spent in ChunkHooks::on_chunk_ready
+  uint64_t chunks_by_backing[4] = {};  // live chunks, indexed by Backing
+  std::vector<std::string> notes;   // fallbacks remembered, e.g. "hugetlb 2 MiB: 0 free pages; using THP"
+};
+
+class Pool {
+ public:
+  explicit Pool(PoolOptions options, std::shared_ptr<ChunkHooks> hooks = nullptr);
+  ~Pool();  // waits for background work, releases every chunk (hooks first)
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  // bytes >= 1; alignment a power of two, 1 .. 2 MiB. Throws InvalidArgument
+  // or OutOfMemory (naming the limit when that is the cause). Thread-safe.
+  void* allocate(size_t bytes, size_t alignment = 256, HugeWant huge = HugeWant::automatic);
+
+  // p must be a pointer returned by allocate() and not yet freed. Throws
+  // InvalidArgument (double free, foreign or interior pointer) and changes nothing.
+  void deallocate(void* p);
+
+  // Return free memory to the OS until at most keep_bytes stay cached. Returns
+  // the bytes released. Never runs on the free path.
+  size_t trim(size_t keep_bytes = 0);
+
+  // Size (rounded) of the live allocation that starts at p, or 0.
+  size_t allocation_size(const void* p) const;
+
+  // Blocks until the target_bytes given at creation are reserved and ready.
+  void wait_ready();
+
+  PoolStats stats() const;
+  const PoolOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry

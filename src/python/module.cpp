@@ -1,0 +1,313 @@
+// module.cpp — the nanobind extension `ferry._ferry`: thin bindings of the C++
+// API. Policy (Python defaults, friendly wrappers) lives in python/ferry/.
+//
+// Errors: ferry::Error becomes the ferry.errors class of its status (FerryError
+// subclasses that also derive from MemoryError, ValueError, ...).
+// Buffers: a Buffer is one pool allocation. It implements the buffer protocol
+// and __dlpack__; while any export is alive, release() refuses (BufferError)
+// so no view ever points at recycled memory.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+
+#include "core/error.h"
+#include "core/fault.h"
+#include "core/options.h"
+#include "cuda/device.h"
+#include "cuda/pinned_pool.h"
+#include "pool/pool.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+const char* error_class(ferry_status_t s) {
+  switch (s) {
+    case FERRY_ERROR_INVALID_ARGUMENT: return "InvalidArgumentError";
+    case FERRY_ERROR_OUT_OF_MEMORY: return "OutOfMemoryError";
+    case FERRY_ERROR_OS: return "OSLayerError";
+    case FERRY_ERROR_CUDA: return "CudaError";
+    case FERRY_ERROR_NO_DEVICE: return "NoDeviceError";
+    case FERRY_ERROR_NOT_SUPPORTED: return "NotSupportedError";
+    default: return "FerryError";
+  }
+}
+
+// ---- pools and buffers ----------------------------------------------------
+
+struct PoolHandle {
+  std::shared_ptr<ferry::Pool> pool;
+  bool pinned = false;
+  int device = -1;
+};
+
+struct Buffer {
+  std::shared_ptr<ferry::Pool> pool;  // keeps the pool alive while the buffer is
+  void* ptr = nullptr;
+  size_t size = 0;
+  bool pinned = false;
+  long exports = 0;  // live buffer-protocol views and DLPack tensors (GIL-guarded)
+
+  void release() {
+    if (!ptr) return;
+    if (exports > 0)
+      throw nb::buffer_error(("cannot release a ferry buffer while " + std::to_string(exports) +
+                              " view(s) or tensor(s) of it are alive")
+                                 .c_str());
+    void* p = ptr;
+    ptr = nullptr;
+    pool->deallocate(p);
+    pool.reset();
+  }
+  ~Buffer() {
+    if (ptr && pool) pool->deallocate(ptr);  // exports hold a reference, so none is alive here
+  }
+  void* checked() const {
+    if (!ptr) throw nb::value_error("this ferry buffer was released");
+    return ptr;
+  }
+};
+
+int buffer_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+  Buffer* b = nb::inst_ptr<Buffer>(self);
+  if (!b->ptr) {
+    PyErr_SetString(PyExc_BufferError, "this ferry buffer was released");
+    view->obj = nullptr;
+    return -1;
+  }
+  if (PyBuffer_FillInfo(view, self, b->ptr, static_cast<Py_ssize_t>(b->size), 0, flags) < 0)
+    return -1;
+  ++b->exports;
+  return 0;
+}
+
+void buffer_releasebuffer(PyObject* self, Py_buffer*) { --nb::inst_ptr<Buffer>(self)->exports; }
+
+PyType_Slot buffer_slots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(buffer_getbuffer)},
+                              {Py_bf_releasebuffer, reinterpret_cast<void*>(buffer_releasebuffer)},
+                              {0, nullptr}};
+
+// A DLPack export holds the Buffer object and counts as an export until the
+// consumer drops it.
+struct ExportToken {
+  PyObject* buffer;
+};
+
+nb::object buffer_dlpack(nb::handle self, nb::kwargs kwargs) {
+  Buffer* b = nb::inst_ptr<Buffer>(self);
+  void* data = b->checked();
+  auto* token = new ExportToken{self.ptr()};
+  Py_INCREF(self.ptr());
+  ++b->exports;
+  nb::capsule owner(token, [](void* p) noexcept {
+    auto* t = static_cast<ExportToken*>(p);
+    --nb::inst_ptr<Buffer>(t->buffer)->exports;
+    Py_DECREF(t->buffer);
+    delete t;
+  });
+  size_t shape[1] = {b->size};
+  nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig> arr(data, 1, shape, owner);
+  return nb::cast(arr).attr("__dlpack__")(**kwargs);
+}
+
+ferry::PoolOptions pool_options(const nb::dict& d) {
+  ferry::PoolOptions o = ferry::PoolOptions::from_environment();
+  for (auto [key, value] : d) {
+    std::string k = nb::cast<std::string>(key);
+    if (value.is_none()) continue;
+    if (k == "chunk_bytes") o.chunk_bytes = nb::cast<size_t>(value);
+    else if (k == "memfd") o.memfd = nb::cast<bool>(value);
+    else if (k == "huge_pages") {
+      std::string v = nb::cast<std::string>(value);
+      if (v == "auto") o.huge_pages = ferry::HugePolicy::automatic;
+      else if (v == "hugetlb") o.huge_pages = ferry::HugePolicy::hugetlb;
+      else if (v == "thp") o.huge_pages = ferry::HugePolicy::thp;
+      else if (v == "off") o.huge_pages = ferry::HugePolicy::off;
+      else throw ferry::InvalidArgument("huge_pages='" + v + "': expected auto, hugetlb, thp or off");
+    } else if (k == "limit_bytes") o.limit_bytes = nb::cast<size_t>(value);
+    else if (k == "zero_recycled") o.zero_recycled = nb::cast<bool>(value);
+    else if (k == "touch_threads") o.touch_threads = nb::cast<int>(value);
+    else if (k == "release_delay_ms") o.release_delay_ms = nb::cast<int64_t>(value);
+    else if (k == "release_batch_bytes") o.release_batch_bytes = nb::cast<size_t>(value);
+    else if (k == "numa_node") o.numa_node = nb::cast<int>(value);
+    else if (k == "target_bytes") o.target_bytes = nb::cast<size_t>(value);
+    else throw ferry::InvalidArgument("unknown pool option '" + k + "'");
+  }
+  return o;
+}
+
+ferry::HugeWant huge_want(nb::handle h) {
+  if (h.is_none()) return ferry::HugeWant::automatic;
+  return nb::cast<bool>(h) ? ferry::HugeWant::yes : ferry::HugeWant::no;
+}
+
+nb::dict counter_dict(const ferry::Counter& c) {
+  nb::dict d;
+  d["current"] = c.current;
+  d["peak"] = c.peak;
+  d["total"] = c.total;
+  return d;
+}
+
+nb::dict stats_dict(const ferry::PoolStats& s) {
+  nb::dict out;
+  const char* kinds[2] = {"small", "huge"};
+  for (int k = 0; k < 2; ++k) {
+    nb::dict kd;
+    kd["reserved"] = counter_dict(s.kind[k].reserved);
+    kd["committed"] = counter_dict(s.kind[k].committed);
+    kd["in_use"] = counter_dict(s.kind[k].in_use);
+    kd["cached"] = counter_dict(s.kind[k].cached);
+    kd["released"] = counter_dict(s.kind[k].released);
+    out[kinds[k]] = kd;
+  }
+  out["allocations"] = s.allocations;
+  out["frees"] = s.frees;
+  out["recycles"] = s.recycles;
+  out["chunk_reservations"] = s.chunk_reservations;
+  out["chunk_releases"] = s.chunk_releases;
+  out["fallbacks"] = s.fallbacks;
+  out["touch_seconds"] = s.touch_ns / 1e9;
+  out["register_seconds"] = s.register_ns / 1e9;
+  nb::dict chunks;
+  const ferry::Backing backings[] = {ferry::Backing::small_pages, ferry::Backing::thp,
+                                     ferry::Backing::hugetlb_2m, ferry::Backing::hugetlb_1g};
+  for (int i = 0; i < 4; ++i) chunks[ferry::backing_name(backings[i])] = s.chunks_by_backing[i];
+  out["chunks"] = chunks;
+  out["notes"] = s.notes;
+  return out;
+}
+
+// ---- devices ----------------------------------------------------------------
+
+nb::object cuda_info() {
+  ferry::cuda::Versions v = ferry::cuda::versions();
+  if (v.driver == 0) return nb::none();
+  nb::dict info;
+  info["driver_version"] = v.driver;
+  info["runtime_version"] = v.runtime;
+  nb::list devices;
+  int n = 0;
+  try {
+    n = ferry::cuda::device_count();
+  } catch (const ferry::NoDevice& e) {
+    info["error"] = std::string(e.what());
+  }
+  for (int i = 0; i < n; ++i) {
+    ferry::cuda::DeviceInfo d = ferry::cuda::device_info(i);
+    nb::dict dd;
+    dd["index"] = d.index;
+    dd["name"] = d.name;
+    dd["total_memory_bytes"] = d.total_memory_bytes;
+    dd["pci_bus_id"] = d.pci_bus_id;
+    dd["compute_capability"] = std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor);
+    dd["multiprocessors"] = d.multiprocessors;
+    dd["async_engine_count"] = d.async_engine_count;
+    dd["host_native_atomic_supported"] = d.host_native_atomic_supported;
+    dd["pageable_memory_access"] = d.pageable_memory_access;
+    dd["concurrent_managed_access"] = d.concurrent_managed_access;
+    dd["can_map_host_memory"] = d.can_map_host_memory;
+    dd["host_register_supported"] = d.host_register_supported;
+    dd["numa_node"] = d.numa_node;
+    devices.append(dd);
+  }
+  info["devices"] = devices;
+  return info;
+}
+
+}  // namespace
+
+NB_MODULE(_ferry, m) {
+  m.doc() = "ferry's native core (use the `ferry` package, not this module)";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const ferry::Error& e) {
+      nb::object cls = nb::module_::import_("ferry.errors").attr(error_class(e.status()));
+      PyErr_SetString(cls.ptr(), e.what());
+    }
+  });
+
+  m.def("versions", [] {
+    ferry::cuda::Versions v = ferry::cuda::versions();
+    nb::dict d;
+    d["library"] = FERRY_VERSION_STRING;
+    d["api"] = std::to_string(FERRY_API_MAJOR) + "." + std::to_string(FERRY_API_MINOR);
+    d["cuda_runtime"] = v.runtime;
+    d["cuda_driver"] = v.driver;
+    return d;
+  });
+  m.def("option_table", [] {
+    nb::list rows;
+    for (const auto& s : ferry::option_table())
+      rows.append(nb::make_tuple(s.name, s.default_value, s.doc));
+    return rows;
+  });
+  m.def("check_options", [] { ferry::options(); },
+        "Raise InvalidArgumentError if a FERRY_* variable is unknown or has a bad value.");
+  m.def("set_fault_injection", [](const std::string& spec) { ferry::set_fault_injection(spec); },
+        "spec"_a);
+  m.def("cuda_info", &cuda_info,
+        "CUDA driver/runtime versions and device properties; None without a driver.");
+  m.def("device_count", [] { return ferry::cuda::device_count(); });
+
+  nb::class_<Buffer>(m, "Buffer", nb::type_slots(buffer_slots))
+      .def_prop_ro("ptr", [](const Buffer& b) { return reinterpret_cast<uintptr_t>(b.checked()); })
+      .def_prop_ro("nbytes", [](const Buffer& b) { return b.size; })
+      .def_prop_ro("pinned", [](const Buffer& b) { return b.pinned; })
+      .def_prop_ro("released", [](const Buffer& b) { return b.ptr == nullptr; })
+      .def_prop_ro("exports", [](const Buffer& b) { return b.exports; })
+      .def("release", &Buffer::release,
+           "Return the memory to its pool now (BufferError while views of it are alive).")
+      .def("__len__", [](const Buffer& b) { return b.size; })
+      .def("__dlpack__", &buffer_dlpack)
+      .def("__dlpack_device__", [](const Buffer&) { return nb::make_tuple(1, 0); });  // kDLCPU
+
+  nb::class_<PoolHandle>(m, "Pool")
+      .def("__init__",
+           [](PoolHandle* h, nb::dict options, bool pinned, int device) {
+             ferry::PoolOptions o = pool_options(options);
+             new (h) PoolHandle();
+             nb::gil_scoped_release unlocked;
+             if (pinned)
+               h->pool = ferry::cuda::make_pinned_pool(o, device);
+             else
+               h->pool = std::make_shared<ferry::Pool>(o);
+             h->pinned = pinned;
+             h->device = pinned ? device : -1;
+           },
+           "options"_a, "pinned"_a = false, "device"_a = 0)
+      .def("alloc",
+           [](PoolHandle& h, size_t bytes, size_t alignment, nb::handle huge) {
+             auto b = std::make_unique<Buffer>();
+             ferry::HugeWant want = huge_want(huge);
+             {
+               nb::gil_scoped_release unlocked;
+               b->ptr = h.pool->allocate(bytes, alignment, want);
+             }
+             b->pool = h.pool;
+             b->size = bytes;
+             b->pinned = h.pinned;
+             return b.release();
+           },
+           "nbytes"_a, "alignment"_a = 256, "huge"_a = nb::none(), nb::rv_policy::take_ownership)
+      .def("trim",
+           [](PoolHandle& h, size_t keep) {
+             nb::gil_scoped_release unlocked;
+             return h.pool->trim(keep);
+           },
+           "keep_bytes"_a = 0)
+      .def("wait_ready",
+           [](PoolHandle& h) {
+             nb::gil_scoped_release unlocked;
+             h.pool->wait_ready();
+           })
+      .def("stats", [](PoolHandle& h) { return stats_dict(h.pool->stats()); })
+      .def_prop_ro("pinned", [](const PoolHandle& h) { return h.pinned; })
+      .def_prop_ro("device", [](const PoolHandle& h) { return h.device; });
+}

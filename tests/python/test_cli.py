@@ -1,0 +1,79 @@
+"""The ferry command: --version, options, doctor (text and JSON), bad options."""
+
+import json
+import os
+import subprocess
+import sys
+
+import ferry
+
+
+def ferry_cmd(*args, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "ferry", *args], capture_output=True, text=True, env=e, timeout=300
+    )
+
+
+def test_version_names_all_four_versions():
+    r = ferry_cmd("--version")
+    assert r.returncode == 0, r.stderr
+    assert "ferry " + ferry.__version__ in r.stdout
+    for word in ("C API", "CUDA runtime", "CUDA driver"):
+        assert word in r.stdout
+
+
+def test_options_lists_every_option():
+    r = ferry_cmd("options")
+    assert r.returncode == 0
+    for name, _, _ in ferry.option_table():
+        assert name in r.stdout
+
+
+def test_unknown_option_fails_quoting_the_value():
+    r = ferry_cmd("options", env={"FERRY_CHUNK_SIZ": "64M"})
+    assert r.returncode == 2
+    assert "FERRY_CHUNK_SIZ='64M'" in r.stderr
+
+
+def test_bad_option_value_fails_quoting_the_value():
+    r = ferry_cmd("doctor", "--json", env={"FERRY_CHUNK_SIZE": "huge"})
+    assert r.returncode == 2
+    assert "'huge'" in r.stderr
+
+
+def test_doctor_json_has_the_required_keys():
+    r = ferry_cmd("doctor", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    host = d["host"]
+    for key in ("kernel", "virtualization", "hugetlb", "memlock_bytes"):
+        assert key in host
+    for key in ("enabled", "defrag", "shmem_enabled"):
+        assert key in host["thp"]
+    assert isinstance(host["hugetlb"], list)
+    for pool in host["hugetlb"]:
+        assert set(("page_size_bytes", "total", "free")) <= set(pool)
+    assert "cuda" in d and isinstance(d["gpus"], list)
+    if d["cuda"] is None:
+        assert d["gpus"] == []
+        assert any("GPU" in s["what"] for s in d["skipped"])
+    for g in d["gpus"]:
+        for key in ("link_gbps", "bar1_bytes", "numa_node"):
+            assert key in g
+        for key in ("gen", "width", "max_gen", "max_width"):
+            assert key in g["pcie"]
+    m = d["measurements"]
+    assert m["first_touch_4k_gbps"] > 0 and m["first_touch_thp_gbps"] > 0
+    assert d["pool"]["chunk_reservations"] >= 1
+    ids = [f["id"] for f in d["findings"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_doctor_text_report_without_gpu_says_so():
+    r = ferry_cmd("doctor")
+    assert r.returncode == 0, r.stderr
+    assert "THP" in r.stdout or "transparent" in r.stdout.lower()
+    if ferry.cuda_info() is None:
+        assert "no CUDA driver" in r.stdout
