@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from . import _ferry
-from .errors import FerryError
+from .errors import FerryError, InvalidArgumentError
 
 
 def _cuda_version(v: int) -> str:
@@ -20,6 +20,38 @@ def version_text() -> str:
         f"CUDA runtime {_cuda_version(v['cuda_runtime'])}, "
         f"CUDA driver {_cuda_version(v['cuda_driver'])})"
     )
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'64M' -> 67108864; '4096' -> 4096; units K, M, G, T (binary), optional 'iB'/'B'."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in _UNITS and t[-1] != "" else (t, "")
+    try:
+        value = int(num) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise InvalidArgumentError(f"'{text}' is not a size (expected e.g. 4096, 64M, 1G)") from None
+    if value <= 0:
+        raise InvalidArgumentError(f"'{text}': size must be positive")
+    return value
+
+
+def parse_size_list(text: str) -> list[int]:
+    return [parse_size(x) for x in text.split(",") if x.strip()]
+
+
+def cmd_bench(args) -> int:
+    import importlib
+
+    from .bench import SUITES
+
+    if args.suite not in SUITES:
+        raise InvalidArgumentError(
+            f"unknown bench suite '{args.suite}' (suites: {', '.join(sorted(SUITES))})"
+        )
+    return importlib.import_module(SUITES[args.suite]).main(args.rest)
 
 
 def cmd_options(args) -> int:
@@ -52,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.add_argument("--full", action="store_true", help="measure with larger sizes")
     d.set_defaults(func=cmd_doctor)
+
+    b = sub.add_parser(
+        "bench",
+        help="benchmarks: ferry beside its baseline (`ferry bench SUITE --help`)",
+        add_help=False,
+    )
+    b.add_argument("suite", help="pool")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(func=cmd_bench)
 
     o = sub.add_parser("options", help="list the FERRY_* options with defaults")
     o.add_argument("--markdown", action="store_true", help="as a Markdown table")

@@ -24,6 +24,7 @@ _OPTION_NAMES = (
     "release_batch_bytes",
     "numa_node",
     "target_bytes",
+    "target_huge",
 )
 
 
@@ -34,7 +35,8 @@ class Pool:
     64 MiB), huge_pages ("auto", "hugetlb", "thp", "off"), limit_bytes (hard
     limit, 0 = none), zero_recycled (default True here), touch_threads,
     release_delay_ms (background release; 0 = only trim), release_batch_bytes,
-    numa_node, target_bytes (reserve this much in the background now), memfd.
+    numa_node, target_bytes (reserve this much in the background now), target_huge
+    (kind of those chunks, default True), memfd.
     """
 
     _pinned = False

@@ -1,0 +1,6 @@
+"""`ferry bench SUITE`: each suite prints ferry beside its baseline, measured in
+the same run, with the ratio, and writes JSON with the machine's facts."""
+
+SUITES = {
+    "pool": "ferry.bench.pool",
+}

@@ -1,0 +1,65 @@
+"""The facts part of `ferry doctor`: what this host and its GPUs are, as one dict.
+
+collect(cuda_info) returns
+
+    {"host": {...}, "cuda": {...} or None, "gpus": [...], "notes": [...]}
+
+host: kernel, os, virtualization {kind, hypervisor, evidence, container}, cpu {model,
+  logical_cpus, online}, numa_nodes [{id, cpus, mem_total_bytes}], memory
+  {total_bytes, available_bytes}, thp {enabled, defrag, shmem_enabled,
+  pmd_size_bytes, sizes}, hugetlb [{page_size_bytes, total, free, reserved,
+  surplus}], memlock_bytes (None = unlimited), iommu {present, groups, mode,
+  evidence, cmdline}, process {cpus_allowed, mems_allowed}, kernel_modules
+  {loadable, evidence}, gdrcopy {gdrdrv, libgdrapi, available, reason}, notes.
+cuda: None without a driver, else {driver_version, runtime_version, device_count}.
+gpus: one entry per device of cuda_info, see gpu.gpu_facts.
+
+cuda_info comes from the native module (this package does not import it): None when
+there is no CUDA driver, else {"driver_version": 13000, "runtime_version": 13000,
+"devices": [{"index", "name", "total_memory_bytes", "pci_bus_id",
+"compute_capability", ...}]}. Everything in the result is JSON-ready, and collect()
+never raises: a fact that cannot be read is None, with a note where it helps.
+
+This package uses only the standard library and nothing else of `ferry`, so it can be
+loaded on its own (tests do, without the native extension).
+"""
+
+from __future__ import annotations
+
+from . import parsers, report  # noqa: F401  (report: callers use facts.report.format_facts)
+from .gpu import collect_gpus
+from .host import collect_host
+from .report import format_facts
+
+__all__ = ["collect", "cuda_facts", "format_facts"]
+
+FACTS_VERSION = 1
+
+
+def cuda_facts(cuda_info: dict | None) -> dict | None:
+    """{"driver_version", "runtime_version", "device_count"} from cuda_info, or None."""
+    if not isinstance(cuda_info, dict):
+        return None
+    devices = cuda_info.get("devices")
+    return {
+        "driver_version": parsers.cuda_version_string(cuda_info.get("driver_version")),
+        "runtime_version": parsers.cuda_version_string(cuda_info.get("runtime_version")),
+        "device_count": len(devices) if isinstance(devices, list) else 0,
+    }
+
+
+def collect(cuda_info: dict | None = None) -> dict:
+    """All facts about this machine; `cuda_info` is what the native module reported."""
+    notes: list[str] = []
+    try:
+        gpus, gpu_notes = collect_gpus(cuda_info)
+    except Exception as exc:  # a bug here must not take `ferry doctor` down
+        gpus, gpu_notes = [], [f"GPU facts failed: {type(exc).__name__}: {exc}"]
+    notes += gpu_notes
+    return {
+        "facts_version": FACTS_VERSION,
+        "host": collect_host(),
+        "cuda": cuda_facts(cuda_info),
+        "gpus": gpus,
+        "notes": notes,
+    }
