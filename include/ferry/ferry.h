@@ -154,6 +154,54 @@ FERRY_API ferry_status_t ferry_pool_get_stats(ferry_pool_t pool, ferry_pool_stat
 /* The i-th remembered fallback note; valid until the next call on this thread. */
 FERRY_API ferry_status_t ferry_pool_get_note(ferry_pool_t pool, size_t index, const char** note);
 
+/* ---- copy engine --------------------------------------------------------- */
+/* Copies between any host memory (pageable or pinned, any alignment) and device
+ * memory, both directions. Pageable memory moves through pinned staging slots
+ * (CPU copy overlapped with DMA) or is pinned in place piece by piece; pinned
+ * memory goes straight to the DMA engine. An async copy is fully enqueued when
+ * the call returns: the caller's stream is ordered after it. Pageable host
+ * memory of an async copy must not be touched until the copy is done
+ * (ferry_copy_wait returned or ferry_copy_query said done). */
+
+typedef struct ferry_engine* ferry_engine_t;
+typedef struct ferry_copy_state* ferry_copy_t;
+typedef struct ferry_registration* ferry_registration_t;
+
+typedef enum ferry_strategy {
+  FERRY_STRATEGY_AUTO = 0,
+  FERRY_STRATEGY_DIRECT = 1,       /* pinned host memory: one DMA */
+  FERRY_STRATEGY_STAGED = 2,       /* pageable: through pinned staging slots */
+  FERRY_STRATEGY_PIN_IN_PLACE = 3, /* pageable: register pieces ahead of the DMA */
+  FERRY_STRATEGY_HYBRID = 4,       /* staged and pinned in place at once */
+  FERRY_STRATEGY_CUDA = 5          /* the CUDA runtime's own pageable path */
+} ferry_strategy_t;
+
+/* An engine owns its staging memory, worker threads and streams (one per
+ * direction). Options come from FERRY_COPY_* and the machine profile. */
+FERRY_API ferry_status_t ferry_engine_create(int device, ferry_engine_t* out);
+FERRY_API ferry_status_t ferry_engine_destroy(ferry_engine_t engine);
+/* Synchronous copy. */
+FERRY_API ferry_status_t ferry_copy(ferry_engine_t engine, void* dst, const void* src, size_t bytes);
+/* Asynchronous copy on `stream` (a cudaStream_t, NULL = legacy stream). *out
+ * must be released with ferry_copy_release. */
+FERRY_API ferry_status_t ferry_copy_async(ferry_engine_t engine, void* dst, const void* src, size_t bytes,
+                                          void* stream, ferry_strategy_t strategy, ferry_copy_t* out);
+FERRY_API ferry_status_t ferry_copy_batch_async(ferry_engine_t engine, void* const* dsts,
+                                                const void* const* srcs, const size_t* sizes, size_t count,
+                                                void* stream, ferry_copy_t* out);
+FERRY_API ferry_status_t ferry_copy_wait(ferry_copy_t copy);
+FERRY_API ferry_status_t ferry_copy_query(ferry_copy_t copy, int* done);
+/* The cudaEvent_t recorded when the copy is done (owned by the copy). */
+FERRY_API ferry_status_t ferry_copy_get_event(ferry_copy_t copy, void** event);
+FERRY_API ferry_status_t ferry_copy_get_strategy(ferry_copy_t copy, ferry_strategy_t* strategy);
+/* Releasing a copy that is not done waits for it first. */
+FERRY_API ferry_status_t ferry_copy_release(ferry_copy_t copy);
+
+/* Pin a user buffer that will be copied many times (widened to whole huge
+ * pages where mapped); copies from or to it then run at pinned speed. */
+FERRY_API ferry_status_t ferry_register(void* ptr, size_t bytes, int device, ferry_registration_t* out);
+FERRY_API ferry_status_t ferry_unregister(ferry_registration_t registration);
+
 #ifdef __cplusplus
 }
 #endif

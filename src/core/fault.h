@@ -1,5 +1,8 @@
 // fault.h — fault injection: make a chosen real call fail, for error-path tests.
 //
+// Points: mmap, madvise, memfd (the OS layer), touch (first touch of a new chunk
+// and the copy engine's staging copies), register (cudaHostRegister).
+//
 // Spec: "call:N" — the (N+1)-th call of that kind fails once; "call:N+" — every
 // call after the first N fails. Several rules separated by ','. Calls: mmap,
 // madvise, memfd, touch, register. Nothing else is faked: the call sites ask

@@ -21,6 +21,11 @@ const OptionSpec kOptions[] = {
     {"FERRY_CHUNK_SIZE", "64MiB",
      "bytes the arena reserves from the OS at a time (a multiple of 2 MiB)", OptionType::size,
      nullptr},
+    {"FERRY_COPY_STRATEGY", "auto",
+     "force a copy strategy for pageable memory: auto, direct, staged, pin-in-place, hybrid, cuda",
+     OptionType::choice, "auto|direct|staged|pin-in-place|hybrid|cuda"},
+    {"FERRY_COPY_WORKERS", "0", "copy engine threads; 0 = one per core, at most 16",
+     OptionType::integer, nullptr},
     {"FERRY_FAULT_INJECT", "",
      "make chosen system or CUDA calls fail, for error-path tests: call:N[+],... "
      "(calls: mmap, madvise, memfd, touch, register)",
@@ -28,6 +33,10 @@ const OptionSpec kOptions[] = {
     {"FERRY_HUGE_PAGES", "auto",
      "how huge chunks get huge pages: auto (hugetlb if reserved, else THP), hugetlb, thp, off",
      OptionType::choice, "auto|hugetlb|thp|off"},
+    {"FERRY_PROFILE", "",
+     "machine profile file for the copy engine; empty = $XDG_CACHE_HOME/ferry/profile.txt "
+     "(written by `ferry bench copy --calibrate`), built-in defaults when absent",
+     OptionType::text, nullptr},
     {"FERRY_POOL_LIMIT", "0", "hard limit on bytes a pool reserves from the OS; 0 = none",
      OptionType::size, nullptr},
     {"FERRY_RELEASE_BATCH", "128MiB",

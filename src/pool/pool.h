@@ -12,6 +12,10 @@
 //   huge and small allocations never share a chunk.
 // Free paths never throw except for a pointer the pool did not hand out
 // (InvalidArgument; nothing is changed).
+//
+// The lifecycle of a range (free, in use, cached, releasing, released), the
+// locks and the lock order are written down in pool/pool_impl.h; the chunk
+// backing policy and its remembered fallbacks in pool/arena.h.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +25,8 @@
 #include <vector>
 
 namespace ferry {
+
+class Options;
 
 // What a chunk is backed by; fixed when the chunk is reserved.
 enum class Backing { small_pages, thp, hugetlb_2m, hugetlb_1g };
@@ -61,6 +67,8 @@ struct PoolOptions {
 
   // Defaults from the FERRY_* options (core/options.h); throws InvalidArgument.
   static PoolOptions from_environment();
+  // The same from parsed options (pure; from_environment() is from_options(options())).
+  static PoolOptions from_options(const Options& options);
 };
 
 struct Counter {
@@ -116,6 +124,16 @@ class Pool {
 
   PoolStats stats() const;
   const PoolOptions& options() const;
+
+  // Where p lies in a memfd-backed chunk (options.memfd): the chunk's
+  // descriptor (owned by the pool, open while the chunk lives; map it in
+  // another process to share the memory) and p's offset in it. fd is -1 when
+  // p is not inside a memfd-backed chunk of this pool.
+  struct SharedLocation {
+    int fd = -1;
+    size_t offset = 0;
+  };
+  SharedLocation shared_location(const void* p) const;
 
  private:
   struct Impl;

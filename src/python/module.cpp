@@ -19,6 +19,12 @@
 #include "cuda/device.h"
 #include "cuda/pinned_pool.h"
 #include "pool/pool.h"
+#include "python/handles.h"
+
+namespace ferry::python {
+void bind_bench(nanobind::module_& m);
+void bind_copy(nanobind::module_& m);
+}
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -39,11 +45,7 @@ const char* error_class(ferry_status_t s) {
 
 // ---- pools and buffers ----------------------------------------------------
 
-struct PoolHandle {
-  std::shared_ptr<ferry::Pool> pool;
-  bool pinned = false;
-  int device = -1;
-};
+using ferry::python::PoolHandle;
 
 struct Buffer {
   std::shared_ptr<ferry::Pool> pool;  // keeps the pool alive while the buffer is
@@ -111,7 +113,8 @@ nb::object buffer_dlpack(nb::handle self, nb::kwargs kwargs) {
   });
   size_t shape[1] = {b->size};
   nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig> arr(data, 1, shape, owner);
-  return nb::cast(arr).attr("__dlpack__")(**kwargs);
+  (void)kwargs;  // stream / max_version / dl_device / copy: a CPU buffer needs none
+  return nb::cast(arr);  // an unversioned "dltensor" capsule
 }
 
 ferry::PoolOptions pool_options(const nb::dict& d) {
@@ -135,6 +138,8 @@ ferry::PoolOptions pool_options(const nb::dict& d) {
     else if (k == "release_batch_bytes") o.release_batch_bytes = nb::cast<size_t>(value);
     else if (k == "numa_node") o.numa_node = nb::cast<int>(value);
     else if (k == "target_bytes") o.target_bytes = nb::cast<size_t>(value);
+    else if (k == "target_huge")
+      o.target_kind = nb::cast<bool>(value) ? ferry::HugeWant::yes : ferry::HugeWant::no;
     else throw ferry::InvalidArgument("unknown pool option '" + k + "'");
   }
   return o;
@@ -310,4 +315,7 @@ NB_MODULE(_ferry, m) {
       .def("stats", [](PoolHandle& h) { return stats_dict(h.pool->stats()); })
       .def_prop_ro("pinned", [](const PoolHandle& h) { return h.pinned; })
       .def_prop_ro("device", [](const PoolHandle& h) { return h.device; });
+
+  ferry::python::bind_bench(m);
+  ferry::python::bind_copy(m);
 }

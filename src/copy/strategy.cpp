@@ -1,0 +1,122 @@
+// strategy.cpp — strategy names, choice, and the machine profile's text form.
+#include "copy/strategy.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/options.h"
+
+namespace ferry {
+
+const char* strategy_name(Strategy s) noexcept {
+  switch (s) {
+    case Strategy::automatic: return "auto";
+    case Strategy::direct: return "direct";
+    case Strategy::staged: return "staged";
+    case Strategy::pin_in_place: return "pin-in-place";
+    case Strategy::hybrid: return "hybrid";
+    case Strategy::cuda: return "cuda";
+  }
+  return "?";
+}
+
+const char* direction_name(Direction d) noexcept { return d == Direction::h2d ? "h2d" : "d2h"; }
+
+const char* backing_name(HostBacking b) noexcept {
+  switch (b) {
+    case HostBacking::pinned: return "pinned";
+    case HostBacking::small_pages: return "4k";
+    case HostBacking::thp: return "thp";
+    case HostBacking::hugetlb: return "hugetlb";
+    case HostBacking::shmem: return "shmem";
+    case HostBacking::shmem_thp: return "shmem-thp";
+    case HostBacking::unknown: return "unknown";
+  }
+  return "?";
+}
+
+Strategy parse_strategy(const std::string& text) {
+  for (Strategy s : {Strategy::automatic, Strategy::direct, Strategy::staged, Strategy::pin_in_place,
+                     Strategy::hybrid, Strategy::cuda})
+    if (text == strategy_name(s)) return s;
+  throw InvalidArgument("copy strategy '" + text +
+                        "': expected auto, direct, staged, pin-in-place, hybrid or cuda");
+}
+
+MachineProfile MachineProfile::defaults() { return MachineProfile{}; }
+
+std::string format_profile(const MachineProfile& p) {
+  std::ostringstream o;
+  o << "# ferry machine profile (ferry bench copy --calibrate)\n"
+    << "cuda_below_bytes = " << p.cuda_below_bytes << "\n"
+    << "staging_chunk_bytes = " << p.staging_chunk_bytes << "\n"
+    << "staging_slots = " << p.staging_slots << "\n"
+    << "workers = " << p.workers << "\n"
+    << "hybrid_below_bytes = " << p.hybrid_below_bytes << "\n"
+    << "hybrid_pinned_share_h2d = " << p.hybrid_pinned_share[0] << "\n"
+    << "hybrid_pinned_share_d2h = " << p.hybrid_pinned_share[1] << "\n"
+    << "pin_piece_bytes = " << p.pin_piece_bytes << "\n";
+  return o.str();
+}
+
+MachineProfile parse_profile(const std::string& text) {
+  MachineProfile p;
+  std::istringstream in(text);
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    size_t eq = line.find('=');
+    auto strip = [](std::string s) {
+      size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
+      return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+    };
+    if (strip(line).empty()) continue;
+    const std::string where = "profile line " + std::to_string(number) + " '" + strip(line) + "'";
+    if (eq == std::string::npos) throw InvalidArgument(where + ": expected key = value");
+    const std::string key = strip(line.substr(0, eq)), value = strip(line.substr(eq + 1));
+    auto share = [&] {
+      char* end = nullptr;
+      double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end || v < 0 || v > 1) throw InvalidArgument(where + ": expected a share 0..1");
+      return v;
+    };
+    auto positive = [&] {
+      uint64_t v = parse_size(value, where);
+      if (v == 0) throw InvalidArgument(where + ": must be > 0");
+      return v;
+    };
+    if (key == "cuda_below_bytes") p.cuda_below_bytes = parse_size(value, where);
+    else if (key == "staging_chunk_bytes") p.staging_chunk_bytes = positive();
+    else if (key == "staging_slots") p.staging_slots = static_cast<int>(positive());
+    else if (key == "workers") p.workers = static_cast<int>(parse_integer(value, where));
+    else if (key == "hybrid_below_bytes") p.hybrid_below_bytes = parse_size(value, where);
+    else if (key == "hybrid_pinned_share_h2d") p.hybrid_pinned_share[0] = share();
+    else if (key == "hybrid_pinned_share_d2h") p.hybrid_pinned_share[1] = share();
+    else if (key == "pin_piece_bytes") p.pin_piece_bytes = positive();
+    else throw InvalidArgument(where + ": unknown key '" + key + "'");
+  }
+  if (p.pin_piece_bytes % (2u << 20))
+    throw InvalidArgument("profile: pin_piece_bytes must be a multiple of 2 MiB");
+  return p;
+}
+
+Strategy choose_strategy(Direction dir, size_t bytes, HostBacking backing,
+                         const MachineProfile& profile, Strategy requested) {
+  if (backing == HostBacking::pinned) return Strategy::direct;
+  // "direct" asked for pageable memory means the plain CUDA call.
+  if (requested != Strategy::automatic) return requested == Strategy::direct ? Strategy::cuda : requested;
+  if (bytes < profile.cuda_below_bytes) return Strategy::cuda;
+  // Pinning shmem THP in pieces splits its huge pages (the gVisor 2x loss):
+  // stage those copies, never pin them.
+  if (backing == HostBacking::shmem_thp) return Strategy::staged;
+  double share = profile.hybrid_pinned_share[static_cast<int>(dir)];
+  if (bytes >= profile.hybrid_below_bytes && share > 0) return share >= 1.0 ? Strategy::pin_in_place : Strategy::hybrid;
+  return Strategy::staged;
+}
+
+}  // namespace ferry

@@ -1,0 +1,55 @@
+// strategy.h — which engine moves a copy, and the machine profile it is chosen
+// from. Pure: no CUDA, no system calls (the backing is read by the caller).
+//
+// Strategies:
+//   direct        host memory is pinned: one DMA (cudaMemcpyAsync) per copy;
+//   staged        pageable host memory through pinned staging slots, CPU copy of
+//                 chunk i+1 overlapping the DMA of chunk i (persistent workers);
+//   pin_in_place  register the user's buffer in 2 MiB-aligned pieces ahead of the
+//                 DMA, unregister behind it;
+//   hybrid        staged and pin_in_place at once on different parts;
+//   cuda          the CUDA runtime's own pageable path (small copies: its fixed
+//                 cost is lower than any pipeline's).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace ferry {
+
+enum class Strategy { automatic, direct, staged, pin_in_place, hybrid, cuda };
+enum class Direction { h2d = 0, d2h = 1 };
+enum class HostBacking { pinned, small_pages, thp, hugetlb, shmem, shmem_thp, unknown };
+
+const char* strategy_name(Strategy s) noexcept;
+const char* direction_name(Direction d) noexcept;
+const char* backing_name(HostBacking b) noexcept;
+// "auto", "direct", "staged", "pin-in-place", "hybrid", "cuda"; throws
+// InvalidArgument quoting the text and listing the choices.
+Strategy parse_strategy(const std::string& text);
+
+// What the engine knows about this machine; `ferry bench copy --calibrate`
+// measures it, defaults() are the figures of the H200 machine in DESIGN.md.
+struct MachineProfile {
+  size_t cuda_below_bytes = 256u << 10;     // smaller pageable copies use the CUDA path
+  size_t staging_chunk_bytes = 8u << 20;    // bytes per staging slot
+  int staging_slots = 8;                    // slots per lane (in flight)
+  int workers = 0;                          // copy threads; 0 = cores, at most 16
+  size_t hybrid_below_bytes = 64u << 20;    // smaller copies are not split
+  double hybrid_pinned_share[2] = {0.0, 0.0};  // share of the body pinned in place, per direction
+  size_t pin_piece_bytes = 64u << 20;       // bytes per registration in pin-in-place
+
+  static MachineProfile defaults();
+};
+
+// "key = value" lines, '#' comments. parse throws InvalidArgument naming the
+// line and key; unknown keys are errors too (a stale profile must not be half read).
+std::string format_profile(const MachineProfile& p);
+MachineProfile parse_profile(const std::string& text);
+
+// The strategy for one copy. `requested` != automatic wins (FERRY_COPY_STRATEGY
+// or the call's argument), except that pinned host memory always goes direct.
+Strategy choose_strategy(Direction dir, size_t bytes, HostBacking backing,
+                         const MachineProfile& profile, Strategy requested = Strategy::automatic);
+
+}  // namespace ferry

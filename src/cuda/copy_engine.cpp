@@ -1,0 +1,704 @@
+// copy_engine.cpp — the copy engine: pointer checks, strategy choice, the
+// staged pipeline (see the protocol in copy_engine.h), the direct and CUDA
+// paths, pin-in-place, and batches.
+#include "cuda/copy_engine.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "copy/plan.h"
+#include "core/error.h"
+#include "core/fault.h"
+#include "core/options.h"
+#include "core/worker_pool.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device.h"
+#include "cuda/driver_entry.h"
+#include "cuda/pinned_pool.h"
+#include "os/mapping.h"
+#include "os/smaps.h"
+
+namespace ferry::cuda {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- shared state of one copy ---------------------------------------------------
+
+struct CopyState {
+  Strategy strategy = Strategy::automatic;
+  size_t bytes = 0;
+  Clock::time_point started = Clock::now();
+  std::atomic<int64_t> finished_ns{-1};  // since `started`, set by the first wait/query that sees it done
+  cudaEvent_t done = nullptr;            // recorded after the whole copy
+  TaskGroup host_tasks;                  // worker tasks of this copy
+  std::atomic<bool> abort{false};
+  std::mutex mu;
+  std::exception_ptr error;              // guarded by mu
+  std::vector<Completion> parts;         // a batch's pageable copies; set before it is returned
+
+  void fail(std::exception_ptr e) noexcept {
+    std::lock_guard lock(mu);
+    if (!error) error = e;
+    abort = true;
+  }
+  ~CopyState() {
+    if (done) cudaEventDestroy(done);
+  }
+};
+
+void Completion::wait() {
+  if (!state_) throw InvalidArgument("wait() on an empty Completion");
+  for (auto& part : state_->parts) {
+    try {
+      part.wait();
+    } catch (...) {
+      state_->fail(std::current_exception());
+    }
+  }
+  try {
+    state_->host_tasks.wait();
+  } catch (...) {
+    state_->fail(std::current_exception());
+  }
+  cudaError_t err = cudaEventSynchronize(state_->done);
+  if (err != cudaSuccess) {
+    try {
+      check(err, "cudaEventSynchronize (copy completion)");
+    } catch (...) {
+      state_->fail(std::current_exception());
+    }
+  }
+  int64_t expected = -1;
+  state_->finished_ns.compare_exchange_strong(
+      expected, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - state_->started).count());
+  std::lock_guard lock(state_->mu);
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Completion::query() {
+  if (!state_) throw InvalidArgument("query() on an empty Completion");
+  for (auto& part : state_->parts)
+    if (!part.query()) return false;
+  if (!state_->host_tasks.finished()) return false;
+  cudaError_t err = cudaEventQuery(state_->done);
+  if (err == cudaErrorNotReady) return false;
+  wait();  // done (or failed): settle the error and the time
+  return true;
+}
+
+cudaEvent_t Completion::event() const { return state_ ? state_->done : nullptr; }
+Strategy Completion::strategy() const { return state_ ? state_->strategy : Strategy::automatic; }
+size_t Completion::bytes() const { return state_ ? state_->bytes : 0; }
+double Completion::seconds() const {
+  if (!state_ || state_->finished_ns < 0) return -1;
+  return state_->finished_ns / 1e9;
+}
+
+// ---- pointers --------------------------------------------------------------------
+
+namespace {
+
+enum class Memory { device, pinned_host, pageable_host };
+
+Memory classify(const void* p, size_t bytes) {
+  auto kind = [](const void* q) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, q) != cudaSuccess) {
+      cudaGetLastError();
+      return cudaMemoryTypeUnregistered;
+    }
+    return a.type;
+  };
+  cudaMemoryType first = kind(p);
+  if (first == cudaMemoryTypeDevice || first == cudaMemoryTypeManaged) return Memory::device;
+  if (first == cudaMemoryTypeHost &&
+      kind(static_cast<const char*>(p) + bytes - 1) == cudaMemoryTypeHost)
+    return Memory::pinned_host;
+  return Memory::pageable_host;
+}
+
+std::string hex(const void* p) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%p", p);
+  return b;
+}
+
+void check_device_range(const void* p, size_t bytes, const char* role) {
+  size_t after = device_bytes_after(p);
+  if (after != 0 && after < bytes)
+    throw InvalidArgument(std::string(role) + " " + hex(p) + ": the device allocation holds " +
+                          format_bytes(after) + " from there, the copy needs " + format_bytes(bytes));
+}
+
+void check_host_range(const void* p, size_t bytes, const char* role) {
+  if (os::range_is_mapped(p, bytes) != 0)
+    throw InvalidArgument(std::string(role) + " " + hex(p) + " (+" + format_bytes(bytes) +
+                          ") is neither device memory nor mapped host memory");
+}
+
+HostBacking read_backing(const void* p, size_t bytes) {
+  std::string smaps;
+  if (os::read_smaps(&smaps) != 0) return HostBacking::unknown;
+  auto b = reinterpret_cast<uintptr_t>(p);
+  os::SmapsTotals t = os::parse_smaps(smaps, b, b + bytes);
+  if (t.hugetlb_bytes) return HostBacking::hugetlb;
+  if (t.pmd_mapped_bytes) return HostBacking::shmem_thp;
+  if (t.anon_huge_bytes || t.advised_huge) return HostBacking::thp;
+  return HostBacking::small_pages;
+}
+
+// Polls a flag the GPU writes (acquire loads), spinning briefly, then yielding,
+// then sleeping. Returns false if the copy was aborted meanwhile.
+bool wait_flag(const volatile uint64_t* flag, uint64_t value, CopyState& st) {
+  auto reached = [&] {
+    uint64_t v = std::atomic_ref<const uint64_t>(*const_cast<const uint64_t*>(flag)).load(std::memory_order_acquire);
+    return static_cast<int64_t>(v - value) >= 0;
+  };
+  for (int i = 0; i < 2000; ++i) {
+    if (reached()) return true;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  auto start = Clock::now();
+  for (int i = 0;; ++i) {
+    if (reached()) return true;
+    if (st.abort) return false;
+    if (i < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (Clock::now() - start > std::chrono::seconds(60))
+      throw CudaError("copy engine: the GPU did not reach a staging flag within 60 s (device hung or stream blocked)",
+                      cudaErrorLaunchTimeout);
+  }
+}
+
+void store_flag(volatile uint64_t* flag, uint64_t value) {
+  std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(flag)).store(value, std::memory_order_release);
+}
+
+}  // namespace
+
+// ---- lanes -----------------------------------------------------------------------
+
+// One stream and its staging slots; one lane per direction so both DMA engines
+// run at once.
+struct Lane {
+  Direction dir;
+  cudaStream_t stream = nullptr;
+  std::vector<unsigned char*> slots;
+  size_t slot_bytes = 0;
+  volatile uint64_t* cpu_flags = nullptr;  // h2d: ready[s]; d2h: drained[s] (CPU writes)
+  volatile uint64_t* gpu_flags = nullptr;  // h2d: done[s];  d2h: filled[s]  (GPU writes)
+  void* flag_block = nullptr;
+  std::mutex mu;        // held while one copy's stream ops are enqueued
+  uint64_t next_gen = 1;  // guarded by mu
+};
+
+struct CopyEngine::Impl {
+  CopyEngineOptions options;
+  std::unique_ptr<Pool> staging;  // pinned pool of the slots
+  std::unique_ptr<WorkerPool> workers;
+  std::mutex lanes_mu;
+  std::unique_ptr<Lane> lanes[2];  // guarded by lanes_mu until created
+  std::unique_ptr<WorkerPool> pinner;  // one thread: registrations are serialized by the driver
+  cudaStream_t pin_stream = nullptr;
+  std::mutex pin_mu;
+  uint64_t pin_next = 0;               // guarded by pin_mu
+  volatile uint64_t* pin_done = nullptr;  // mapped; the pinner stores each finished token
+  mutable std::mutex stats_mu;
+  CopyEngineStats stats;  // guarded by stats_mu
+
+  Lane& lane(Direction d);
+  Strategy decide(void* dst, const void* src, size_t bytes, Strategy strategy, Direction* dir);
+  void count(Strategy s, size_t bytes, size_t chunks, size_t pieces);
+  std::shared_ptr<CopyState> begin(Strategy s, size_t bytes);
+  void finish_on(const std::shared_ptr<CopyState>& st, cudaStream_t record_on, cudaStream_t caller);
+
+  void run_direct(CopyState& st, void* dst, const void* src, size_t n, cudaStream_t stream);
+  void run_staged(const std::shared_ptr<CopyState>& st, Direction dir, void* dst, const void* src,
+                  const std::vector<Piece>& pieces, cudaStream_t caller, const volatile uint64_t* also_wait,
+                  uint64_t also_wait_value);
+  void run_pin_in_place(const std::shared_ptr<CopyState>& st, Direction dir, void* dst, const void* src,
+                        size_t n, double pinned_share, cudaStream_t caller);
+};
+
+Lane& CopyEngine::Impl::lane(Direction d) {
+  std::lock_guard lock(lanes_mu);
+  auto& slot = lanes[static_cast<int>(d)];
+  if (slot) return *slot;
+  auto l = std::make_unique<Lane>();
+  l->dir = d;
+  const int n = std::max(2, options.profile.staging_slots);
+  l->slot_bytes = options.profile.staging_chunk_bytes;
+  try {
+    set_device(options.device);
+    for (int i = 0; i < n; ++i)
+      l->slots.push_back(static_cast<unsigned char*>(staging->allocate(l->slot_bytes, 4096, HugeWant::yes)));
+    check(cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check(cudaHostAlloc(&l->flag_block, 2 * n * sizeof(uint64_t), cudaHostAllocMapped | cudaHostAllocPortable),
+          "cudaHostAlloc (copy engine flags)");
+  } catch (...) {  // leave nothing behind; the next call tries again
+    for (auto* p : l->slots) staging->deallocate(p);
+    if (l->stream) cudaStreamDestroy(l->stream);
+    throw;
+  }
+  std::memset(l->flag_block, 0, 2 * n * sizeof(uint64_t));
+  l->cpu_flags = static_cast<volatile uint64_t*>(l->flag_block);
+  l->gpu_flags = l->cpu_flags + n;
+  slot = std::move(l);
+  return *slot;
+}
+
+void CopyEngine::Impl::count(Strategy s, size_t bytes, size_t chunks, size_t pieces) {
+  std::lock_guard lock(stats_mu);
+  ++stats.copies;
+  stats.bytes += bytes;
+  ++stats.by_strategy[static_cast<int>(s)];
+  stats.chunks += chunks;
+  stats.pinned_pieces += pieces;
+}
+
+std::shared_ptr<CopyState> CopyEngine::Impl::begin(Strategy s, size_t bytes) {
+  auto st = std::make_shared<CopyState>();
+  st->strategy = s;
+  st->bytes = bytes;
+  check(cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming), "cudaEventCreate");
+  return st;
+}
+
+// Records the copy's event on `record_on` and orders the caller's stream after it.
+void CopyEngine::Impl::finish_on(const std::shared_ptr<CopyState>& st, cudaStream_t record_on,
+                                 cudaStream_t caller) {
+  check(cudaEventRecord(st->done, record_on), "cudaEventRecord");
+  if (record_on != caller) check(cudaStreamWaitEvent(caller, st->done, 0), "cudaStreamWaitEvent");
+}
+
+void CopyEngine::Impl::run_direct(CopyState& st, void* dst, const void* src, size_t n, cudaStream_t stream) {
+  check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
+  (void)st;
+}
+
+// Enqueues the staged pipeline for `pieces` of the copy (each at most one slot)
+// and submits the worker tasks. The caller's stream work before this call is
+// waited for; the copy's event is recorded on the lane when all is done (and,
+// with also_wait, once that flag reached also_wait_value: the pinned part).
+void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Direction dir, void* dst,
+                                  const void* src, const std::vector<Piece>& pieces, cudaStream_t caller,
+                                  const volatile uint64_t* also_wait, uint64_t also_wait_value) {
+  Lane& ln = lane(dir);
+  const uint64_t nslots = ln.slots.size();
+  cudaEvent_t caller_ready = nullptr;
+  check(cudaEventCreateWithFlags(&caller_ready, cudaEventDisableTiming), "cudaEventCreate");
+  struct Task {
+    uint64_t gen;
+    Piece piece;
+  };
+  std::vector<Task> tasks;
+  tasks.reserve(pieces.size());
+  uint64_t first_gen = 0, last_gen = 0;
+  {
+    std::lock_guard lock(ln.mu);
+    first_gen = ln.next_gen;
+    try {
+      check(cudaEventRecord(caller_ready, caller), "cudaEventRecord (caller's stream)");
+      check(cudaStreamWaitEvent(ln.stream, caller_ready, 0), "cudaStreamWaitEvent");
+      for (const Piece& piece : pieces) {
+        const uint64_t gen = ln.next_gen++;
+        const uint64_t s = gen % nslots;
+        unsigned char* slot = ln.slots[s];
+        if (dir == Direction::h2d) {
+          stream_wait_geq(ln.stream, &ln.cpu_flags[s], gen);
+          check(cudaMemcpyAsync(static_cast<char*>(dst) + piece.offset, slot, piece.bytes, cudaMemcpyDefault,
+                                ln.stream),
+                "cudaMemcpyAsync (staged H2D)");
+          stream_write(ln.stream, &ln.gpu_flags[s], gen);
+        } else {
+          if (gen > nslots) stream_wait_geq(ln.stream, &ln.cpu_flags[s], gen - nslots);
+          check(cudaMemcpyAsync(slot, static_cast<const char*>(src) + piece.offset, piece.bytes,
+                                cudaMemcpyDefault, ln.stream),
+                "cudaMemcpyAsync (staged D2H)");
+          stream_write(ln.stream, &ln.gpu_flags[s], gen);
+        }
+        tasks.push_back({gen, piece});
+      }
+      last_gen = ln.next_gen - 1;
+      if (dir == Direction::d2h && !pieces.empty())  // the event also covers the copies out of the slots
+        for (uint64_t g = last_gen; g >= first_gen && g + nslots > last_gen; --g)
+          stream_wait_geq(ln.stream, &ln.cpu_flags[g % nslots], g);
+      if (also_wait) stream_wait_geq(ln.stream, also_wait, also_wait_value);
+      check(cudaEventRecord(st->done, ln.stream), "cudaEventRecord");
+      check(cudaStreamWaitEvent(caller, st->done, 0), "cudaStreamWaitEvent (caller's stream)");
+    } catch (...) {
+      // Release what was enqueued so the lane stream does not wait forever.
+      for (uint64_t g = first_gen; g < ln.next_gen; ++g) store_flag(&ln.cpu_flags[g % nslots], ln.next_gen);
+      cudaEventDestroy(caller_ready);
+      throw;
+    }
+  }
+  cudaEventDestroy(caller_ready);  // safe: destruction waits for nothing, the wait is enqueued
+
+  st->host_tasks.add(tasks.size());
+  for (const Task& t : tasks) {
+    workers->submit([st, &ln, t, dir, dst, src, nslots, last_gen] {
+      const uint64_t s = t.gen % nslots;
+      try {
+        if (dir == Direction::h2d) {
+          if (t.gen > nslots && !wait_flag(&ln.gpu_flags[s], t.gen - nslots, *st)) throw std::runtime_error("aborted");
+          if (!st->abort) {
+            if (fault_injected(FaultPoint::touch)) throw OsError("staging copy (injected fault)", EFAULT);
+            std::memcpy(ln.slots[s], static_cast<const char*>(src) + t.piece.offset, t.piece.bytes);
+          }
+          store_flag(&ln.cpu_flags[s], t.gen);
+        } else {
+          if (!wait_flag(&ln.gpu_flags[s], t.gen, *st)) throw std::runtime_error("aborted");
+          if (!st->abort) std::memcpy(static_cast<char*>(dst) + t.piece.offset, ln.slots[s], t.piece.bytes);
+          store_flag(&ln.cpu_flags[s], t.gen);
+        }
+        st->host_tasks.done();
+      } catch (...) {
+        auto e = std::current_exception();
+        st->fail(e);
+        // Release every flag this copy may still wait on, on both sides.
+        for (uint64_t g = t.gen; g <= last_gen; ++g) store_flag(&ln.cpu_flags[g % nslots], last_gen);
+        st->host_tasks.done(e);
+      }
+    });
+  }
+}
+
+// Pin-in-place: the engine's one pinner thread registers the aligned body of
+// the host buffer piece by piece ahead of the DMA and unregisters each piece
+// once its DMA ended (the driver serializes registrations, so one thread is all
+// it takes). Head, tail and the share of the body not pinned go through staging
+// at the same time; the copy's event waits for the pinner's flag too.
+void CopyEngine::Impl::run_pin_in_place(const std::shared_ptr<CopyState>& st, Direction dir, void* dst,
+                                        const void* src, size_t n, double pinned_share, cudaStream_t caller) {
+  const void* host = dir == Direction::h2d ? src : dst;
+  PinPlan plan = plan_pin_in_place(reinterpret_cast<uintptr_t>(host), n, options.profile.pin_piece_bytes);
+  std::vector<Piece> staged;
+  if (plan.head.bytes) staged.push_back(plan.head);
+  split_hybrid(plan, pinned_share, staged);
+  if (plan.tail.bytes) staged.push_back(plan.tail);
+  std::vector<Piece> staged_chunks;
+  for (const Piece& p : staged)
+    for (const Piece& c : split_even(p.bytes, options.profile.staging_chunk_bytes))
+      staged_chunks.push_back({p.offset + c.offset, c.bytes});
+  if (plan.body.empty()) {
+    run_staged(st, dir, dst, src, staged_chunks, caller, nullptr, 0);
+    return;
+  }
+
+  cudaEvent_t caller_ready = nullptr;
+  check(cudaEventCreateWithFlags(&caller_ready, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventRecord(caller_ready, caller), "cudaEventRecord (caller's stream)");
+  uint64_t token = 0;
+  st->host_tasks.add(1);
+  {
+    std::lock_guard lock(pin_mu);  // tokens reach the single pinner thread in order
+    token = ++pin_next;
+    pinner->submit([this, st, dir, dst, src, host, body = plan.body, caller_ready, token] {
+      std::exception_ptr error;
+      cudaStream_t stream = pin_stream;
+      std::vector<std::pair<char*, cudaEvent_t>> in_flight;
+      auto unregister_finished = [&](bool all) {
+        while (!in_flight.empty()) {
+          auto [h, ev] = in_flight.front();
+          if (!all && cudaEventQuery(ev) == cudaErrorNotReady) break;
+          cudaEventSynchronize(ev);
+          cudaHostUnregister(h);
+          cudaEventDestroy(ev);
+          in_flight.erase(in_flight.begin());
+        }
+      };
+      try {
+        check(cudaSetDevice(options.device), "cudaSetDevice");
+        check(cudaStreamWaitEvent(stream, caller_ready, 0), "cudaStreamWaitEvent");
+        for (const Piece& piece : body) {
+          if (st->abort) break;
+          char* h = const_cast<char*>(static_cast<const char*>(host)) + piece.offset;
+          if (fault_injected(FaultPoint::register_host))
+            throw CudaError("cudaHostRegister (pin in place) failed: injected fault (FERRY_FAULT_INJECT)",
+                            cudaErrorMemoryAllocation);
+          check(cudaHostRegister(h, piece.bytes, cudaHostRegisterDefault), "cudaHostRegister (pin in place)");
+          in_flight.emplace_back(h, nullptr);
+          check(cudaEventCreateWithFlags(&in_flight.back().second, cudaEventDisableTiming), "cudaEventCreate");
+          char* d = dir == Direction::h2d ? static_cast<char*>(dst) + piece.offset
+                                          : const_cast<char*>(static_cast<const char*>(src)) + piece.offset;
+          check(dir == Direction::h2d ? cudaMemcpyAsync(d, h, piece.bytes, cudaMemcpyDefault, stream)
+                                      : cudaMemcpyAsync(h, d, piece.bytes, cudaMemcpyDefault, stream),
+                "cudaMemcpyAsync (pinned in place)");
+          check(cudaEventRecord(in_flight.back().second, stream), "cudaEventRecord");
+          unregister_finished(false);
+        }
+      } catch (...) {
+        error = std::current_exception();
+        st->fail(error);
+      }
+      unregister_finished(true);  // no piece stays registered, error or not
+      cudaEventDestroy(caller_ready);
+      cudaGetLastError();
+      store_flag(pin_done, token);
+      st->host_tasks.done(error);
+    });
+  }
+  {
+    std::lock_guard lock(stats_mu);
+    stats.pinned_pieces += plan.body.size();
+  }
+  run_staged(st, dir, dst, src, staged_chunks, caller, pin_done, token);
+}
+
+// ---- the engine -------------------------------------------------------------------
+
+CopyEngineOptions CopyEngineOptions::from_environment(int device) {
+  CopyEngineOptions o;
+  o.device = device;
+  const Options& env = ferry::options();
+  o.strategy = parse_strategy(env.text("FERRY_COPY_STRATEGY"));
+  o.workers = static_cast<int>(env.integer("FERRY_COPY_WORKERS"));
+  std::string path = env.text("FERRY_PROFILE");
+  bool explicit_path = !path.empty();
+  if (path.empty()) {
+    const char* cache = std::getenv("XDG_CACHE_HOME");
+    const char* home = std::getenv("HOME");
+    if (cache && *cache) path = std::string(cache) + "/ferry/profile.txt";
+    else if (home && *home) path = std::string(home) + "/.cache/ferry/profile.txt";
+  }
+  std::ifstream in(path);
+  if (in) {
+    std::stringstream text;
+    text << in.rdbuf();
+    try {
+      o.profile = parse_profile(text.str());
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(path + ": " + e.what() + " (run `ferry bench copy --calibrate` to rewrite it)");
+    }
+  } else if (explicit_path) {
+    throw InvalidArgument("FERRY_PROFILE='" + path + "': cannot read the file");
+  }
+  return o;
+}
+
+CopyEngine::CopyEngine(CopyEngineOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.options = options;
+  if (m.options.profile.staging_chunk_bytes == 0 || m.options.profile.staging_slots < 2)
+    throw InvalidArgument("copy engine profile: staging_chunk_bytes must be > 0 and staging_slots >= 2");
+  set_device(options.device);  // throws NoDevice / InvalidArgument
+  if (!stream_memops_supported(options.device))
+    throw NotSupported("device " + std::to_string(options.device) +
+                       " does not support 64-bit stream memory operations, which the copy engine needs");
+  int workers = options.workers > 0 ? options.workers : options.profile.workers;
+  if (workers <= 0) workers = std::min(available_cores(), 16);
+  PoolOptions staging;
+  staging.chunk_bytes = 64u << 20;
+  m.staging = make_pinned_pool(staging, options.device);
+  m.workers = std::make_unique<WorkerPool>(workers);
+  m.pinner = std::make_unique<WorkerPool>(1);
+  check(cudaStreamCreateWithFlags(&m.pin_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  void* flag = nullptr;
+  check(cudaHostAlloc(&flag, 64, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc (pin flag)");
+  std::memset(flag, 0, 64);
+  m.pin_done = static_cast<volatile uint64_t*>(flag);
+}
+
+CopyEngine::~CopyEngine() {
+  Impl& m = *impl_;
+  m.pinner.reset();   // joins after the queued pin jobs
+  m.workers.reset();  // joins after the queued chunk tasks
+  for (auto& l : m.lanes) {
+    if (!l) continue;
+    cudaStreamSynchronize(l->stream);
+    cudaStreamDestroy(l->stream);
+    cudaFreeHost(l->flag_block);
+    for (auto* slot : l->slots) m.staging->deallocate(slot);
+  }
+  if (m.pin_stream) {
+    cudaStreamSynchronize(m.pin_stream);
+    cudaStreamDestroy(m.pin_stream);
+  }
+  if (m.pin_done) cudaFreeHost(const_cast<uint64_t*>(m.pin_done));
+  cudaGetLastError();
+}
+
+void CopyEngine::warm_up() {
+  impl_->lane(Direction::h2d);
+  impl_->lane(Direction::d2h);
+}
+
+namespace {
+
+struct Classified {
+  Direction dir;
+  bool host_pinned;
+  bool device_to_device;
+  const void* host;
+};
+
+Classified classify_pair(void* dst, const void* src, size_t bytes) {
+  if (!dst || !src) throw InvalidArgument(std::string(!dst ? "dst" : "src") + " must not be NULL");
+  if (bytes == 0) throw InvalidArgument("copy of 0 bytes");
+  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  if (d + bytes < d || s + bytes < s) throw InvalidArgument("copy range wraps around the address space");
+  if (d < s + bytes && s < d + bytes)
+    throw InvalidArgument("source " + hex(src) + " and destination " + hex(dst) + " overlap (" +
+                          format_bytes(bytes) + ")");
+  Memory md = classify(dst, bytes), ms = classify(src, bytes);
+  if (md == Memory::device) check_device_range(dst, bytes, "destination");
+  if (ms == Memory::device) check_device_range(src, bytes, "source");
+  if (md == Memory::device && ms == Memory::device) return {Direction::h2d, false, true, nullptr};
+  if (md != Memory::device && ms != Memory::device)
+    throw InvalidArgument("neither " + hex(src) + " nor " + hex(dst) +
+                          " is device memory: ferry copies between host and device (use memcpy on the host)");
+  Classified c;
+  c.device_to_device = false;
+  c.dir = md == Memory::device ? Direction::h2d : Direction::d2h;
+  Memory host_kind = c.dir == Direction::h2d ? ms : md;
+  c.host = c.dir == Direction::h2d ? src : dst;
+  c.host_pinned = host_kind == Memory::pinned_host;
+  if (!c.host_pinned) check_host_range(c.host, bytes, c.dir == Direction::h2d ? "source" : "destination");
+  return c;
+}
+
+}  // namespace
+
+Strategy CopyEngine::plan(void* dst, const void* src, size_t bytes, Strategy strategy) {
+  Direction dir;
+  return impl_->decide(dst, src, bytes, strategy, &dir);
+}
+
+Strategy CopyEngine::Impl::decide(void* dst, const void* src, size_t bytes, Strategy strategy, Direction* dir) {
+  Classified c = classify_pair(dst, src, bytes);
+  *dir = c.dir;
+  if (c.device_to_device) return Strategy::direct;
+  const MachineProfile& prof = options.profile;
+  Strategy requested = strategy != Strategy::automatic ? strategy : options.strategy;
+  HostBacking backing = HostBacking::small_pages;
+  if (c.host_pinned)
+    backing = HostBacking::pinned;
+  else if (requested == Strategy::automatic && bytes >= prof.hybrid_below_bytes)
+    backing = read_backing(c.host, bytes);
+  return choose_strategy(c.dir, bytes, backing, prof, requested);
+}
+
+Completion CopyEngine::copy_async(void* dst, const void* src, size_t bytes, cudaStream_t stream,
+                                  Strategy strategy) {
+  Impl& m = *impl_;
+  Direction dir;
+  Strategy s = m.decide(dst, src, bytes, strategy, &dir);  // validates everything first
+  auto st = m.begin(s, bytes);
+  check(cudaSetDevice(m.options.device), "cudaSetDevice");
+  size_t chunks = 0;
+  switch (s) {
+    case Strategy::direct:
+    case Strategy::cuda:
+      m.run_direct(*st, dst, src, bytes, stream);
+      m.finish_on(st, stream, stream);
+      break;
+    case Strategy::staged: {
+      auto pieces = split_even(bytes, m.options.profile.staging_chunk_bytes);
+      chunks = pieces.size();
+      m.run_staged(st, dir, dst, src, pieces, stream, nullptr, 0);
+      break;
+    }
+    case Strategy::pin_in_place:
+      m.run_pin_in_place(st, dir, dst, src, bytes, 1.0, stream);
+      break;
+    case Strategy::hybrid:
+      m.run_pin_in_place(st, dir, dst, src, bytes,
+                         m.options.profile.hybrid_pinned_share[static_cast<int>(dir)], stream);
+      break;
+    case Strategy::automatic:
+      throw InvalidArgument("internal: strategy not chosen");
+  }
+  m.count(s, bytes, chunks, 0);
+  return Completion(st);
+}
+
+void CopyEngine::copy(void* dst, const void* src, size_t bytes, Strategy strategy) {
+  Impl& m = *impl_;
+  set_device(m.options.device);
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  try {
+    Completion c = copy_async(dst, src, bytes, stream, strategy);
+    c.wait();
+  } catch (...) {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+    cudaGetLastError();
+    throw;
+  }
+  check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+}
+
+Completion CopyEngine::copy_batch_async(std::span<const CopyOp> ops, cudaStream_t stream, Strategy strategy) {
+  Impl& m = *impl_;
+  if (ops.empty()) throw InvalidArgument("empty batch");
+  // Validate every op before anything is enqueued.
+  std::vector<Strategy> chosen(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    try {
+      chosen[i] = plan(ops[i].dst, ops[i].src, ops[i].bytes, strategy);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("batch op " + std::to_string(i) + ": " + e.what());
+    }
+  }
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  std::vector<Completion> pageable;
+  size_t total = 0, largest = 0;
+  Strategy main = Strategy::direct;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    total += ops[i].bytes;
+    if (ops[i].bytes > largest) largest = ops[i].bytes, main = chosen[i];
+    if (chosen[i] == Strategy::direct) {
+      dsts.push_back(ops[i].dst);
+      srcs.push_back(ops[i].src);
+      sizes.push_back(ops[i].bytes);
+    } else {
+      pageable.push_back(copy_async(ops[i].dst, ops[i].src, ops[i].bytes, stream, chosen[i]));
+    }
+  }
+  auto st = m.begin(main, total);
+  check(cudaSetDevice(m.options.device), "cudaSetDevice");
+  if (!dsts.empty()) {
+    if (stream == nullptr) {  // the batch API refuses the legacy stream: one call each
+      for (size_t i = 0; i < dsts.size(); ++i)
+        check(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, stream), "cudaMemcpyAsync (batch)");
+    } else {
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t attr_index = 0;
+      check(cudaMemcpyBatchAsync(dsts.data(), const_cast<const void**>(srcs.data()), sizes.data(), dsts.size(),
+                                 &attr, &attr_index, 1, stream),
+            "cudaMemcpyBatchAsync");
+    }
+  }
+  // Pageable ops recorded their own events, which the caller's stream already
+  // waits on; the batch's event follows them on that stream.
+  m.finish_on(st, stream, stream);
+  st->parts = std::move(pageable);
+  return Completion(st);
+}
+
+CopyEngineStats CopyEngine::stats() const {
+  std::lock_guard lock(impl_->stats_mu);
+  return impl_->stats;
+}
+
+const CopyEngineOptions& CopyEngine::options() const { return impl_->options; }
+
+}  // namespace ferry::cuda

@@ -1,0 +1,248 @@
+// arena.cpp — backing choice with remembered fallbacks, and the chunk's
+// mapping, advice, binding, first touch and release.
+#include "pool/arena.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "core/error.h"
+#include "os/memory.h"
+#include "os/sysfs.h"
+#include "os/touch.h"
+
+namespace ferry {
+namespace {
+
+const char* choice_name(Backing b) {
+  switch (b) {
+    case Backing::small_pages: return "small pages";
+    case Backing::thp: return "THP";
+    case Backing::hugetlb_2m: return "hugetlb 2 MiB";
+    case Backing::hugetlb_1g: return "hugetlb 1 GiB";
+  }
+  return "?";
+}
+
+uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count());
+}
+
+}  // namespace
+
+Arena::Arena(const PoolOptions& options)
+    : memfd_(options.memfd),
+      policy_(options.huge_pages),
+      numa_node_(options.numa_node),
+      touch_threads_(options.touch_threads > 0 ? options.touch_threads
+                                               : std::min(os::usable_cores(), 16)) {}
+
+size_t Arena::page_bytes(Backing backing) noexcept {
+  switch (backing) {
+    case Backing::small_pages: return os::kSmallPageBytes;
+    case Backing::thp:
+    case Backing::hugetlb_2m: return os::kHugePage2MBytes;
+    case Backing::hugetlb_1g: return os::kHugePage1GBytes;
+  }
+  return os::kSmallPageBytes;
+}
+
+std::vector<Backing> Arena::choices(size_t bytes, PageKind kind) const {
+  if (kind == PageKind::small) return {Backing::small_pages};
+  std::vector<Backing> out;
+  const bool hugetlb_wanted = policy_ == HugePolicy::automatic || policy_ == HugePolicy::hugetlb;
+  if (hugetlb_wanted && bytes % os::kHugePage1GBytes == 0) out.push_back(Backing::hugetlb_1g);
+  if (hugetlb_wanted) out.push_back(Backing::hugetlb_2m);
+  if (policy_ == HugePolicy::automatic || policy_ == HugePolicy::thp) out.push_back(Backing::thp);
+  if (policy_ != HugePolicy::hugetlb) out.push_back(Backing::small_pages);
+  return out;
+}
+
+bool Arena::refused(Feature f) const {
+  std::lock_guard lock(mu_);
+  return refused_[f];
+}
+
+void Arena::fall_back(Feature f, const std::string& note, bool remember) {
+  std::lock_guard lock(mu_);
+  ++fallbacks_;
+  if (remember) refused_[f] = true;
+  if (std::find(notes_.begin(), notes_.end(), note) == notes_.end()) notes_.push_back(note);
+}
+
+std::vector<std::string> Arena::notes() const {
+  std::lock_guard lock(mu_);
+  return notes_;
+}
+
+uint64_t Arena::fallbacks() const {
+  std::lock_guard lock(mu_);
+  return fallbacks_;
+}
+
+std::string Arena::thp_unusable() {
+  {
+    std::lock_guard lock(mu_);
+    if (thp_checked_) return "";
+  }
+  std::string setting;
+  const int err = memfd_ ? os::read_thp_shmem_enabled(&setting) : os::read_thp_enabled(&setting);
+  const char* file = memfd_ ? "shmem_enabled" : "enabled";
+  if (err != 0)
+    return std::string("THP: cannot read /sys/kernel/mm/transparent_hugepage/") + file + " (" +
+           std::strerror(err) + ")";
+  const bool usable = memfd_ ? (setting == "always" || setting == "within_size" ||
+                                setting == "advise" || setting == "force")
+                             : (setting == "always" || setting == "madvise");
+  if (!usable)
+    return std::string(memfd_ ? "THP for memfd" : "THP") + ": transparent_hugepage/" + file +
+           " is " + setting;
+  std::lock_guard lock(mu_);
+  thp_checked_ = true;
+  return "";
+}
+
+int Arena::map(size_t bytes, size_t huge_page_bytes, Mapping* out, const char** call) const {
+  if (!memfd_) {
+    void* p = nullptr;
+    *call = "mmap";
+    const int err = huge_page_bytes ? os::map_hugetlb(bytes, huge_page_bytes, &p)
+                                    : os::map_anonymous(bytes, os::kHugePage2MBytes, &p);
+    if (err == 0) *out = Mapping{reinterpret_cast<uintptr_t>(p), -1};
+    return err;
+  }
+  int fd = -1;
+  *call = "memfd_create";
+  if (int err = os::create_memfd("ferry-pool", bytes, huge_page_bytes, &fd)) return err;
+  void* p = nullptr;
+  *call = "mmap";
+  if (int err = os::map_shared(fd, bytes, std::max(os::kHugePage2MBytes, huge_page_bytes), &p)) {
+    os::close_fd(fd);
+    return err;
+  }
+  *out = Mapping{reinterpret_cast<uintptr_t>(p), fd};
+  return 0;
+}
+
+void Arena::unmap(const Mapping& m, size_t bytes) const noexcept {
+  os::unmap(reinterpret_cast<void*>(m.base), bytes);
+  if (m.fd >= 0) os::close_fd(m.fd);
+}
+
+MappedChunk Arena::reserve(size_t bytes, PageKind kind) {
+  const std::vector<Backing> wanted = choices(bytes, kind);
+  const std::string size_text = format_bytes(bytes);
+  std::string hugetlb_refusals;  // why hugetlb failed, for the hugetlb policy's error
+  auto next_name = [&](size_t i) {
+    return i + 1 < wanted.size() ? choice_name(wanted[i + 1]) : "nothing";
+  };
+  // A refused choice: the hugetlb policy has no fallback and reports all
+  // reasons at the end; otherwise note it and go on with the next choice.
+  auto refuse = [&](size_t i, Feature f, const std::string& reason, bool remember) {
+    if (policy_ == HugePolicy::hugetlb) {
+      hugetlb_refusals += (hugetlb_refusals.empty() ? "" : "; ") + reason;
+      return;
+    }
+    fall_back(f, reason + "; using " + next_name(i), remember);
+  };
+
+  Mapping m;
+  Backing backing = Backing::small_pages;
+  bool mapped = false;
+  for (size_t i = 0; i < wanted.size() && !mapped; ++i) {
+    const Backing choice = wanted[i];
+    const char* call = "mmap";
+    if (choice == Backing::hugetlb_1g || choice == Backing::hugetlb_2m) {
+      const Feature f = choice == Backing::hugetlb_1g ? kHugetlb1G : kHugetlb2M;
+      if (policy_ != HugePolicy::hugetlb && refused(f)) continue;
+      const size_t page = page_bytes(choice);
+      const std::string what = choice_name(choice);
+      uint64_t free_pages = 0;
+      if (int err = os::read_free_hugepages(page, &free_pages)) {
+        refuse(i, f, what + ": no pool in " + os::hugepages_dir(page) + " (" + std::strerror(err) + ")", true);
+        continue;
+      }
+      if (free_pages < bytes / page) {
+        refuse(i, f,
+               free_pages == 0 ? what + ": 0 free pages"
+                               : what + ": " + std::to_string(free_pages) + " free pages, too few for a " +
+                                     size_text + " chunk",
+               free_pages == 0);
+        continue;
+      }
+      if (int err = map(bytes, page, &m, &call)) {
+        refuse(i, f, what + ": " + call + " of a " + size_text + " chunk refused (" + std::strerror(err) + ")",
+               true);
+        continue;
+      }
+      backing = choice;
+      mapped = true;
+    } else if (choice == Backing::thp) {
+      if (refused(kThp)) continue;
+      if (std::string why = thp_unusable(); !why.empty()) {
+        refuse(i, kThp, why, true);
+        continue;
+      }
+      if (int err = map(bytes, 0, &m, &call))
+        throw OsError(std::string(call) + " of a " + size_text + " pool chunk", err);
+      mapped = true;
+      if (int err = os::advise_huge(reinterpret_cast<void*>(m.base), bytes)) {
+        refuse(i, kThp, std::string("THP: madvise(MADV_HUGEPAGE) refused (") + std::strerror(err) + ")", true);
+        backing = Backing::small_pages;
+      } else {
+        backing = Backing::thp;
+      }
+    } else {
+      if (int err = map(bytes, 0, &m, &call))
+        throw OsError(std::string(call) + " of a " + size_text + " pool chunk", err);
+      mapped = true;
+      backing = Backing::small_pages;
+      if (kind == PageKind::small && !refused(kNoHugeAdvice)) {
+        if (int err = os::advise_no_huge(reinterpret_cast<void*>(m.base), bytes))
+          fall_back(kNoHugeAdvice,
+                    std::string("madvise(MADV_NOHUGEPAGE) refused (") + std::strerror(err) +
+                        "); small chunks get no advice",
+                    true);
+      }
+    }
+  }
+  if (!mapped) {
+    const size_t pages_2m = bytes / os::kHugePage2MBytes;
+    throw NotSupported("ferry pool: huge_pages=hugetlb, but no hugetlb pages for a " + size_text +
+                       " chunk: " + hugetlb_refusals + ". Reserve some (e.g. echo " +
+                       std::to_string(pages_2m) + " > " + os::hugepages_dir(os::kHugePage2MBytes) +
+                       "/nr_hugepages) or use FERRY_HUGE_PAGES=auto");
+  }
+
+  if (numa_node_ >= 0 && !refused(kNumaBinding)) {
+    if (int err = os::bind_to_node(reinterpret_cast<void*>(m.base), bytes, numa_node_))
+      fall_back(kNumaBinding,
+                "NUMA: mbind to node " + std::to_string(numa_node_) + " refused (" + std::strerror(err) +
+                    "); chunks are not bound",
+                true);
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  if (int err = os::touch_pages(reinterpret_cast<void*>(m.base), bytes, touch_threads_)) {
+    unmap(m, bytes);
+    throw OsError("first touch of a " + size_text + " pool chunk", err);
+  }
+  MappedChunk chunk;
+  chunk.base = m.base;
+  chunk.bytes = bytes;
+  chunk.kind = kind;
+  chunk.backing = backing;
+  chunk.fd = m.fd;
+  chunk.touch_ns = elapsed_ns(start);
+  return chunk;
+}
+
+void Arena::unmap(const MappedChunk& chunk) noexcept { unmap(Mapping{chunk.base, chunk.fd}, chunk.bytes); }
+
+int Arena::release_pages(const MappedChunk& chunk, uintptr_t begin, size_t bytes) noexcept {
+  void* p = reinterpret_cast<void*>(begin);
+  return chunk.fd >= 0 ? os::advise_remove(p, bytes) : os::advise_dont_need(p, bytes);
+}
+
+}  // namespace ferry

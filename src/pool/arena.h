@@ -1,0 +1,106 @@
+// arena.h — chunks from the OS: which backing a new chunk gets, mapping,
+// advice, NUMA binding and first touch; giving chunks, or parts of them, back.
+//
+// A chunk is 2 MiB aligned, a multiple of 2 MiB, huge or small for its whole
+// life. Backing by policy, first choice first:
+//   huge, automatic:  hugetlb 1 GiB (chunk a multiple of 1 GiB, enough free pages)
+//                     -> hugetlb 2 MiB (enough free pages) -> THP -> small pages
+//   huge, hugetlb:    hugetlb 1 GiB -> hugetlb 2 MiB, else NotSupported / OsError
+//   huge, thp:        THP -> small pages;   huge, off: small pages, no advice
+//   small:            small pages with MADV_NOHUGEPAGE
+// THP is MADV_HUGEPAGE on anonymous memory (enabled=always|madvise) or on a
+// memfd (shmem_enabled=always|within_size|advise|force).
+// When the kernel refuses a choice (no hugetlb pool or no free pages, hugetlb
+// mmap failed, THP disabled in sysfs, madvise failed, mbind failed) the arena
+// takes the next one, REMEMBERS the refusal for its lifetime (mimalloc style:
+// the refused feature is not tried again for each chunk), counts a fallback
+// and keeps a note "what was refused; what is used instead". Too few (but
+// some) free hugetlb pages for one chunk is noted but not remembered, since a
+// smaller chunk may fit later.
+//
+// Locking: mu_ guards the remembered refusals, the notes and the fallback
+// count; it is a leaf (the pool may hold its own mutex around notes() and
+// fallbacks()) and is never held across a system call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "pool/pool.h"
+
+namespace ferry {
+
+struct MappedChunk {
+  uintptr_t base = 0;
+  size_t bytes = 0;
+  PageKind kind = PageKind::small;
+  Backing backing = Backing::small_pages;
+  int fd = -1;            // the chunk's memfd; -1 for anonymous memory
+  uint64_t touch_ns = 0;  // time its first touch took
+  uint64_t register_ns = 0;  // time ChunkHooks::on_chunk_ready took (set by the pool)
+};
+
+class Arena {
+ public:
+  // Preconditions: options validated by the pool.
+  explicit Arena(const PoolOptions& options);
+
+  // Maps a chunk of `bytes` for `kind`, binds it to the NUMA node, first-
+  // touches it in parallel. Throws OsError (mmap, memfd_create or touch
+  // failed) or NotSupported (hugetlb policy and no usable hugetlb pages);
+  // then nothing stays mapped.
+  // Preconditions: bytes a nonzero multiple of 2 MiB.
+  // Locking: the caller holds no lock (system calls); takes mu_ briefly.
+  MappedChunk reserve(size_t bytes, PageKind kind);
+
+  // Unmaps the chunk and closes its memfd.
+  void unmap(const MappedChunk& chunk) noexcept;
+
+  // Gives [begin, begin + bytes) of the chunk back to the OS (MADV_DONTNEED,
+  // or MADV_REMOVE for a memfd); it reads as zero afterwards. 0 or an errno.
+  // Preconditions: the range lies in the chunk, aligned to page_bytes(backing).
+  int release_pages(const MappedChunk& chunk, uintptr_t begin, size_t bytes) noexcept;
+
+  // The page size of a backing: the granule of a partial release.
+  static size_t page_bytes(Backing backing) noexcept;
+
+  int touch_threads() const noexcept { return touch_threads_; }
+  std::vector<std::string> notes() const;
+  uint64_t fallbacks() const;
+
+ private:
+  enum Feature { kHugetlb1G, kHugetlb2M, kThp, kNoHugeAdvice, kNumaBinding, kFeatureCount };
+
+  struct Mapping {
+    uintptr_t base = 0;
+    int fd = -1;
+  };
+
+  std::vector<Backing> choices(size_t bytes, PageKind kind) const;
+  bool refused(Feature f) const;
+  // Records a fallback: counts it, adds the note once, remembers the refusal
+  // when `remember`.
+  void fall_back(Feature f, const std::string& note, bool remember);
+  // Why THP cannot be used ("" when it can), reading sysfs on first use.
+  std::string thp_unusable();
+  // Anonymous or memfd memory with small pages, or with hugetlb pages of
+  // huge_page_bytes. 0 or an errno; *call names the call that failed.
+  int map(size_t bytes, size_t huge_page_bytes, Mapping* out, const char** call) const;
+  void unmap(const Mapping& m, size_t bytes) const noexcept;
+
+  const bool memfd_;
+  const HugePolicy policy_;
+  const int numa_node_;
+  const int touch_threads_;
+
+  mutable std::mutex mu_;
+  bool refused_[kFeatureCount] = {};  // mu_
+  bool thp_checked_ = false;          // mu_: sysfs THP setting read and found usable
+  std::vector<std::string> notes_;    // mu_
+  uint64_t fallbacks_ = 0;            // mu_
+};
+
+}  // namespace ferry

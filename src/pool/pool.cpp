@@ -1,0 +1,553 @@
+// pool.cpp — Pool: exact-size allocation from huge/small chunks, recycling,
+// release (trim, background, limit), and the background target pipeline. The
+// range states, the locks and the fields they guard are in pool_impl.h.
+#include "pool/pool.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+#include "core/error.h"
+#include "pool/pool_impl.h"
+#include "pool/stats.h"
+
+namespace ferry {
+namespace {
+
+constexpr size_t kMaxAlignment = size_t{2} << 20;
+constexpr size_t kMaxRequest = size_t{1} << 47;    // the x86-64 user address space
+constexpr size_t kChunkGranule = size_t{2} << 20;  // chunks are 2 MiB aligned and sized
+
+int index(PageKind k) { return static_cast<int>(k); }
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+std::string hex(uintptr_t p) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%#" PRIxPTR, p);
+  return buf;
+}
+
+uint64_t ns_since(Clock::time_point start) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+}
+
+PageKind resolve_kind(HugeWant want, size_t size) {
+  switch (want) {
+    case HugeWant::yes: return PageKind::huge;
+    case HugeWant::no: return PageKind::small;
+    case HugeWant::automatic: break;
+  }
+  return size >= (size_t{2} << 20) ? PageKind::huge : PageKind::small;
+}
+
+const PoolOptions& validated(const PoolOptions& o) {
+  if (o.chunk_bytes == 0 || o.chunk_bytes % kChunkGranule != 0)
+    throw InvalidArgument("ferry pool: chunk_bytes=" + std::to_string(o.chunk_bytes) + " (" +
+                          format_bytes(o.chunk_bytes) + ") must be a nonzero multiple of 2 MiB");
+  if (o.chunk_bytes > kMaxRequest)
+    throw InvalidArgument("ferry pool: chunk_bytes=" + std::to_string(o.chunk_bytes) +
+                          " is beyond the 128 TiB address space");
+  if (o.touch_threads < 0)
+    throw InvalidArgument("ferry pool: touch_threads=" + std::to_string(o.touch_threads) +
+                          " must be >= 0 (0 = one per core, at most 16)");
+  if (o.release_delay_ms < 0)
+    throw InvalidArgument("ferry pool: release_delay_ms=" + std::to_string(o.release_delay_ms) +
+                          " must be >= 0 (0 = no background release)");
+  return o;
+}
+
+}  // namespace
+
+// ---- FreedHistory --------------------------------------------------------
+
+void FreedHistory::remember(uintptr_t start, size_t size) {
+  const uint64_t sequence = next_sequence_++;
+  by_start_[start] = Record{size, sequence};
+  order_.emplace_back(start, sequence);
+  if (order_.size() > kCapacity) {
+    const auto [oldest, oldest_sequence] = order_.front();
+    order_.pop_front();
+    auto it = by_start_.find(oldest);
+    if (it != by_start_.end() && it->second.sequence == oldest_sequence) by_start_.erase(it);
+  }
+}
+
+size_t FreedHistory::find(uintptr_t start) const {
+  auto it = by_start_.find(start);
+  return it == by_start_.end() ? 0 : it->second.size;
+}
+
+// ---- Impl: allocation ------------------------------------------------------
+
+Pool::Impl::Impl(PoolOptions o, std::shared_ptr<ChunkHooks> h)
+    : options(validated(o)),
+      hooks(std::move(h)),
+      target_kind(resolve_kind(o.target_kind, o.chunk_bytes)),
+      arena(options) {}
+
+uint64_t Pool::Impl::reserved_locked() const {
+  return counters.kind[0].reserved.current + counters.kind[1].reserved.current;
+}
+
+uint64_t Pool::Impl::cached_locked() const {
+  return counters.kind[0].cached.current + counters.kind[1].cached.current;
+}
+
+bool Pool::Impl::fits_limit_locked(size_t chunk_bytes) const {
+  return options.limit_bytes == 0 || reserved_locked() + pending_bytes + chunk_bytes <= options.limit_bytes;
+}
+
+std::string Pool::Impl::limit_message_locked(const std::string& what, size_t chunk_bytes) const {
+  const uint64_t in_use = counters.kind[0].in_use.current + counters.kind[1].in_use.current;
+  std::string m = "ferry pool limit of " + format_bytes(options.limit_bytes) + " reached: " +
+                  format_bytes(reserved_locked()) + " reserved (" + format_bytes(in_use) + " in use";
+  if (pending_bytes > 0) m += ", " + format_bytes(pending_bytes) + " more being reserved";
+  return m + "), " + what + " needs a new " + format_bytes(chunk_bytes) + " chunk";
+}
+
+bool Pool::Impl::should_wait_for_target_locked(size_t size, PageKind kind) const {
+  return target_running && !target_error && !stopping && kind == target_kind && size <= options.chunk_bytes;
+}
+
+void Pool::Impl::register_chunk(MappedChunk& m) {
+  if (!hooks) return;
+  const auto start = Clock::now();
+  try {
+    hooks->on_chunk_ready(reinterpret_cast<void*>(m.base), m.bytes);
+  } catch (...) {
+    arena.unmap(m);
+    throw;
+  }
+  m.register_ns = ns_since(start);
+}
+
+MappedChunk Pool::Impl::prepare_chunk(size_t bytes, PageKind kind) {
+  MappedChunk m = arena.reserve(bytes, kind);
+  register_chunk(m);
+  return m;
+}
+
+Chunk& Pool::Impl::insert_chunk_locked(const MappedChunk& m) {
+  Chunk& c = chunks.emplace(m.base, Chunk{m}).first->second;
+  c.idle_since = Clock::now();
+  available[index(m.kind)].insert(m.base, m.base, m.bytes, SpanState::zero);
+  KindStats& k = kind_stats(counters, m.kind);
+  counter_add(k.reserved, m.bytes);
+  counter_add(k.committed, m.bytes);
+  counter_add(k.cached, m.bytes);
+  ++counters.chunk_reservations;
+  ++counters.chunks_by_backing[static_cast<int>(m.backing)];
+  counters.touch_ns += m.touch_ns;
+  counters.register_ns += m.register_ns;
+  return c;
+}
+
+void* Pool::Impl::hand_out_locked(const Carved& carved, PageKind kind) {
+  Chunk& c = chunks.find(carved.chunk)->second;
+  live.emplace(carved.begin, Allocation{carved.size, &c});
+  ++c.live_allocations;
+  const size_t released = carved.bytes_in(SpanState::released);
+  c.released_bytes -= released;
+  KindStats& k = kind_stats(counters, kind);
+  counter_add(k.in_use, carved.size);
+  counter_sub(k.cached, carved.size - released);
+  counter_sub(k.released, released);
+  if (released > 0) counter_add(k.committed, released);
+  ++counters.allocations;
+  if (carved.bytes_in(SpanState::dirty) > 0) ++counters.recycles;
+  return reinterpret_cast<void*>(carved.begin);
+}
+
+void* Pool::Impl::allocate(size_t size, size_t alignment, PageKind kind, std::vector<Span>* dirty) {
+  RangeSet& set = available[index(kind)];
+  std::unique_lock lock(mu);
+  for (;;) {
+    if (std::optional<Carved> carved = set.take_best_fit(size, alignment, dirty))
+      return hand_out_locked(*carved, kind);
+    if (should_wait_for_target_locked(size, kind)) {
+      target_cv.wait(lock);
+      continue;
+    }
+    // A request larger than a chunk gets a dedicated chunk of its own size:
+    // the chunk base is 2 MiB aligned, so no alignment slack is needed.
+    const size_t chunk_bytes = size <= options.chunk_bytes ? options.chunk_bytes : round_up(size, kChunkGranule);
+    if (!fits_limit_locked(chunk_bytes)) {
+      // Give back wholly free chunks, oldest first, if that makes room.
+      std::vector<Chunk*> victims;
+      uint64_t freed_bytes = 0;
+      for (Chunk* c : idle_chunks_locked(Clock::time_point::max())) {
+        if (reserved_locked() - freed_bytes + pending_bytes + chunk_bytes <= options.limit_bytes) break;
+        victims.push_back(c);
+        freed_bytes += c->mapping.bytes;
+      }
+      if (reserved_locked() - freed_bytes + pending_bytes + chunk_bytes > options.limit_bytes)
+        throw OutOfMemory(limit_message_locked("request of " + format_bytes(size), chunk_bytes));
+      release_chunks_locked(lock, victims);
+      continue;  // the lock was dropped: look again
+    }
+    pending_bytes += chunk_bytes;
+    lock.unlock();
+    MappedChunk m;
+    try {
+      m = prepare_chunk(chunk_bytes, kind);
+    } catch (...) {
+      lock.lock();
+      pending_bytes -= chunk_bytes;
+      throw;
+    }
+    lock.lock();
+    pending_bytes -= chunk_bytes;
+    Chunk& c = insert_chunk_locked(m);
+    return hand_out_locked(set.take_exact(c.mapping.base, size), kind);
+  }
+}
+
+// ---- Impl: free --------------------------------------------------------------
+
+std::string Pool::Impl::diagnose_free_locked(uintptr_t p) const {
+  const std::string head = "ferry pool: deallocate(" + hex(p) + "): ";
+  if (p == 0) return head + "null pointer, not allocated by this pool";
+  std::string around;  // the live allocation p points into, if any
+  auto it = live.upper_bound(p);
+  if (it != live.begin() && p < std::prev(it)->first + std::prev(it)->second.size) {
+    --it;
+    around = "an allocation of " + std::to_string(it->second.size) + " bytes starting at " + hex(it->first);
+  }
+  if (const size_t freed_size = freed.find(p)) {
+    std::string m = head + "already freed (it was an allocation of " + std::to_string(freed_size) + " bytes)";
+    return around.empty() ? m : m + "; the memory now belongs to " + around;
+  }
+  if (!around.empty()) return head + "points inside " + around;
+  auto c = chunks.upper_bound(p);
+  if (c != chunks.begin() && p < std::prev(c)->second.end())
+    return head + "not the start of a live allocation (double free or interior pointer)";
+  return head + "not allocated by this pool";
+}
+
+void Pool::Impl::deallocate(uintptr_t p) {
+  std::lock_guard lock(mu);
+  auto it = live.find(p);
+  if (it == live.end()) throw InvalidArgument(diagnose_free_locked(p));
+  const Allocation a = it->second;
+  live.erase(it);
+  Chunk& c = *a.chunk;
+  available[index(c.mapping.kind)].insert(c.mapping.base, p, a.size, SpanState::dirty);
+  if (--c.live_allocations == 0) c.idle_since = Clock::now();
+  KindStats& k = kind_stats(counters, c.mapping.kind);
+  counter_sub(k.in_use, a.size);
+  counter_add(k.cached, a.size);
+  ++counters.frees;
+  freed.remember(p, a.size);
+}
+
+// ---- Impl: release -------------------------------------------------------------
+
+std::vector<Chunk*> Pool::Impl::idle_chunks_locked(Clock::time_point idle_before) const {
+  std::vector<Chunk*> out;
+  for (const auto& [base, c] : chunks)
+    if (c.idle() && c.idle_since <= idle_before) out.push_back(const_cast<Chunk*>(&c));
+  std::stable_sort(out.begin(), out.end(), [](const Chunk* a, const Chunk* b) { return a->idle_since < b->idle_since; });
+  return out;
+}
+
+void Pool::Impl::finish_chunk_release_locked(Chunk& c) {
+  const MappedChunk& m = c.mapping;
+  const size_t committed = m.bytes - c.released_bytes;
+  KindStats& k = kind_stats(counters, m.kind);
+  counter_sub(k.reserved, m.bytes);
+  counter_sub(k.committed, committed);
+  counter_sub(k.cached, committed);
+  counter_sub(k.released, c.released_bytes);
+  --counters.chunks_by_backing[static_cast<int>(m.backing)];
+  ++counters.chunk_releases;
+  chunks.erase(m.base);
+}
+
+uint64_t Pool::Impl::release_chunks_locked(std::unique_lock<std::mutex>& lock, const std::vector<Chunk*>& victims) {
+  if (victims.empty()) return 0;
+  uint64_t committed = 0;
+  for (Chunk* c : victims) {
+    c->releasing = true;
+    available[index(c->mapping.kind)].take_exact(c->mapping.base, c->mapping.bytes);
+    committed += c->mapping.bytes - c->released_bytes;
+  }
+  lock.unlock();
+  for (const Chunk* c : victims) {
+    if (hooks) hooks->on_chunk_release(reinterpret_cast<void*>(c->mapping.base), c->mapping.bytes);
+    arena.unmap(c->mapping);
+  }
+  lock.lock();
+  for (Chunk* c : victims) finish_chunk_release_locked(*c);
+  return committed;
+}
+
+uint64_t Pool::Impl::release_parts_locked(std::unique_lock<std::mutex>& lock, uint64_t max_bytes) {
+  struct Part {
+    Chunk* chunk;
+    Run range;
+    std::vector<Span> spans;  // what it held, to restore if madvise fails
+    int err;
+  };
+  std::vector<Part> parts;
+  uint64_t planned = 0;
+  for (auto& [base, c] : chunks) {
+    if (c.releasing || planned >= max_bytes) continue;
+    RangeSet& set = available[index(c.mapping.kind)];
+    const size_t page = Arena::page_bytes(c.mapping.backing);
+    for (const Run& r : set.releasable(base, c.end(), page, max_bytes - planned)) {
+      Part part{&c, r, {}, 0};
+      set.take_exact(r.begin, r.size, &part.spans);
+      c.releasing_bytes += r.size;
+      planned += r.size;
+      parts.push_back(std::move(part));
+    }
+  }
+  if (parts.empty()) return 0;
+  lock.unlock();
+  for (Part& part : parts) part.err = arena.release_pages(part.chunk->mapping, part.range.begin, part.range.size);
+  lock.lock();
+  uint64_t released = 0;
+  for (Part& part : parts) {
+    Chunk& c = *part.chunk;
+    RangeSet& set = available[index(c.mapping.kind)];
+    c.releasing_bytes -= part.range.size;
+    if (part.err != 0) {
+      for (const Span& s : part.spans) set.insert(c.mapping.base, s.begin, s.size, s.state);
+      continue;
+    }
+    set.insert(c.mapping.base, part.range.begin, part.range.size, SpanState::released);
+    c.released_bytes += part.range.size;
+    KindStats& k = kind_stats(counters, c.mapping.kind);
+    counter_sub(k.cached, part.range.size);
+    counter_sub(k.committed, part.range.size);
+    counter_add(k.released, part.range.size);
+    released += part.range.size;
+  }
+  return released;
+}
+
+size_t Pool::Impl::trim(size_t keep_bytes) {
+  std::unique_lock lock(mu);
+  uint64_t released = 0;
+  if (cached_locked() > keep_bytes) {
+    const uint64_t need = cached_locked() - keep_bytes;
+    std::vector<Chunk*> victims;
+    uint64_t selected = 0;
+    for (Chunk* c : idle_chunks_locked(Clock::time_point::max())) {
+      if (selected >= need) break;
+      victims.push_back(c);
+      selected += c->mapping.bytes - c->released_bytes;
+    }
+    released += release_chunks_locked(lock, victims);
+  }
+  // Pinned (hooked) memory is released in whole chunks only: never
+  // MADV_DONTNEED registered memory.
+  if (!hooks && cached_locked() > keep_bytes) released += release_parts_locked(lock, cached_locked() - keep_bytes);
+  return released;
+}
+
+void Pool::Impl::run_releaser() {
+  const auto delay = std::chrono::milliseconds(options.release_delay_ms);
+  std::unique_lock lock(mu);
+  while (!stopping) {
+    release_cv.wait_for(lock, delay, [&] { return stopping; });
+    if (stopping) break;
+    // Chunks idle for at least the delay, oldest first, in a batch of at
+    // most release_batch_bytes (at least one chunk), never going below the
+    // target_bytes that the pool was asked to hold.
+    std::vector<Chunk*> victims;
+    uint64_t batch = 0, reserved = reserved_locked();
+    for (Chunk* c : idle_chunks_locked(Clock::now() - delay)) {
+      const size_t bytes = c->mapping.bytes;
+      if (!victims.empty() && batch + bytes > options.release_batch_bytes) break;
+      if (reserved < options.target_bytes + bytes) continue;
+      victims.push_back(c);
+      batch += bytes;
+      reserved -= bytes;
+    }
+    release_chunks_locked(lock, victims);
+  }
+}
+
+// ---- Impl: background target ------------------------------------------------------
+
+void Pool::Impl::run_target_toucher(size_t chunk_count) {
+  const size_t bytes = options.chunk_bytes;
+  std::unique_lock lock(mu);
+  for (size_t i = 0; i < chunk_count && !stopping && !target_error; ++i) {
+    if (!fits_limit_locked(bytes)) {
+      target_error = std::make_exception_ptr(OutOfMemory(limit_message_locked(
+          "the background target of " + format_bytes(options.target_bytes) + " (chunk " +
+              std::to_string(i + 1) + " of " + std::to_string(chunk_count) + ")",
+          bytes)));
+      break;
+    }
+    pending_bytes += bytes;
+    lock.unlock();
+    MappedChunk m;
+    try {
+      m = arena.reserve(bytes, target_kind);
+    } catch (...) {
+      lock.lock();
+      pending_bytes -= bytes;
+      if (!target_error) target_error = std::current_exception();
+      break;
+    }
+    lock.lock();
+    // One chunk waits for registration while the next one is touched.
+    target_cv.wait(lock, [&] { return target_queue.empty() || stopping || target_error; });
+    if (stopping || target_error) {
+      lock.unlock();
+      arena.unmap(m);
+      lock.lock();
+      pending_bytes -= bytes;
+      break;
+    }
+    target_queue.push_back(m);
+    target_cv.notify_all();
+  }
+  toucher_done = true;
+  target_cv.notify_all();
+}
+
+void Pool::Impl::run_target_registrar() {
+  std::unique_lock lock(mu);
+  for (;;) {
+    target_cv.wait(lock, [&] { return !target_queue.empty() || toucher_done; });
+    if (target_queue.empty()) break;
+    MappedChunk m = target_queue.front();
+    target_queue.pop_front();
+    target_cv.notify_all();  // room for the toucher's next chunk
+    const bool abandon = stopping;  // a chunk touched before an error is still good
+    std::exception_ptr error;
+    lock.unlock();
+    if (abandon) {
+      arena.unmap(m);
+    } else {
+      try {
+        register_chunk(m);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    lock.lock();
+    pending_bytes -= m.bytes;
+    if (error && !target_error) target_error = error;
+    if (!abandon && !error) insert_chunk_locked(m);
+    target_cv.notify_all();
+  }
+  target_running = false;
+  target_cv.notify_all();
+}
+
+void Pool::Impl::wait_ready() {
+  std::unique_lock lock(mu);
+  target_cv.wait(lock, [&] { return !target_running; });
+  if (target_error) std::rethrow_exception(target_error);
+}
+
+PoolStats Pool::Impl::stats() const {
+  std::lock_guard lock(mu);
+  PoolStats s = counters;
+  s.notes = arena.notes();
+  s.fallbacks = arena.fallbacks();
+  return s;
+}
+
+void Pool::Impl::shutdown() noexcept {
+  {
+    std::lock_guard lock(mu);
+    stopping = true;
+  }
+  target_cv.notify_all();
+  release_cv.notify_all();
+  for (std::thread* t : {&toucher, &registrar, &releaser})
+    if (t->joinable()) t->join();
+  std::vector<MappedChunk> registered, unregistered;
+  {
+    std::lock_guard lock(mu);
+    for (const auto& [base, c] : chunks) registered.push_back(c.mapping);
+    unregistered.assign(target_queue.begin(), target_queue.end());
+    chunks.clear();
+    target_queue.clear();
+  }
+  for (const MappedChunk& m : registered) {
+    if (hooks) hooks->on_chunk_release(reinterpret_cast<void*>(m.base), m.bytes);
+    arena.unmap(m);
+  }
+  for (const MappedChunk& m : unregistered) arena.unmap(m);
+}
+
+// ---- Pool ------------------------------------------------------------------------
+
+Pool::Pool(PoolOptions options, std::shared_ptr<ChunkHooks> hooks)
+    : impl_(std::make_unique<Impl>(options, std::move(hooks))) {
+  Impl& s = *impl_;
+  try {
+    if (s.options.release_delay_ms > 0) s.releaser = std::thread([&s] { s.run_releaser(); });
+    if (s.options.target_bytes > 0) {
+      const size_t count = (s.options.target_bytes + s.options.chunk_bytes - 1) / s.options.chunk_bytes;
+      s.target_running = true;  // no other thread runs yet
+      s.registrar = std::thread([&s] { s.run_target_registrar(); });
+      s.toucher = std::thread([&s, count] { s.run_target_toucher(count); });
+    }
+  } catch (...) {
+    {
+      std::lock_guard lock(s.mu);
+      s.toucher_done = true;  // a registrar without a toucher must not wait for one
+    }
+    s.shutdown();
+    throw;
+  }
+}
+
+Pool::~Pool() { impl_->shutdown(); }
+
+void* Pool::allocate(size_t bytes, size_t alignment, HugeWant huge) {
+  if (bytes == 0) throw InvalidArgument("ferry pool: cannot allocate 0 bytes (the size must be at least 1)");
+  if (bytes > kMaxRequest)
+    throw InvalidArgument("ferry pool: a request of " + std::to_string(bytes) +
+                          " bytes is beyond the 128 TiB address space");
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+    throw InvalidArgument("ferry pool: alignment " + std::to_string(alignment) +
+                          " is not a power of two (expected 1 .. 2 MiB)");
+  if (alignment > kMaxAlignment)
+    throw InvalidArgument("ferry pool: alignment " + std::to_string(alignment) + " (" +
+                          format_bytes(alignment) + ") is above the 2 MiB maximum");
+  const size_t size = round_up(bytes, alignment);
+  std::vector<Span> dirty;  // filled only when zero_recycled
+  void* p = impl_->allocate(size, alignment, resolve_kind(huge, size),
+                            impl_->options.zero_recycled ? &dirty : nullptr);
+  for (const Span& d : dirty) std::memset(reinterpret_cast<void*>(d.begin), 0, d.size);
+  return p;
+}
+
+void Pool::deallocate(void* p) { impl_->deallocate(reinterpret_cast<uintptr_t>(p)); }
+
+size_t Pool::trim(size_t keep_bytes) { return impl_->trim(keep_bytes); }
+
+size_t Pool::allocation_size(const void* p) const {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->live.find(reinterpret_cast<uintptr_t>(p));
+  return it == impl_->live.end() ? 0 : it->second.size;
+}
+
+void Pool::wait_ready() { impl_->wait_ready(); }
+
+PoolStats Pool::stats() const { return impl_->stats(); }
+
+const PoolOptions& Pool::options() const { return impl_->options; }
+
+Pool::SharedLocation Pool::shared_location(const void* p) const {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->chunks.upper_bound(a);
+  if (it == impl_->chunks.begin()) return {};
+  const Chunk& c = std::prev(it)->second;
+  if (a >= c.end() || c.mapping.fd < 0) return {};
+  return SharedLocation{c.mapping.fd, a - c.mapping.base};
+}
+
+}  // namespace ferry

@@ -1,0 +1,183 @@
+// pool_impl.h — the pool's state: the lifecycle of a range, the locks, and
+// the lock that guards each field. Only pool.cpp includes it.
+//
+// Range states. Every byte of every chunk is in exactly one of them:
+//   free       in a chunk, never handed out; zero (fresh from the OS, and the
+//              first touch writes zero). RangeSet span state `zero`.
+//   in use     handed out by allocate(); an entry of `live`.
+//   cached     freed by deallocate(): committed and dirty (zeroed before it is
+//              handed out again if zero_recycled). RangeSet span state `dirty`.
+//   releasing  taken out of the free sets while its memory goes back to the OS
+//              outside the lock; held by the releasing thread (a Chunk's
+//              `releasing` flag or `releasing_bytes`), in no set.
+//   released   returned with MADV_DONTNEED (MADV_REMOVE for memfd) inside a
+//              live chunk, reads as zero (RangeSet span state `released`); or
+//              the whole chunk unmapped (it leaves `chunks`).
+// Transitions:
+//   free -> in use                   allocate
+//   in use -> cached                 deallocate
+//   cached -> in use                 allocate, a "recycle" (zeroed outside the lock if zero_recycled)
+//   free/cached -> releasing -> released
+//                                    trim (whole idle chunks, hooks->on_chunk_release
+//                                    first; without hooks also page-aligned parts of
+//                                    partly used chunks), background releaser and the
+//                                    limit path (whole idle chunks only)
+//   released -> in use               allocate (committed again; it reads as zero)
+// An allocation may span free, cached and released bytes of one run; free
+// and cached ranges coalesce with neighbours of the same state, and all
+// available states of one chunk form one run for best fit (range_set.h).
+//
+// Accounting (PoolStats, per kind): reserved = bytes of inserted chunks;
+// released = released bytes; committed = reserved - released; in_use = sum
+// of live sizes; cached = free + cached bytes. A releasing range keeps its
+// previous accounting until its release is finished, under the lock, so the
+// invariants of pool.h hold in every snapshot. A chunk being prepared is not
+// in the stats until it is inserted; meanwhile its bytes are in pending_bytes,
+// booked under the lock before mapping, so that concurrent reservations never
+// exceed limit_bytes (given back if the reservation fails).
+//
+// Locks, in this order:
+//   1. Impl::mu, the pool's mutex: every field marked "mu".
+//   2. Arena::mu_, a leaf: remembered refusals and notes; taken under mu
+//      only by stats().
+// Rule: no system call and no hook call while holding mu. Reserving a chunk
+// books its bytes, drops mu, maps/binds/touches it and calls on_chunk_ready,
+// then retakes mu to insert it. Releasing takes ranges out of the free sets
+// under mu, drops mu for on_chunk_release/munmap/madvise, retakes it to
+// account. The fast paths (recycling allocate, deallocate) make no system
+// call at all: O(log n) map operations under mu.
+//
+// Threads: callers; the background releaser (release_delay_ms > 0); the
+// target pipeline's toucher and registrar (target_bytes > 0). ~Pool stops and
+// joins them all before it releases the chunks.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pool/arena.h"
+#include "pool/pool.h"
+#include "pool/range_set.h"
+
+namespace ferry {
+
+using Clock = std::chrono::steady_clock;
+
+struct Chunk {
+  MappedChunk mapping;             // immutable once inserted
+  size_t live_allocations = 0;     // mu
+  size_t released_bytes = 0;       // mu: bytes in span state released
+  size_t releasing_bytes = 0;      // mu: parts out for MADV_DONTNEED right now
+  bool releasing = false;          // mu: the whole chunk is being unmapped
+  Clock::time_point idle_since{};  // mu: when live_allocations last became 0
+
+  bool idle() const { return live_allocations == 0 && releasing_bytes == 0 && !releasing; }
+  uintptr_t end() const { return mapping.base + mapping.bytes; }
+};
+
+struct Allocation {
+  size_t size;   // rounded to the alignment asked
+  Chunk* chunk;  // stable: std::map nodes do not move
+};
+
+// Recently freed allocation starts, to tell "already freed" from "foreign".
+// Bounded: the oldest of kCapacity records are forgotten.
+class FreedHistory {
+ public:
+  void remember(uintptr_t start, size_t size);
+  // Size of the allocation last freed at `start`, or 0 if none is remembered.
+  size_t find(uintptr_t start) const;
+
+ private:
+  static constexpr size_t kCapacity = 4096;
+  struct Record {
+    size_t size;
+    uint64_t sequence;
+  };
+  std::map<uintptr_t, Record> by_start_;
+  std::deque<std::pair<uintptr_t, uint64_t>> order_;  // (start, sequence), oldest first
+  uint64_t next_sequence_ = 0;
+};
+
+struct Pool::Impl {
+  Impl(PoolOptions options, std::shared_ptr<ChunkHooks> hooks);
+
+  // The public operations (Pool forwards to these). Locking: take mu.
+  void* allocate(size_t size, size_t alignment, PageKind kind, std::vector<Span>* dirty);
+  void deallocate(uintptr_t p);
+  size_t trim(size_t keep_bytes);
+  PoolStats stats() const;
+  void wait_ready();
+  // Stops and joins the background threads, then releases every chunk.
+  void shutdown() noexcept;
+
+  // Calls on_chunk_ready (timed into m.register_ns); if it throws, unmaps the
+  // chunk and rethrows. Locking: mu not held (hook call, munmap).
+  void register_chunk(MappedChunk& m);
+  // arena.reserve() and register_chunk(). Throws; then nothing stays mapped.
+  // Locking: mu not held.
+  MappedChunk prepare_chunk(size_t bytes, PageKind kind);
+  // Adds a prepared chunk to `chunks`, its bytes to the free set (state
+  // zero) and to the stats.
+  Chunk& insert_chunk_locked(const MappedChunk& m);
+  // Records a carved range as a live allocation and accounts for it.
+  void* hand_out_locked(const Carved& carved, PageKind kind);
+  uint64_t reserved_locked() const;
+  uint64_t cached_locked() const;
+  bool fits_limit_locked(size_t chunk_bytes) const;
+  // "ferry pool limit of 1 GiB reached: 960 MiB reserved (512 MiB in use),
+  // <what> needs a new 128 MiB chunk".
+  std::string limit_message_locked(const std::string& what, size_t chunk_bytes) const;
+  bool should_wait_for_target_locked(size_t size, PageKind kind) const;
+  std::string diagnose_free_locked(uintptr_t p) const;
+  // Idle chunks, oldest idle first, idle since `idle_before` or earlier.
+  std::vector<Chunk*> idle_chunks_locked(Clock::time_point idle_before) const;
+  // Takes `victims` (idle chunks) out of the free sets, drops the lock for
+  // on_chunk_release and munmap, retakes it and removes them. Returns the
+  // committed bytes given back.
+  // Locking: called and returns with `lock` held; drops it meanwhile.
+  uint64_t release_chunks_locked(std::unique_lock<std::mutex>& lock, const std::vector<Chunk*>& victims);
+  // The same for page-aligned parts of the free sets (trim without hooks), at
+  // most `max_bytes`. Parts whose madvise fails return to their old state.
+  uint64_t release_parts_locked(std::unique_lock<std::mutex>& lock, uint64_t max_bytes);
+  void finish_chunk_release_locked(Chunk& c);
+
+  void run_releaser();
+  void run_target_toucher(size_t chunk_count);
+  void run_target_registrar();
+
+  const PoolOptions options;
+  const std::shared_ptr<ChunkHooks> hooks;
+  const PageKind target_kind;
+  Arena arena;  // its own leaf lock
+
+  mutable std::mutex mu;
+  std::condition_variable target_cv;   // a target chunk is in, the pipeline changed state, queue moved
+  std::condition_variable release_cv;  // wakes the releaser to stop
+  std::map<uintptr_t, Chunk> chunks;   // mu: by base
+  RangeSet available[2];               // mu: by PageKind
+  std::map<uintptr_t, Allocation> live;  // mu: by start
+  FreedHistory freed;                  // mu
+  PoolStats counters;                  // mu: all but notes and fallbacks (the arena's)
+  size_t pending_bytes = 0;            // mu: booked for chunks being prepared
+  bool stopping = false;               // mu
+
+  bool target_running = false;            // mu: the pipeline still works
+  bool toucher_done = false;              // mu
+  std::deque<MappedChunk> target_queue;   // mu: touched, waiting for on_chunk_ready
+  std::exception_ptr target_error;        // mu: first error of the pipeline
+
+  // Started by the constructor, joined by shutdown(); no lock (owner only).
+  std::thread releaser, toucher, registrar;
+};
+
+}  // namespace ferry
