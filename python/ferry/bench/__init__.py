@@ -2,5 +2,6 @@
 the same run, with the ratio, and writes JSON with the machine's facts."""
 
 SUITES = {
+    "copy": "ferry.bench.copy",
     "pool": "ferry.bench.pool",
 }
