@@ -345,36 +345,37 @@ void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Directio
       cudaEventDestroy(caller_ready);
       throw;
     }
+    // Submit under the lane's lock: the workers' FIFO then holds this lane's
+    // chunks in generation order, so a task only ever waits on earlier ones.
+    st->host_tasks.add(tasks.size());
+    for (const Task& t : tasks) {
+      workers->submit([st, &ln, t, dir, dst, src, nslots, last_gen] {
+        const uint64_t s = t.gen % nslots;
+        try {
+          if (dir == Direction::h2d) {
+            if (t.gen > nslots && !wait_flag(&ln.gpu_flags[s], t.gen - nslots, *st)) throw std::runtime_error("aborted");
+            if (!st->abort) {
+              if (fault_injected(FaultPoint::touch)) throw OsError("staging copy (injected fault)", EFAULT);
+              std::memcpy(ln.slots[s], static_cast<const char*>(src) + t.piece.offset, t.piece.bytes);
+            }
+            store_flag(&ln.cpu_flags[s], t.gen);
+          } else {
+            if (!wait_flag(&ln.gpu_flags[s], t.gen, *st)) throw std::runtime_error("aborted");
+            if (!st->abort) std::memcpy(static_cast<char*>(dst) + t.piece.offset, ln.slots[s], t.piece.bytes);
+            store_flag(&ln.cpu_flags[s], t.gen);
+          }
+          st->host_tasks.done();
+        } catch (...) {
+          auto e = std::current_exception();
+          st->fail(e);
+          // Release every flag this copy may still wait on, on both sides.
+          for (uint64_t g = t.gen; g <= last_gen; ++g) store_flag(&ln.cpu_flags[g % nslots], last_gen);
+          st->host_tasks.done(e);
+        }
+      });
+    }
   }
   cudaEventDestroy(caller_ready);  // safe: destruction waits for nothing, the wait is enqueued
-
-  st->host_tasks.add(tasks.size());
-  for (const Task& t : tasks) {
-    workers->submit([st, &ln, t, dir, dst, src, nslots, last_gen] {
-      const uint64_t s = t.gen % nslots;
-      try {
-        if (dir == Direction::h2d) {
-          if (t.gen > nslots && !wait_flag(&ln.gpu_flags[s], t.gen - nslots, *st)) throw std::runtime_error("aborted");
-          if (!st->abort) {
-            if (fault_injected(FaultPoint::touch)) throw OsError("staging copy (injected fault)", EFAULT);
-            std::memcpy(ln.slots[s], static_cast<const char*>(src) + t.piece.offset, t.piece.bytes);
-          }
-          store_flag(&ln.cpu_flags[s], t.gen);
-        } else {
-          if (!wait_flag(&ln.gpu_flags[s], t.gen, *st)) throw std::runtime_error("aborted");
-          if (!st->abort) std::memcpy(static_cast<char*>(dst) + t.piece.offset, ln.slots[s], t.piece.bytes);
-          store_flag(&ln.cpu_flags[s], t.gen);
-        }
-        st->host_tasks.done();
-      } catch (...) {
-        auto e = std::current_exception();
-        st->fail(e);
-        // Release every flag this copy may still wait on, on both sides.
-        for (uint64_t g = t.gen; g <= last_gen; ++g) store_flag(&ln.cpu_flags[g % nslots], last_gen);
-        st->host_tasks.done(e);
-      }
-    });
-  }
 }
 
 // Pin-in-place: the engine's one pinner thread registers the aligned body of

@@ -1,9 +1,37 @@
 // main.cpp — GPU tests' entry point: exits 77 (CTest: skipped) with the reason
-// when there is no CUDA driver or device, so CI shows them as skipped.
+// when there is no CUDA driver or device, so CI shows them as skipped. A
+// watchdog (FERRY_TEST_WATCHDOG_S, default 240 s per test) names a test that
+// hangs and ends the process instead of letting CI time out silently.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+namespace {
+
+std::atomic<long> g_test_started_ms{0};
+std::string g_test_name;  // written by the listener before g_test_started_ms
+
+long now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+class WatchdogListener : public ::testing::EmptyTestEventListener {
+  void OnTestStart(const ::testing::TestInfo& info) override {
+    g_test_name = std::string(info.test_suite_name()) + "." + info.name();
+    g_test_started_ms = now_ms();
+  }
+  void OnTestEnd(const ::testing::TestInfo&) override { g_test_started_ms = 0; }
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   int n = 0;
@@ -14,5 +42,21 @@ int main(int argc, char** argv) {
     return 77;
   }
   ::testing::InitGoogleTest(&argc, argv);
+  ::testing::UnitTest::GetInstance()->listeners().Append(new WatchdogListener);
+  const char* env = std::getenv("FERRY_TEST_WATCHDOG_S");
+  const long limit_ms = (env ? std::atol(env) : 240) * 1000;
+  std::thread([limit_ms] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      long started = g_test_started_ms;
+      if (started && now_ms() - started > limit_ms) {
+        std::fprintf(stderr, "WATCHDOG: %s still running after %ld s: giving up\n", g_test_name.c_str(),
+                     limit_ms / 1000);
+        std::fflush(stderr);
+        std::fflush(stdout);
+        std::_Exit(124);
+      }
+    }
+  }).detach();
   return RUN_ALL_TESTS();
 }
