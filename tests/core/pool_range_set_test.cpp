@@ -162,9 +162,13 @@ TEST_P(RangeSetTable, EndsInTheExpectedRunsAndSpans) {
   }
   EXPECT_EQ(set.runs(), c.runs) << c.name;
   EXPECT_EQ(set.spans(), c.spans) << c.name;
-  size_t total = 0;
-  for (const Span& s : c.spans) total += s.size;
+  size_t total = 0, by_state[3] = {};
+  for (const Span& s : c.spans) {
+    total += s.size;
+    by_state[static_cast<int>(s.state)] += s.size;
+  }
   EXPECT_EQ(set.available_bytes(), total) << c.name;
+  for (SpanState s : {Z, D, R}) EXPECT_EQ(set.bytes_in(s), by_state[static_cast<int>(s)]) << c.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, RangeSetTable, ::testing::ValuesIn(kCases),

@@ -2,8 +2,10 @@
 // (log-uniform 1 B .. 64 MiB) at random alignments and kinds, each allocation
 // carrying its own pattern that is verified before it is freed, while another
 // thread trims and checks the accounting. Deterministic seeds; size from
-// FERRY_STRESS_THREADS (threads), FERRY_STRESS_SCALE (live allocations per
-// thread) and FERRY_STRESS_ITER (operations per thread), mimalloc style.
+// FERRYTEST_STRESS_THREADS (threads), FERRYTEST_STRESS_SCALE (live allocations per
+// thread) and FERRYTEST_STRESS_ITER (operations per thread), mimalloc style.
+// Two configurations: anonymous memory, and memfd memory with zero_recycled
+// (where every new allocation must read zero before its pattern is written).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -22,6 +24,12 @@ namespace ferry {
 namespace {
 
 constexpr size_t MiB = size_t{1} << 20;
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -53,13 +61,24 @@ struct Block {
   uint64_t seed;
 };
 
-TEST(PoolStress, ManyThreadsRandomSizesPatternsAndExactAccounting) {
-  const int threads = env_int("FERRY_STRESS_THREADS", 4);
-  const int scale = env_int("FERRY_STRESS_SCALE", 8);
-  const int iterations = env_int("FERRY_STRESS_ITER", 300);
+struct Config {
+  const char* name;
+  bool memfd;
+  bool zero_recycled;
+};
+
+class PoolStress : public ::testing::TestWithParam<Config> {};
+
+TEST_P(PoolStress, ManyThreadsRandomSizesPatternsAndExactAccounting) {
+  const int threads = env_int("FERRYTEST_STRESS_THREADS", 4);
+  const int scale = env_int("FERRYTEST_STRESS_SCALE", 8);
+  // Sanitizers shadow every mapped byte: fewer operations keep them at a few seconds.
+  const int iterations = env_int("FERRYTEST_STRESS_ITER", kSanitized ? 250 : 1000);
   PoolOptions o;
   o.chunk_bytes = 16 * MiB;
   o.touch_threads = 2;
+  o.memfd = GetParam().memfd;
+  o.zero_recycled = GetParam().zero_recycled;
   Pool pool(o);
 
   std::atomic<bool> done{false};
@@ -95,6 +114,11 @@ TEST(PoolStress, ManyThreadsRandomSizesPatternsAndExactAccounting) {
         auto* p = static_cast<uint8_t*>(pool.allocate(bytes, alignment, want));
         if (reinterpret_cast<uintptr_t>(p) % alignment != 0) fail("misaligned allocation");
         const uint64_t seed = rng();
+        if (o.zero_recycled) {
+          bool zero = true;
+          for_each_checked_offset(bytes, [&](size_t k) { zero = zero && p[k] == 0; });
+          if (!zero) fail("zero_recycled is on, yet a new allocation is not zero");
+        }
         for_each_checked_offset(bytes, [&](size_t k) { p[k] = pattern_byte(seed, k); });
         live.push_back({p, bytes, (bytes + alignment - 1) / alignment * alignment, seed});
         ++allocations;
@@ -113,7 +137,7 @@ TEST(PoolStress, ManyThreadsRandomSizesPatternsAndExactAccounting) {
       pool.trim(rng() % (64 * MiB));
       const PoolStats s = pool.stats();
       if (std::string v = accounting_violation(s); !v.empty()) fail("mid-run accounting: " + v);
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   });
   std::vector<std::thread> workers;
@@ -138,6 +162,10 @@ TEST(PoolStress, ManyThreadsRandomSizesPatternsAndExactAccounting) {
   EXPECT_EQ(end.kind[0].reserved.current + end.kind[1].reserved.current, 0u) << describe(end);
   EXPECT_EQ(end.chunk_reservations, end.chunk_releases);
 }
+
+INSTANTIATE_TEST_SUITE_P(Configs, PoolStress,
+                         ::testing::Values(Config{"anonymous", false, false}, Config{"memfd_zeroed", true, true}),
+                         [](const ::testing::TestParamInfo<Config>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace ferry

@@ -149,8 +149,14 @@ TEST(CopyEngine, ConcurrentThreadsBothDirections) {
       for (int i = 0; i < 5; ++i) {
         fill_random(a.p, n, t * 100 + i);
         std::memset(b.p, 0, n);
-        engine().copy(d.p, a.p, n);
-        engine().copy(b.p, d.p, n);
+        try {
+          engine().copy(d.p, a.p, n);
+          engine().copy(b.p, d.p, n);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "thread " << t << ": " << e.what();
+          ++failures;
+          return;
+        }
         if (std::memcmp(a.p, b.p, n) != 0) ++failures;
       }
     });

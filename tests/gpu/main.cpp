@@ -1,6 +1,6 @@
 // main.cpp — GPU tests' entry point: exits 77 (CTest: skipped) with the reason
 // when there is no CUDA driver or device, so CI shows them as skipped. A
-// watchdog (FERRY_TEST_WATCHDOG_S, default 240 s per test) names a test that
+// watchdog (FERRYTEST_WATCHDOG_S, default 240 s per test) names a test that
 // hangs and ends the process instead of letting CI time out silently.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   }
   ::testing::InitGoogleTest(&argc, argv);
   ::testing::UnitTest::GetInstance()->listeners().Append(new WatchdogListener);
-  const char* env = std::getenv("FERRY_TEST_WATCHDOG_S");
+  const char* env = std::getenv("FERRYTEST_WATCHDOG_S");
   const long limit_ms = (env ? std::atol(env) : 240) * 1000;
   std::thread([limit_ms] {
     for (;;) {
