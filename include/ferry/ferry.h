@@ -202,6 +202,66 @@ FERRY_API ferry_status_t ferry_copy_release(ferry_copy_t copy);
 FERRY_API ferry_status_t ferry_register(void* ptr, size_t bytes, int device, ferry_registration_t* out);
 FERRY_API ferry_status_t ferry_unregister(ferry_registration_t registration);
 
+/* ---- low-latency channel ------------------------------------------------ */
+/* Small copies and signals between the CPU and one GPU in about a microsecond:
+ * a persistent GPU kernel serves a ring of requests in mapped pinned memory and
+ * leaves by itself after idle_us without requests (the next request relaunches
+ * it), so cudaDeviceSynchronize() never hangs on it. Every call is synchronous
+ * and thread-safe; one thread's requests complete in its order. Device
+ * pointers must lie inside one allocation of the channel's device. Payloads are
+ * 1 .. FERRY_CHANNEL_MAX_PAYLOAD bytes; larger transfers are the copy engine's
+ * job (FERRY_ERROR_INVALID_ARGUMENT says so). A request that does not complete
+ * within timeout_ms fails with FERRY_ERROR_CUDA and leaves the channel unusable. */
+
+#define FERRY_CHANNEL_MAX_PAYLOAD 65536
+
+typedef struct ferry_channel* ferry_channel_t;
+
+typedef struct ferry_channel_options {
+  uint32_t idle_us;    /* the kernel leaves after this idle time; default 200, 1 .. 10^7 */
+  uint32_t slots;      /* requests in flight at once; default 8, 1 .. 64 */
+  uint32_t timeout_ms; /* a request not done by then fails; default 5000 */
+  uint32_t spin_us;    /* callers spin this long, then yield and sleep; default 20 */
+  int use_gdrcopy;     /* 1: writes through GDRCopy mappings; FERRY_ERROR_NOT_SUPPORTED
+                          (with the reason) where GDRCopy is not available */
+} ferry_channel_options_t;
+
+typedef struct ferry_channel_stats {
+  uint64_t requests;       /* completed requests */
+  uint64_t launches;       /* kernel launches (first request, then relaunches after idle) */
+  uint64_t idle_exits;     /* kernels that left because they were idle */
+  uint64_t gdrcopy_writes; /* writes done through a GDRCopy mapping */
+} ferry_channel_stats_t;
+
+FERRY_API ferry_status_t ferry_channel_options_init(ferry_channel_options_t* out);
+/* options may be NULL (defaults). FERRY_ERROR_NO_DEVICE without driver or device. */
+FERRY_API ferry_status_t ferry_channel_create(int device, const ferry_channel_options_t* options,
+                                              ferry_channel_t* out);
+/* Stops the kernel and frees everything; waits for requests in flight. */
+FERRY_API ferry_status_t ferry_channel_destroy(ferry_channel_t channel);
+FERRY_API ferry_status_t ferry_channel_write(ferry_channel_t channel, void* dev_dst, const void* src,
+                                             size_t n);
+FERRY_API ferry_status_t ferry_channel_read(ferry_channel_t channel, void* dst, const void* dev_src,
+                                            size_t n);
+/* value: 0 .. 255 */
+FERRY_API ferry_status_t ferry_channel_fill(ferry_channel_t channel, void* dev_dst, int value,
+                                            size_t n);
+/* Stores value to a 4-byte aligned device flag, release semantics at system scope. */
+FERRY_API ferry_status_t ferry_channel_signal(ferry_channel_t channel, uint32_t* dev_flag,
+                                              uint32_t value);
+/* The kernel waits until *dev_flag >= value (unsigned) or timeout_us (at most
+ * 3600 s) passes: *reached is 1 or 0. The wait holds the whole channel. */
+FERRY_API ferry_status_t ferry_channel_wait(ferry_channel_t channel, const uint32_t* dev_flag,
+                                            uint32_t value, uint64_t timeout_us, int* reached);
+/* Round trip of an empty request, in microseconds. */
+FERRY_API ferry_status_t ferry_channel_ping(ferry_channel_t channel, double* round_trip_us);
+FERRY_API ferry_status_t ferry_channel_get_stats(ferry_channel_t channel,
+                                                 ferry_channel_stats_t* out);
+/* Whether GDRCopy (libgdrapi.so.2 and /dev/gdrdrv) can be used here; *reason
+ * says why not, or what was found (static storage). reason may be NULL. */
+FERRY_API ferry_status_t ferry_gdrcopy_available(int* available, const char** reason);
+/* ---- end of low-latency channel ----------------------------------------- */
+
 #ifdef __cplusplus
 }
 #endif

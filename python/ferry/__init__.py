@@ -44,3 +44,6 @@ def option_table() -> list:
 def set_fault_injection(spec: str) -> None:
     """Make chosen real calls fail, for error-path tests: "mmap:0", "register:2+", "" clears."""
     _ferry.set_fault_injection(spec)
+
+
+from .channel import Channel  # noqa: F401, E402

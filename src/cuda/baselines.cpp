@@ -4,7 +4,10 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <exception>
+#include <thread>
 
+#include "cuda/copy_engine.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 
@@ -59,5 +62,74 @@ AllocFreeSeconds time_cuda_host_register(void* ptr, size_t bytes, int device) {
   t.free = seconds_since(t0);
   return t;
 }
+
+std::vector<uint64_t> time_cuda_memcpy_ns(void* dst, const void* src, size_t bytes, int iterations) {
+  std::vector<uint64_t> ns;
+  for (int i = -1; i < iterations; ++i) {
+    auto t0 = Clock::now();
+    check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+    if (i >= 0) ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+  }
+  return ns;
+}
+
+std::vector<uint64_t> time_cuda_memcpy_async_ns(void* dst, const void* src, size_t bytes, int iterations) {
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::vector<uint64_t> ns;
+  try {
+    for (int i = -1; i < iterations; ++i) {
+      auto t0 = Clock::now();
+      check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
+      check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+      if (i >= 0) ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    }
+  } catch (...) {
+    cudaStreamDestroy(s);
+    throw;
+  }
+  cudaStreamDestroy(s);
+  return ns;
+}
+
+std::vector<uint64_t> time_bidirectional_ns(CopyEngine* engine, void* dev_a, const void* host_a, void* host_b,
+                                            const void* dev_b, size_t bytes, Strategy strategy, int iterations) {
+  auto one = [&](void* d, const void* s) {
+    if (engine)
+      engine->copy(d, s, bytes, strategy);
+    else
+      check(cudaMemcpy(d, s, bytes, cudaMemcpyDefault), "cudaMemcpy");
+  };
+  std::vector<uint64_t> ns;
+  for (int i = -1; i < iterations; ++i) {
+    auto t0 = Clock::now();
+    std::exception_ptr err;
+    std::thread t([&] {
+      try {
+        one(host_b, dev_b);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    });
+    one(dev_a, host_a);
+    t.join();
+    if (err) std::rethrow_exception(err);
+    if (i >= 0) ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+  }
+  return ns;
+}
+
+void* device_malloc(size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "cudaMalloc");
+  return p;
+}
+void device_free(void* p) { check(cudaFree(p), "cudaFree"); }
+void* pinned_host_alloc(size_t bytes) {
+  void* p = nullptr;
+  check(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), "cudaHostAlloc");
+  return p;
+}
+void pinned_host_free(void* p) { check(cudaFreeHost(p), "cudaFreeHost"); }
 
 }  // namespace ferry::cuda

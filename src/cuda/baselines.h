@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "copy/strategy.h"
+
 namespace ferry::cuda {
 
 struct AllocFreeSeconds {
@@ -24,5 +26,22 @@ AllocFreeSeconds time_cuda_host_register(void* ptr, size_t bytes, int device);
 
 // Creates the device's primary context so that later timings exclude it.
 void warm_up(int device);
+
+// Nanoseconds of each cudaMemcpy (after a warm-up copy).
+std::vector<uint64_t> time_cuda_memcpy_ns(void* dst, const void* src, size_t bytes, int iterations);
+// Nanoseconds of cudaMemcpyAsync + cudaStreamSynchronize on a non-blocking stream.
+std::vector<uint64_t> time_cuda_memcpy_async_ns(void* dst, const void* src, size_t bytes, int iterations);
+// Wall nanoseconds of an H2D (host_a -> dev_a) and a D2H (dev_b -> host_b)
+// copy run at once from two threads: by `engine` with `strategy`, or by
+// cudaMemcpy when engine is nullptr.
+class CopyEngine;
+std::vector<uint64_t> time_bidirectional_ns(CopyEngine* engine, void* dev_a, const void* host_a, void* host_b,
+                                            const void* dev_b, size_t bytes, Strategy strategy, int iterations);
+
+// Plain allocations for benchmarks and tests (throw on failure).
+void* device_malloc(size_t bytes);
+void device_free(void* p);
+void* pinned_host_alloc(size_t bytes);
+void pinned_host_free(void* p);
 
 }  // namespace ferry::cuda

@@ -7,13 +7,8 @@
 #include <chrono>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-
-#include <thread>
-
 #include "cuda/baselines.h"
 #include "cuda/copy_engine.h"
-#include "cuda/cuda_check.h"
 #include "pool/pool.h"
 #include "python/handles.h"
 
@@ -63,85 +58,35 @@ std::vector<uint64_t> copy_ns(cuda::CopyEngine& e, uintptr_t dst, uintptr_t src,
   return ns;
 }
 
-// Nanoseconds of cudaMemcpy (the runtime's own path for whatever memory it is).
-std::vector<uint64_t> cuda_memcpy_ns(uintptr_t dst, uintptr_t src, size_t n, int iterations) {
-  nb::gil_scoped_release unlocked;
-  cuda::check(cudaMemcpy(as_ptr(dst), as_ptr(src), n, cudaMemcpyDefault), "cudaMemcpy");
-  std::vector<uint64_t> ns;
-  for (int i = 0; i < iterations; ++i) {
-    auto t0 = Clock::now();
-    cuda::check(cudaMemcpy(as_ptr(dst), as_ptr(src), n, cudaMemcpyDefault), "cudaMemcpy");
-    ns.push_back(since_ns(t0));
-  }
-  return ns;
-}
-
-// Nanoseconds of cudaMemcpyAsync + cudaStreamSynchronize on a non-blocking stream.
-std::vector<uint64_t> cuda_memcpy_async_ns(uintptr_t dst, uintptr_t src, size_t n, int iterations) {
-  nb::gil_scoped_release unlocked;
-  cudaStream_t s;
-  cuda::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-  std::vector<uint64_t> ns;
-  for (int i = -1; i < iterations; ++i) {
-    auto t0 = Clock::now();
-    cuda::check(cudaMemcpyAsync(as_ptr(dst), as_ptr(src), n, cudaMemcpyDefault, s), "cudaMemcpyAsync");
-    cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    if (i >= 0) ns.push_back(since_ns(t0));
-  }
-  cudaStreamDestroy(s);
-  return ns;
-}
-
-// Wall nanoseconds of an H2D and a D2H copy of n bytes each, run at once from
-// two threads (ferry with `strategy`, or cudaMemcpy when strategy == "cudaMemcpy").
-std::vector<uint64_t> bidirectional_ns(cuda::CopyEngine& e, uintptr_t dev_a, uintptr_t host_a, uintptr_t host_b,
-                                       uintptr_t dev_b, size_t n, const std::string& strategy, int iterations) {
-  const bool plain = strategy == "cudaMemcpy";
-  Strategy s = plain ? Strategy::automatic : parse_strategy(strategy);
-  nb::gil_scoped_release unlocked;
-  auto one = [&](uintptr_t d, uintptr_t h) {
-    if (plain)
-      cuda::check(cudaMemcpy(as_ptr(d), as_ptr(h), n, cudaMemcpyDefault), "cudaMemcpy");
-    else
-      e.copy(as_ptr(d), as_ptr(h), n, s);
-  };
-  std::vector<uint64_t> ns;
-  for (int i = -1; i < iterations; ++i) {
-    auto t0 = Clock::now();
-    std::exception_ptr err;
-    std::thread t([&] {
-      try {
-        one(host_b, dev_b);
-      } catch (...) {
-        err = std::current_exception();
-      }
-    });
-    one(dev_a, host_a);
-    t.join();
-    if (err) std::rethrow_exception(err);
-    if (i >= 0) ns.push_back(since_ns(t0));
-  }
-  return ns;
-}
-
 void bind_bench(nb::module_& m) {
   m.def("copy_ns", &copy_ns, "engine"_a, "dst"_a, "src"_a, "nbytes"_a, "strategy"_a = "auto", "iterations"_a = 5);
-  m.def("cuda_memcpy_ns", &cuda_memcpy_ns, "dst"_a, "src"_a, "nbytes"_a, "iterations"_a = 5);
-  m.def("cuda_memcpy_async_ns", &cuda_memcpy_async_ns, "dst"_a, "src"_a, "nbytes"_a, "iterations"_a = 5);
-  m.def("bidirectional_ns", &bidirectional_ns, "engine"_a, "dev_a"_a, "host_a"_a, "host_b"_a, "dev_b"_a, "nbytes"_a,
-        "strategy"_a = "auto", "iterations"_a = 3);
-  m.def("cuda_malloc", [](size_t n) {
-    void* p = nullptr;
-    cuda::check(cudaMalloc(&p, n), "cudaMalloc");
-    return reinterpret_cast<uintptr_t>(p);
-  });
-  m.def("cuda_free", [](uintptr_t p) { cuda::check(cudaFree(as_ptr(p)), "cudaFree"); });
-  m.def("cuda_host_alloc", [](size_t n) {
-    void* p = nullptr;
-    cuda::check(cudaHostAlloc(&p, n, cudaHostAllocDefault), "cudaHostAlloc");
-    return reinterpret_cast<uintptr_t>(p);
-  });
-  m.def("cuda_free_host", [](uintptr_t p) { cuda::check(cudaFreeHost(as_ptr(p)), "cudaFreeHost"); });
+  m.def("cuda_memcpy_ns",
+        [](uintptr_t dst, uintptr_t src, size_t n, int iterations) {
+          nb::gil_scoped_release unlocked;
+          return cuda::time_cuda_memcpy_ns(as_ptr(dst), as_ptr(src), n, iterations);
+        },
+        "dst"_a, "src"_a, "nbytes"_a, "iterations"_a = 5);
+  m.def("cuda_memcpy_async_ns",
+        [](uintptr_t dst, uintptr_t src, size_t n, int iterations) {
+          nb::gil_scoped_release unlocked;
+          return cuda::time_cuda_memcpy_async_ns(as_ptr(dst), as_ptr(src), n, iterations);
+        },
+        "dst"_a, "src"_a, "nbytes"_a, "iterations"_a = 5);
+  m.def("bidirectional_ns",
+        [](cuda::CopyEngine& e, uintptr_t dev_a, uintptr_t host_a, uintptr_t host_b, uintptr_t dev_b, size_t n,
+           const std::string& strategy, int iterations) {
+          const bool plain = strategy == "cudaMemcpy";
+          Strategy s = plain ? Strategy::automatic : parse_strategy(strategy);
+          nb::gil_scoped_release unlocked;
+          return cuda::time_bidirectional_ns(plain ? nullptr : &e, as_ptr(dev_a), as_ptr(host_a), as_ptr(host_b),
+                                             as_ptr(dev_b), n, s, iterations);
+        },
+        "engine"_a, "dev_a"_a, "host_a"_a, "host_b"_a, "dev_b"_a, "nbytes"_a, "strategy"_a = "auto",
+        "iterations"_a = 3);
+  m.def("cuda_malloc", [](size_t n) { return reinterpret_cast<uintptr_t>(cuda::device_malloc(n)); });
+  m.def("cuda_free", [](uintptr_t p) { cuda::device_free(as_ptr(p)); });
+  m.def("cuda_host_alloc", [](size_t n) { return reinterpret_cast<uintptr_t>(cuda::pinned_host_alloc(n)); });
+  m.def("cuda_free_host", [](uintptr_t p) { cuda::pinned_host_free(as_ptr(p)); });
   m.def("pool_recycle_ns", &pool_recycle_ns, "pool"_a, "nbytes"_a, "alignment"_a = 256,
         "iterations"_a = 1000);
   m.def("cuda_host_alloc_seconds",

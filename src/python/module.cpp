@@ -24,6 +24,7 @@
 namespace ferry::python {
 void bind_bench(nanobind::module_& m);
 void bind_copy(nanobind::module_& m);
+void bind_channel(nanobind::module_& m);  // low-latency channel: channel_bindings.cpp
 }
 
 namespace nb = nanobind;
@@ -318,4 +319,5 @@ NB_MODULE(_ferry, m) {
 
   ferry::python::bind_bench(m);
   ferry::python::bind_copy(m);
+  ferry::python::bind_channel(m);  // low-latency channel
 }

@@ -1,0 +1,180 @@
+"""The low-latency channel: small CPU<->GPU copies and signals in about a microsecond.
+
+``ferry.Channel(device=0, idle_us=200)`` starts nothing until the first request:
+then a persistent GPU kernel (one block, its own stream) serves requests that
+the CPU writes into mapped pinned memory, and leaves by itself after
+``idle_us`` without requests (the next request relaunches it), so
+``torch.cuda.synchronize()`` never hangs on it. Requests are synchronous,
+thread-safe (the GIL is released) and complete in each thread's order.
+
+Device-side arguments (``dev_ptr``) are an int address, a torch CUDA tensor (or
+anything with ``data_ptr()``), or an object with ``__cuda_array_interface__``;
+the range must lie inside one allocation of the channel's device. Payloads are
+1 .. 64 KiB (``MAX_PAYLOAD``); larger transfers are ``ferry.copy``'s job.
+
+``gdrcopy_status()`` tells whether GDRCopy (libgdrapi.so.2 + /dev/gdrdrv) could
+back writes here (``Channel(use_gdrcopy=True)``), and why not.
+"""
+
+from __future__ import annotations
+
+from . import _ferry
+from .errors import InvalidArgumentError
+
+MAX_PAYLOAD = _ferry.CHANNEL_MAX_PAYLOAD
+
+
+def gdrcopy_status() -> tuple[bool, str]:
+    """(available, reason): whether GDRCopy can back channel writes, and why not."""
+    available, reason = _ferry.gdrcopy_status()
+    return bool(available), str(reason)
+
+
+def _cai_nbytes(cai: dict) -> int:
+    if cai.get("strides") is not None:
+        raise InvalidArgumentError("the channel needs C-contiguous device arrays")
+    n = 1
+    for s in cai["shape"]:
+        n *= s
+    return n * int(cai["typestr"][2:])  # e.g. "<f4": 4 bytes per element
+
+
+def _device_address(obj, what: str) -> tuple[int, int | None]:
+    """(address, nbytes or None when unknown) of a device-side argument."""
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return obj, None
+    data_ptr = getattr(obj, "data_ptr", None)
+    if callable(data_ptr):
+        if getattr(obj, "is_cuda", True) is False:
+            raise InvalidArgumentError(f"{what} is a CPU tensor: the channel reads and writes GPU memory")
+        if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
+            raise InvalidArgumentError(f"{what} must be contiguous (call .contiguous())")
+        nbytes = None
+        if hasattr(obj, "numel") and hasattr(obj, "element_size"):
+            nbytes = obj.numel() * obj.element_size()
+        return int(data_ptr()), nbytes
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0]), _cai_nbytes(cai)
+    raise InvalidArgumentError(
+        f"{what}: expected an int address, a torch CUDA tensor or an object with "
+        f"__cuda_array_interface__, not {type(obj).__name__}"
+    )
+
+
+def _check_fits(what: str, n: int, capacity: int | None) -> None:
+    if capacity is not None and n > capacity:
+        raise InvalidArgumentError(f"{n} bytes do not fit in {what} ({capacity} bytes)")
+
+
+class Channel:
+    """A low-latency channel to one GPU.
+
+    idle_us: the kernel leaves after this long without a request (1 .. 10^7);
+    slots: requests in flight at once (1 .. 64); timeout_ms: a request not done
+    by then raises CudaError and leaves the channel unusable; spin_us: callers
+    spin this long before yielding and sleeping; use_gdrcopy: writes through
+    GDRCopy mappings (NotSupportedError, with the reason, where unavailable).
+    Raises NoDeviceError without a CUDA driver or device.
+    """
+
+    def __init__(
+        self,
+        device: int = 0,
+        idle_us: int = 200,
+        *,
+        slots: int = 8,
+        timeout_ms: int = 5000,
+        spin_us: int = 20,
+        use_gdrcopy: bool = False,
+    ):
+        self._native = _ferry.Channel(device, idle_us, slots, timeout_ms, spin_us, use_gdrcopy)
+
+    def write(self, dev_ptr, data) -> None:
+        """Copy `data` (bytes or any contiguous buffer) to device memory at dev_ptr."""
+        address, capacity = _device_address(dev_ptr, "dev_ptr")
+        if capacity is not None:
+            _check_fits("dev_ptr", memoryview(data).nbytes, capacity)
+        self._native.write(address, data)
+
+    def read(self, dev_ptr, n: int | None = None) -> bytes:
+        """n bytes of device memory at dev_ptr (n defaults to a tensor's size)."""
+        address, capacity = _device_address(dev_ptr, "dev_ptr")
+        if n is None:
+            if capacity is None:
+                raise InvalidArgumentError("read(dev_ptr, n): n is needed for an int address")
+            n = capacity
+        _check_fits("dev_ptr", n, capacity)
+        return self._native.read(address, n)
+
+    def read_into(self, dev_ptr, out) -> None:
+        """Fill the writable contiguous buffer `out` from device memory at dev_ptr."""
+        address, capacity = _device_address(dev_ptr, "dev_ptr")
+        if capacity is not None:
+            _check_fits("dev_ptr", memoryview(out).nbytes, capacity)
+        self._native.read_into(address, out)
+
+    def fill(self, dev_ptr, value: int, n: int | None = None) -> None:
+        """Set n bytes at dev_ptr to `value` (0..255; n defaults to a tensor's size)."""
+        address, capacity = _device_address(dev_ptr, "dev_ptr")
+        if n is None:
+            if capacity is None:
+                raise InvalidArgumentError("fill(dev_ptr, value, n): n is needed for an int address")
+            n = capacity
+        _check_fits("dev_ptr", n, capacity)
+        self._native.fill(address, value, n)
+
+    def signal(self, dev_flag, value: int) -> None:
+        """Store a 32-bit value to a device flag with release semantics (system scope)."""
+        address, _ = _device_address(dev_flag, "dev_flag")
+        self._native.signal(address, value)
+
+    def wait(self, dev_flag, value: int, timeout_ms: float = 1000.0) -> bool:
+        """Have the kernel wait until the 32-bit device flag >= value; False on timeout.
+
+        The wait holds the whole channel: other requests queue behind it."""
+        address, _ = _device_address(dev_flag, "dev_flag")
+        if timeout_ms < 0:
+            raise InvalidArgumentError(f"timeout_ms={timeout_ms}: expected >= 0")
+        return self._native.wait(address, value, int(timeout_ms * 1000))
+
+    def ping(self) -> float:
+        """Round trip of an empty request in microseconds (relaunches an idle kernel)."""
+        return self._native.ping()
+
+    def stats(self) -> dict:
+        """requests, launches, idle_exits, gdrcopy_writes."""
+        return self._native.stats()
+
+    def time_ns(self, op: str, dev_ptr=0, nbytes: int = 0, iterations: int = 1000) -> list:
+        """Nanoseconds of each of `iterations` requests timed in C++ (for benchmarks):
+        op is "write", "read", "fill" (nbytes at dev_ptr) or "ping"."""
+        address, capacity = _device_address(dev_ptr, "dev_ptr")
+        _check_fits("dev_ptr", nbytes, capacity)
+        return self._native.time_ns(op, address, nbytes, iterations)
+
+    def close(self) -> None:
+        """Stop the kernel and free everything (idempotent)."""
+        self._native.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    @property
+    def device(self) -> int:
+        return self._native.device
+
+    @property
+    def idle_us(self) -> int:
+        return self._native.idle_us
+
+    def __enter__(self) -> "Channel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"idle_us={self.idle_us}"
+        return f"ferry.Channel(device={self.device}, {state})"
