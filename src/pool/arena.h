@@ -67,7 +67,6 @@ class Arena {
   // The page size of a backing: the granule of a partial release.
   static size_t page_bytes(Backing backing) noexcept;
 
-  int touch_threads() const noexcept { return touch_threads_; }
   std::vector<std::string> notes() const;
   uint64_t fallbacks() const;
 

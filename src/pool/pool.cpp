@@ -4,6 +4,7 @@
 #include "pool/pool.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -33,6 +34,7 @@ uint64_t ns_since(Clock::time_point start) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
 }
 
+// HugeWant::automatic: huge for a (rounded) size of 2 MiB or more.
 PageKind resolve_kind(HugeWant want, size_t size) {
   switch (want) {
     case HugeWant::yes: return PageKind::huge;
@@ -130,7 +132,9 @@ MappedChunk Pool::Impl::prepare_chunk(size_t bytes, PageKind kind) {
 }
 
 Chunk& Pool::Impl::insert_chunk_locked(const MappedChunk& m) {
-  Chunk& c = chunks.emplace(m.base, Chunk{m}).first->second;
+  const auto [it, inserted] = chunks.emplace(m.base, Chunk{m});
+  assert(inserted);  // the kernel gives an address to one live mapping at a time
+  Chunk& c = it->second;
   c.idle_since = Clock::now();
   available[index(m.kind)].insert(m.base, m.base, m.bytes, SpanState::zero);
   KindStats& k = kind_stats(counters, m.kind);
@@ -252,7 +256,7 @@ std::vector<Chunk*> Pool::Impl::idle_chunks_locked(Clock::time_point idle_before
   return out;
 }
 
-void Pool::Impl::finish_chunk_release_locked(Chunk& c) {
+void Pool::Impl::account_chunk_release_locked(const Chunk& c) {
   const MappedChunk& m = c.mapping;
   const size_t committed = m.bytes - c.released_bytes;
   KindStats& k = kind_stats(counters, m.kind);
@@ -262,24 +266,26 @@ void Pool::Impl::finish_chunk_release_locked(Chunk& c) {
   counter_sub(k.released, c.released_bytes);
   --counters.chunks_by_backing[static_cast<int>(m.backing)];
   ++counters.chunk_releases;
-  chunks.erase(m.base);
 }
 
 uint64_t Pool::Impl::release_chunks_locked(std::unique_lock<std::mutex>& lock, const std::vector<Chunk*>& victims) {
   if (victims.empty()) return 0;
   uint64_t committed = 0;
+  std::vector<decltype(chunks)::node_type> held;  // the releasing chunks, out of `chunks`
+  held.reserve(victims.size());
   for (Chunk* c : victims) {
-    c->releasing = true;
     available[index(c->mapping.kind)].take_exact(c->mapping.base, c->mapping.bytes);
     committed += c->mapping.bytes - c->released_bytes;
+    held.push_back(chunks.extract(c->mapping.base));
   }
   lock.unlock();
-  for (const Chunk* c : victims) {
-    if (hooks) hooks->on_chunk_release(reinterpret_cast<void*>(c->mapping.base), c->mapping.bytes);
-    arena.unmap(c->mapping);
+  for (const auto& node : held) {
+    const MappedChunk& m = node.mapped().mapping;
+    if (hooks) hooks->on_chunk_release(reinterpret_cast<void*>(m.base), m.bytes);
+    arena.unmap(m);
   }
   lock.lock();
-  for (Chunk* c : victims) finish_chunk_release_locked(*c);
+  for (const auto& node : held) account_chunk_release_locked(node.mapped());
   return committed;
 }
 
@@ -293,7 +299,7 @@ uint64_t Pool::Impl::release_parts_locked(std::unique_lock<std::mutex>& lock, ui
   std::vector<Part> parts;
   uint64_t planned = 0;
   for (auto& [base, c] : chunks) {
-    if (c.releasing || planned >= max_bytes) continue;
+    if (planned >= max_bytes) break;
     RangeSet& set = available[index(c.mapping.kind)];
     const size_t page = Arena::page_bytes(c.mapping.backing);
     for (const Run& r : set.releasable(base, c.end(), page, max_bytes - planned)) {
@@ -330,18 +336,18 @@ uint64_t Pool::Impl::release_parts_locked(std::unique_lock<std::mutex>& lock, ui
 
 size_t Pool::Impl::trim(size_t keep_bytes) {
   std::unique_lock lock(mu);
-  uint64_t released = 0;
-  if (cached_locked() > keep_bytes) {
-    const uint64_t need = cached_locked() - keep_bytes;
-    std::vector<Chunk*> victims;
-    uint64_t selected = 0;
-    for (Chunk* c : idle_chunks_locked(Clock::time_point::max())) {
-      if (selected >= need) break;
-      victims.push_back(c);
-      selected += c->mapping.bytes - c->released_bytes;
-    }
-    released += release_chunks_locked(lock, victims);
+  // Idle chunks, oldest first, while more than keep_bytes stay cached; idle
+  // chunks with nothing committed (all released) go in any case.
+  const uint64_t need = cached_locked() > keep_bytes ? cached_locked() - keep_bytes : 0;
+  std::vector<Chunk*> victims;
+  uint64_t selected = 0;
+  for (Chunk* c : idle_chunks_locked(Clock::time_point::max())) {
+    const uint64_t committed = c->mapping.bytes - c->released_bytes;
+    if (committed > 0 && selected >= need) continue;
+    victims.push_back(c);
+    selected += committed;
   }
+  uint64_t released = release_chunks_locked(lock, victims);
   // Pinned (hooked) memory is released in whole chunks only: never
   // MADV_DONTNEED registered memory.
   if (!hooks && cached_locked() > keep_bytes) released += release_parts_locked(lock, cached_locked() - keep_bytes);
@@ -413,6 +419,10 @@ void Pool::Impl::run_target_toucher(size_t chunk_count) {
 }
 
 void Pool::Impl::run_target_registrar() {
+  // After a refused registration the chunks still queued are unmapped, not
+  // offered to the hook again. A chunk queued before an error of the toucher
+  // (limit, mmap) is still good and gets registered.
+  bool refused = false;
   std::unique_lock lock(mu);
   for (;;) {
     target_cv.wait(lock, [&] { return !target_queue.empty() || toucher_done; });
@@ -420,7 +430,7 @@ void Pool::Impl::run_target_registrar() {
     MappedChunk m = target_queue.front();
     target_queue.pop_front();
     target_cv.notify_all();  // room for the toucher's next chunk
-    const bool abandon = stopping;  // a chunk touched before an error is still good
+    const bool abandon = stopping || refused;
     std::exception_ptr error;
     lock.unlock();
     if (abandon) {
@@ -434,6 +444,7 @@ void Pool::Impl::run_target_registrar() {
     }
     lock.lock();
     pending_bytes -= m.bytes;
+    refused = refused || error;
     if (error && !target_error) target_error = error;
     if (!abandon && !error) insert_chunk_locked(m);
     target_cv.notify_all();

@@ -8,8 +8,11 @@
 //   cached     freed by deallocate(): committed and dirty (zeroed before it is
 //              handed out again if zero_recycled). RangeSet span state `dirty`.
 //   releasing  taken out of the free sets while its memory goes back to the OS
-//              outside the lock; held by the releasing thread (a Chunk's
-//              `releasing` flag or `releasing_bytes`), in no set.
+//              outside the lock; held by the releasing thread, in no set: a
+//              part of a chunk is counted in the Chunk's `releasing_bytes`; a
+//              whole chunk is extracted from `chunks` (its node held by the
+//              releasing thread), so that the kernel may hand its address to
+//              a new chunk before the release is accounted.
 //   released   returned with MADV_DONTNEED (MADV_REMOVE for memfd) inside a
 //              live chunk, reads as zero (RangeSet span state `released`); or
 //              the whole chunk unmapped (it leaves `chunks`).
@@ -77,10 +80,9 @@ struct Chunk {
   size_t live_allocations = 0;     // mu
   size_t released_bytes = 0;       // mu: bytes in span state released
   size_t releasing_bytes = 0;      // mu: parts out for MADV_DONTNEED right now
-  bool releasing = false;          // mu: the whole chunk is being unmapped
   Clock::time_point idle_since{};  // mu: when live_allocations last became 0
 
-  bool idle() const { return live_allocations == 0 && releasing_bytes == 0 && !releasing; }
+  bool idle() const { return live_allocations == 0 && releasing_bytes == 0; }
   uintptr_t end() const { return mapping.base + mapping.bytes; }
 };
 
@@ -141,15 +143,15 @@ struct Pool::Impl {
   std::string diagnose_free_locked(uintptr_t p) const;
   // Idle chunks, oldest idle first, idle since `idle_before` or earlier.
   std::vector<Chunk*> idle_chunks_locked(Clock::time_point idle_before) const;
-  // Takes `victims` (idle chunks) out of the free sets, drops the lock for
-  // on_chunk_release and munmap, retakes it and removes them. Returns the
-  // committed bytes given back.
+  // Takes `victims` (idle chunks) out of the free sets and out of `chunks`,
+  // drops the lock for on_chunk_release and munmap, retakes it and accounts
+  // for them. Returns the committed bytes given back.
   // Locking: called and returns with `lock` held; drops it meanwhile.
   uint64_t release_chunks_locked(std::unique_lock<std::mutex>& lock, const std::vector<Chunk*>& victims);
   // The same for page-aligned parts of the free sets (trim without hooks), at
   // most `max_bytes`. Parts whose madvise fails return to their old state.
   uint64_t release_parts_locked(std::unique_lock<std::mutex>& lock, uint64_t max_bytes);
-  void finish_chunk_release_locked(Chunk& c);
+  void account_chunk_release_locked(const Chunk& c);
 
   void run_releaser();
   void run_target_toucher(size_t chunk_count);
@@ -163,7 +165,7 @@ struct Pool::Impl {
   mutable std::mutex mu;
   std::condition_variable target_cv;   // a target chunk is in, the pipeline changed state, queue moved
   std::condition_variable release_cv;  // wakes the releaser to stop
-  std::map<uintptr_t, Chunk> chunks;   // mu: by base
+  std::map<uintptr_t, Chunk> chunks;   // mu: by base; live chunks only (not releasing)
   RangeSet available[2];               // mu: by PageKind
   std::map<uintptr_t, Allocation> live;  // mu: by start
   FreedHistory freed;                  // mu

@@ -86,7 +86,6 @@ class RangeSet {
 
   size_t bytes_in(SpanState s) const { return bytes_[static_cast<int>(s)]; }
   size_t available_bytes() const { return bytes_[0] + bytes_[1] + bytes_[2]; }
-  bool empty() const { return runs_.empty(); }
 
   // For tests and diagnostics.
   std::vector<Run> runs() const;

@@ -22,7 +22,6 @@ inline void counter_add(Counter& c, uint64_t n) {
 inline void counter_sub(Counter& c, uint64_t n) { c.current -= n; }
 
 inline KindStats& kind_stats(PoolStats& s, PageKind k) { return s.kind[static_cast<int>(k)]; }
-inline const KindStats& kind_stats(const PoolStats& s, PageKind k) { return s.kind[static_cast<int>(k)]; }
 
 // "" when the invariants hold for both kinds, else which one broke, with the numbers.
 std::string accounting_violation(const PoolStats& s);
