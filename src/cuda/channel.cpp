@@ -290,25 +290,15 @@ struct Channel::Impl {
 
   // Protocol step 2: payload, then the request words, the op word last.
   void publish(Slot& slot, uint64_t ticket, const Request& r) {
-    uint32_t data[kRequestWords] = {};
-    const uintptr_t address = reinterpret_cast<uintptr_t>(r.address);
-    data[kWordOp] = r.op;
-    data[kWordBytes] = r.bytes;
-    data[kWordAddressLow] = static_cast<uint32_t>(address);
-    data[kWordAddressHigh] = static_cast<uint32_t>(static_cast<uint64_t>(address) >> 32);
-    data[kWordValue] = r.value;
-    data[kWordTimeoutUs] = r.timeout_us;
-    if (r.op == kOpWrite) {
-      if (r.bytes <= kInlineBytes)
-        std::memcpy(&data[kHeaderWords], r.write_src, r.bytes);
-      else
-        std::memcpy(slot.payload + (address & 15u), r.write_src, r.bytes);
-    }
+    const uint64_t address = reinterpret_cast<uintptr_t>(r.address);
+    const RequestData d = pack_request(r.op, address, r.bytes, r.value, r.timeout_us, r.write_src);
+    if (r.op == kOpWrite && !has_inline_payload(r.op, r.bytes))
+      std::memcpy(slot.payload + payload_offset(address), r.write_src, r.bytes);
     for (uint32_t i = kRequestWords - 1; i > kWordOp; --i)
-      std::atomic_ref<uint64_t>(slot.request[i]).store(make_word(ticket, data[i]),
+      std::atomic_ref<uint64_t>(slot.request[i]).store(make_word(ticket, d.word[i]),
                                                        std::memory_order_release);
     std::atomic_ref<uint64_t>(slot.request[kWordOp])
-        .store(make_word(ticket, data[kWordOp]), std::memory_order_release);
+        .store(make_word(ticket, d.word[kWordOp]), std::memory_order_release);
   }
 
   // Protocol step 3 (after the seq_cst fence): make sure a kernel will serve.
@@ -348,7 +338,7 @@ struct Channel::Impl {
       p.slot_count = options.slots;
       p.generation = generation;
       p.idle_ns = static_cast<uint64_t>(options.idle_us) * 1000u;
-      err = launch_kernel(p, stream);
+      err = static_cast<cudaError_t>(launch_kernel(p, stream));
     } catch (const Error& e) {
       fail(std::string("cannot launch the channel kernel: ") + e.what(), cudaErrorUnknown);
     }
@@ -409,7 +399,7 @@ struct Channel::Impl {
     ensure_serving(deadline);
     const uint64_t done = await_done(slot, ticket, deadline, r);
     if (r.op == kOpRead)
-      std::memcpy(r.read_dst, slot.payload + (reinterpret_cast<uintptr_t>(r.address) & 15u),
+      std::memcpy(r.read_dst, slot.payload + payload_offset(reinterpret_cast<uintptr_t>(r.address)),
                   r.bytes);
     slot_turn[s].store(ticket + options.slots, std::memory_order_release);
     requests.fetch_add(1, std::memory_order_relaxed);

@@ -12,9 +12,10 @@
 // Submit (host, any thread):
 //   1. t = next_ticket++; slot s = t % slots. Wait until slot_turn[s] == t
 //      (its previous user copied its result out).
-//   2. Write the payload (if any) to slot.payload + (device address % 16),
-//      then the 32 request words {tag(t), data} with release stores, the op
-//      word (kWordOp) last.
+//   2. Write a payload that does not travel inline (writes above 104 bytes)
+//      to slot.payload + (device address % 16), then the 32 request words
+//      {tag(t), data} with release stores, the op word (kWordOp) last
+//      (pack_request() in channel_layout.h).
 //   3. seq_cst fence, then ensure a kernel serves (below).
 //   4. Poll slot.done (acquire) until its tag is tag(t): spin spin_us, then
 //      yield, then sleep 20 us .. 1 ms; every 1 ms check the stream for a
@@ -52,6 +53,12 @@
 // and a process that exits without close() does not hang. The stream is
 // non-blocking (no implicit sync with the legacy stream) and has the device's
 // highest priority, so a relaunch gets the next free SM first.
+//
+// Ordering with CUDA streams: none. The kernel serves a request as soon as it
+// is published; it does not wait for work queued on any stream. Device memory
+// that a request reads or overwrites must be settled first (stream or event
+// synchronize): cudaMemset and kernels are asynchronous, and cudaMemcpy from
+// pageable host memory returns before its DMA has landed.
 //
 // Limits: 1 .. kChannelMaxPayload (64 KiB) bytes per request; larger transfers
 // belong to the copy engine. A wait request holds the whole channel until its

@@ -3,16 +3,20 @@
 // channel.h).
 //
 // Warp 0 polls: lane i loads request word i of the next ticket's slot; when all
-// 32 tags match the ticket, the request is complete. Lane 0 then fences
-// (acquire, system scope) so that the slot's payload and device memory written
-// before the request are visible, and the block serves the request. Completion:
+// 32 tags match the ticket, the request is complete and lane i stores its data
+// half to the block's shared copy of the request. Lane 0 then fences (acquire,
+// system scope) so that the slot's payload and device memory written before the
+// request are visible, and the block serves the request. Completion:
 // __syncthreads(), then thread 0 release-stores the slot's done word at system
 // scope (covering every thread's writes before the barrier).
 //
 // Memory accesses: host payload is read with ld.global.cv (never a stale cached
-// line) and written with st.global.wt; device memory with plain 16-byte
-// accesses where source and destination are co-aligned (always: the host
-// places payload at device address % 16), bytes at the edges.
+// line) and written with st.global.wt; device memory is read with ld.global.cg
+// (L2: this persistent kernel never serves a read from a line its SM's L1 kept
+// from an earlier request, whatever wrote the memory since) and written with
+// plain stores; 16-byte accesses where source and destination are co-aligned
+// (always: the host places payload at payload_offset()), bytes at the edges
+// (split_edges()).
 #include <cuda/atomic>
 
 #include "cuda/channel_layout.h"
@@ -34,15 +38,13 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
+static_assert(kRequestWords == 32, "one request word per lane of warp 0");
+static_assert(kInlineBytes <= kThreads, "one thread per inline byte");
+
 // The request as warp 0 read it, for the whole block.
 struct Request {
-  uint32_t op;
-  uint32_t bytes;
-  uint32_t value;
-  uint32_t timeout_us;
-  uint32_t address_low, address_high;
+  uint32_t word[kRequestWords];  // the data halves (channel_layout.h: Word)
   uint32_t slot;
-  uint32_t inline_data[kInlineWords];
 };
 
 enum Action : int { kServe = 0, kExit = 1 };
@@ -55,8 +57,8 @@ struct HostMemory {
 };
 
 struct DeviceMemory {
-  static __device__ __forceinline__ uint4 load16(const uint4* p) { return *p; }
-  static __device__ __forceinline__ unsigned char load1(const unsigned char* p) { return *p; }
+  static __device__ __forceinline__ uint4 load16(const uint4* p) { return __ldcg(p); }
+  static __device__ __forceinline__ unsigned char load1(const unsigned char* p) { return __ldcg(p); }
   static __device__ __forceinline__ void store16(uint4* p, uint4 v) { *p = v; }
   static __device__ __forceinline__ void store1(unsigned char* p, unsigned char v) { *p = v; }
 };
@@ -65,42 +67,36 @@ struct DeviceMemory {
 template <class Src, class Dst>
 __device__ void copy_coaligned(unsigned char* dst, const unsigned char* src, uint32_t n) {
   const unsigned tid = threadIdx.x;
-  uint32_t head = (16u - (static_cast<uint32_t>(reinterpret_cast<uintptr_t>(dst)) & 15u)) & 15u;
-  if (head > n) head = n;
-  const uint32_t vectors = (n - head) / 16;
-  const uint32_t tail_start = head + vectors * 16;
-  if (tid < head) Dst::store1(dst + tid, Src::load1(src + tid));
-  const uint4* s = reinterpret_cast<const uint4*>(src + head);
-  uint4* d = reinterpret_cast<uint4*>(dst + head);
-  for (uint32_t base = 0; base < vectors; base += kThreads * kUnroll) {
+  const Edges e = split_edges(reinterpret_cast<uintptr_t>(dst), n);
+  if (tid < e.head) Dst::store1(dst + tid, Src::load1(src + tid));
+  const uint4* s = reinterpret_cast<const uint4*>(src + e.head);
+  uint4* d = reinterpret_cast<uint4*>(dst + e.head);
+  for (uint32_t base = 0; base < e.vectors; base += kThreads * kUnroll) {
     uint4 v[kUnroll];
 #pragma unroll
     for (unsigned k = 0; k < kUnroll; ++k) {
       const uint32_t i = base + k * kThreads + tid;
-      if (i < vectors) v[k] = Src::load16(s + i);
+      if (i < e.vectors) v[k] = Src::load16(s + i);
     }
 #pragma unroll
     for (unsigned k = 0; k < kUnroll; ++k) {
       const uint32_t i = base + k * kThreads + tid;
-      if (i < vectors) Dst::store16(d + i, v[k]);
+      if (i < e.vectors) Dst::store16(d + i, v[k]);
     }
   }
-  if (tid < n - tail_start) Dst::store1(dst + tail_start + tid, Src::load1(src + tail_start + tid));
+  if (tid < n - e.tail) Dst::store1(dst + e.tail + tid, Src::load1(src + e.tail + tid));
 }
 
 // Whole block.
 __device__ void fill_bytes(unsigned char* dst, unsigned char value, uint32_t n) {
   const unsigned tid = threadIdx.x;
-  uint32_t head = (16u - (static_cast<uint32_t>(reinterpret_cast<uintptr_t>(dst)) & 15u)) & 15u;
-  if (head > n) head = n;
-  const uint32_t vectors = (n - head) / 16;
-  const uint32_t tail_start = head + vectors * 16;
-  if (tid < head) dst[tid] = value;
+  const Edges e = split_edges(reinterpret_cast<uintptr_t>(dst), n);
+  if (tid < e.head) dst[tid] = value;
   const uint32_t b = value * 0x01010101u;
   const uint4 v = make_uint4(b, b, b, b);
-  uint4* d = reinterpret_cast<uint4*>(dst + head);
-  for (uint32_t i = tid; i < vectors; i += kThreads) d[i] = v;
-  if (tid < n - tail_start) dst[tail_start + tid] = value;
+  uint4* d = reinterpret_cast<uint4*>(dst + e.head);
+  for (uint32_t i = tid; i < e.vectors; i += kThreads) d[i] = v;
+  if (tid < n - e.tail) dst[e.tail + tid] = value;
 }
 
 // Thread 0 only: waits until *flag >= value (acquire), the timeout, or a stop.
@@ -121,34 +117,37 @@ __device__ uint32_t wait_for_flag(uint32_t* flag, uint32_t value, uint32_t timeo
 // Whole block; the result of thread 0 is the request's.
 __device__ uint32_t serve(const Request& r, Slot* slot, Control* control) {
   const unsigned tid = threadIdx.x;
-  if (r.bytes > kMaxPayload) return kResultBadRequest;
-  const uint64_t device_address = (static_cast<uint64_t>(r.address_high) << 32) | r.address_low;
+  const uint32_t op = r.word[kWordOp];
+  const uint32_t bytes = r.word[kWordBytes];
+  const uint32_t value = r.word[kWordValue];
+  if (bytes > kMaxPayload) return kResultBadRequest;
+  const uint64_t device_address = request_address(r.word);
   unsigned char* address = reinterpret_cast<unsigned char*>(device_address);
-  unsigned char* payload = slot->payload + (device_address & 15u);
-  switch (r.op) {
+  unsigned char* payload = slot->payload + payload_offset(device_address);
+  switch (op) {
     case kOpNop:
       return kResultOk;
     case kOpWrite:
-      if (r.bytes <= kInlineBytes) {
-        if (tid < r.bytes) address[tid] = reinterpret_cast<const unsigned char*>(r.inline_data)[tid];
+      if (has_inline_payload(op, bytes)) {
+        if (tid < bytes) address[tid] = inline_payload(r.word)[tid];
       } else {
-        copy_coaligned<HostMemory, DeviceMemory>(address, payload, r.bytes);
+        copy_coaligned<HostMemory, DeviceMemory>(address, payload, bytes);
       }
       return kResultOk;
     case kOpRead:
-      copy_coaligned<DeviceMemory, HostMemory>(payload, address, r.bytes);
+      copy_coaligned<DeviceMemory, HostMemory>(payload, address, bytes);
       return kResultOk;
     case kOpFill:
-      fill_bytes(address, static_cast<unsigned char>(r.value), r.bytes);
+      fill_bytes(address, static_cast<unsigned char>(value), bytes);
       return kResultOk;
     case kOpSignal:
       if (tid == 0)
         SystemRef<uint32_t>(*reinterpret_cast<uint32_t*>(address))
-            .store(r.value, ::cuda::memory_order_release);
+            .store(value, ::cuda::memory_order_release);
       return kResultOk;
     case kOpWait:
-      return tid == 0 ? wait_for_flag(reinterpret_cast<uint32_t*>(address), r.value, r.timeout_us,
-                                      control)
+      return tid == 0 ? wait_for_flag(reinterpret_cast<uint32_t*>(address), value,
+                                      r.word[kWordTimeoutUs], control)
                       : kResultOk;
     default:
       return kResultBadRequest;
@@ -172,25 +171,12 @@ __device__ Action poll_for_request(const KernelParams& p, uint64_t ticket, uint6
     const uint64_t word = my_word.load(::cuda::memory_order_relaxed);
     const uint64_t stop = stop_word.load(::cuda::memory_order_relaxed);
     if (__all_sync(kFullWarp, word_tag(word) == tag)) {
-      const uint32_t data = word_data(word);
+      request.word[lane] = word_data(word);
       if (lane == 0) {
         // The host's store of kWordOp came after its payload and after every
         // device write it wants this request to see: acquire them.
         ::cuda::atomic_thread_fence(::cuda::memory_order_acquire, ::cuda::thread_scope_system);
-        request.op = data;
         request.slot = slot_index;
-      } else if (lane == kWordBytes) {
-        request.bytes = data;
-      } else if (lane == kWordAddressLow) {
-        request.address_low = data;
-      } else if (lane == kWordAddressHigh) {
-        request.address_high = data;
-      } else if (lane == kWordValue) {
-        request.value = data;
-      } else if (lane == kWordTimeoutUs) {
-        request.timeout_us = data;
-      } else if (lane >= kHeaderWords) {
-        request.inline_data[lane - kHeaderWords] = data;
       }
       __syncwarp();
       return kServe;
@@ -259,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 1) channel_kernel(KernelParams p) {
 
 }  // namespace
 
-cudaError_t launch_kernel(const KernelParams& params, cudaStream_t stream) {
+int launch_kernel(const KernelParams& params, CUstream_st* stream) {
   KernelParams copy = params;
   void* args[] = {&copy};
   return cudaLaunchKernel(reinterpret_cast<const void*>(&channel_kernel), dim3(1), dim3(kThreads),

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -79,6 +80,8 @@ bool registered(const void* p) {
 // H2D from `host` (+hoff) to device (+doff), then D2H into a poisoned second
 // host buffer, both with `strategy`; compares byte for byte.
 void round_trip(size_t n, size_t hoff, size_t doff, Strategy strategy, HostBuffer::Kind kind, uint64_t seed) {
+  std::fprintf(stderr, "  round trip: %zu bytes, host +%zu, device +%zu, %s, backing %d\n", n, hoff, doff,
+               strategy_name(strategy), static_cast<int>(kind));
   HostBuffer src(n + hoff, kind), dst(n + hoff, kind);
   DeviceBuffer dev(n + doff);
   fill_random(src.p + hoff, n, seed);
