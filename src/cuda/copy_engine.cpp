@@ -211,11 +211,9 @@ struct CopyEngine::Impl {
   std::unique_ptr<WorkerPool> workers;
   std::mutex lanes_mu;
   std::unique_ptr<Lane> lanes[2];  // guarded by lanes_mu until created
-  std::unique_ptr<WorkerPool> pinner;  // one thread: registrations are serialized by the driver
-  cudaStream_t pin_stream = nullptr;
-  std::mutex pin_mu;
-  uint64_t pin_next = 0;               // guarded by pin_mu
-  volatile uint64_t* pin_done = nullptr;  // mapped; the pinner stores each finished token
+  std::unique_ptr<WorkerPool> pinner;  // one thread that unregisters pieces behind their DMA
+  cudaStream_t pin_stream = nullptr;   // the DMAs of pinned-in-place pieces
+  std::mutex pin_mu;                   // held while one copy registers and enqueues its pieces
   mutable std::mutex stats_mu;
   CopyEngineStats stats;  // guarded by stats_mu
 
@@ -227,8 +225,7 @@ struct CopyEngine::Impl {
 
   void run_direct(CopyState& st, void* dst, const void* src, size_t n, cudaStream_t stream);
   void run_staged(const std::shared_ptr<CopyState>& st, Direction dir, void* dst, const void* src,
-                  const std::vector<Piece>& pieces, cudaStream_t caller, const volatile uint64_t* also_wait,
-                  uint64_t also_wait_value);
+                  const std::vector<Piece>& pieces, cudaStream_t caller);
   void run_pin_in_place(const std::shared_ptr<CopyState>& st, Direction dir, void* dst, const void* src,
                         size_t n, double pinned_share, cudaStream_t caller);
 };
@@ -291,11 +288,9 @@ void CopyEngine::Impl::run_direct(CopyState& st, void* dst, const void* src, siz
 
 // Enqueues the staged pipeline for `pieces` of the copy (each at most one slot)
 // and submits the worker tasks. The caller's stream work before this call is
-// waited for; the copy's event is recorded on the lane when all is done (and,
-// with also_wait, once that flag reached also_wait_value: the pinned part).
+// waited for; the copy's event is recorded on the lane when all is done.
 void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Direction dir, void* dst,
-                                  const void* src, const std::vector<Piece>& pieces, cudaStream_t caller,
-                                  const volatile uint64_t* also_wait, uint64_t also_wait_value) {
+                                  const void* src, const std::vector<Piece>& pieces, cudaStream_t caller) {
   Lane& ln = lane(dir);
   const uint64_t nslots = ln.slots.size();
   cudaEvent_t caller_ready = nullptr;
@@ -336,7 +331,6 @@ void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Directio
       if (dir == Direction::d2h && !pieces.empty())  // the event also covers the copies out of the slots
         for (uint64_t g = last_gen; g >= first_gen && g + nslots > last_gen; --g)
           stream_wait_geq(ln.stream, &ln.cpu_flags[g % nslots], g);
-      if (also_wait) stream_wait_geq(ln.stream, also_wait, also_wait_value);
       check(cudaEventRecord(st->done, ln.stream), "cudaEventRecord");
       check(cudaStreamWaitEvent(caller, st->done, 0), "cudaStreamWaitEvent (caller's stream)");
     } catch (...) {
@@ -378,11 +372,17 @@ void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Directio
   cudaEventDestroy(caller_ready);  // safe: destruction waits for nothing, the wait is enqueued
 }
 
-// Pin-in-place: the engine's one pinner thread registers the aligned body of
-// the host buffer piece by piece ahead of the DMA and unregisters each piece
-// once its DMA ended (the driver serializes registrations, so one thread is all
-// it takes). Head, tail and the share of the body not pinned go through staging
-// at the same time; the copy's event waits for the pinner's flag too.
+// Pin-in-place: the calling thread registers the aligned body of the host
+// buffer piece by piece, each DMA enqueued on the pin stream as soon as its
+// piece is pinned (registration of piece i+1 overlaps the DMA of piece i), and
+// the engine's pinner thread unregisters each piece once its DMA ended. Head,
+// tail and the share of the body not pinned go through staging at the same
+// time, as a part of this copy with its own event.
+//
+// No GPU stream ever waits on a flag that is set after a cudaHostUnregister:
+// cudaHostUnregister waits for the device's outstanding work, so such a wait
+// deadlocks (seen on the H200). The copy's event is recorded on the pin stream
+// after the last pinned DMA and the staged part's event, both already recorded.
 void CopyEngine::Impl::run_pin_in_place(const std::shared_ptr<CopyState>& st, Direction dir, void* dst,
                                         const void* src, size_t n, double pinned_share, cudaStream_t caller) {
   const void* host = dir == Direction::h2d ? src : dst;
@@ -392,72 +392,94 @@ void CopyEngine::Impl::run_pin_in_place(const std::shared_ptr<CopyState>& st, Di
   split_hybrid(plan, pinned_share, staged);
   if (plan.tail.bytes) staged.push_back(plan.tail);
   std::vector<Piece> staged_chunks;
-  for (const Piece& p : staged)
+  size_t staged_bytes = 0;
+  for (const Piece& p : staged) {
+    staged_bytes += p.bytes;
     for (const Piece& c : split_even(p.bytes, options.profile.staging_chunk_bytes))
       staged_chunks.push_back({p.offset + c.offset, c.bytes});
+  }
   if (plan.body.empty()) {
-    run_staged(st, dir, dst, src, staged_chunks, caller, nullptr, 0);
+    run_staged(st, dir, dst, src, staged_chunks, caller);
     return;
   }
+  std::shared_ptr<CopyState> staged_part;
+  if (!staged_chunks.empty()) {
+    staged_part = begin(Strategy::staged, staged_bytes);
+    run_staged(staged_part, dir, dst, src, staged_chunks, caller);
+    st->parts.push_back(Completion(staged_part));
+  }
 
+  std::lock_guard lock(pin_mu);  // one pin-in-place copy at a time on the pin stream
   cudaEvent_t caller_ready = nullptr;
   check(cudaEventCreateWithFlags(&caller_ready, cudaEventDisableTiming), "cudaEventCreate");
-  check(cudaEventRecord(caller_ready, caller), "cudaEventRecord (caller's stream)");
-  uint64_t token = 0;
-  st->host_tasks.add(1);
-  {
-    std::lock_guard lock(pin_mu);  // tokens reach the single pinner thread in order
-    token = ++pin_next;
-    pinner->submit([this, st, dir, dst, src, host, body = plan.body, caller_ready, token] {
-      std::exception_ptr error;
-      cudaStream_t stream = pin_stream;
-      std::vector<std::pair<char*, cudaEvent_t>> in_flight;
-      auto unregister_finished = [&](bool all) {
-        while (!in_flight.empty()) {
-          auto [h, ev] = in_flight.front();
-          if (!all && cudaEventQuery(ev) == cudaErrorNotReady) break;
-          cudaEventSynchronize(ev);
-          cudaHostUnregister(h);
-          cudaEventDestroy(ev);
-          in_flight.erase(in_flight.begin());
-        }
-      };
+  cudaEventRecord(caller_ready, caller);
+  cudaStreamWaitEvent(pin_stream, caller_ready, 0);
+  cudaEventDestroy(caller_ready);
+  auto unpinned = std::make_shared<TaskGroup>();  // this copy's unregister jobs, for the error path
+  std::exception_ptr error;
+  size_t pieces = 0;
+  for (const Piece& piece : plan.body) {
+    char* h = const_cast<char*>(static_cast<const char*>(host)) + piece.offset;
+    char* d = dir == Direction::h2d ? static_cast<char*>(dst) + piece.offset
+                                    : const_cast<char*>(static_cast<const char*>(src)) + piece.offset;
+    try {
+      if (fault_injected(FaultPoint::register_host))
+        throw CudaError("cudaHostRegister (pin in place) failed: injected fault (FERRY_FAULT_INJECT)",
+                        cudaErrorMemoryAllocation);
+      check(cudaHostRegister(h, piece.bytes, cudaHostRegisterDefault), "cudaHostRegister (pin in place)");
+    } catch (...) {
+      error = std::current_exception();
+      break;
+    }
+    ++pieces;
+    cudaEvent_t dma_done = nullptr;
+    cudaError_t err = cudaEventCreateWithFlags(&dma_done, cudaEventDisableTiming);
+    if (err == cudaSuccess)
+      err = dir == Direction::h2d ? cudaMemcpyAsync(d, h, piece.bytes, cudaMemcpyDefault, pin_stream)
+                                  : cudaMemcpyAsync(h, d, piece.bytes, cudaMemcpyDefault, pin_stream);
+    if (err == cudaSuccess) err = cudaEventRecord(dma_done, pin_stream);
+    if (err != cudaSuccess) {
       try {
-        check(cudaSetDevice(options.device), "cudaSetDevice");
-        check(cudaStreamWaitEvent(stream, caller_ready, 0), "cudaStreamWaitEvent");
-        for (const Piece& piece : body) {
-          if (st->abort) break;
-          char* h = const_cast<char*>(static_cast<const char*>(host)) + piece.offset;
-          if (fault_injected(FaultPoint::register_host))
-            throw CudaError("cudaHostRegister (pin in place) failed: injected fault (FERRY_FAULT_INJECT)",
-                            cudaErrorMemoryAllocation);
-          check(cudaHostRegister(h, piece.bytes, cudaHostRegisterDefault), "cudaHostRegister (pin in place)");
-          in_flight.emplace_back(h, nullptr);
-          check(cudaEventCreateWithFlags(&in_flight.back().second, cudaEventDisableTiming), "cudaEventCreate");
-          char* d = dir == Direction::h2d ? static_cast<char*>(dst) + piece.offset
-                                          : const_cast<char*>(static_cast<const char*>(src)) + piece.offset;
-          check(dir == Direction::h2d ? cudaMemcpyAsync(d, h, piece.bytes, cudaMemcpyDefault, stream)
-                                      : cudaMemcpyAsync(h, d, piece.bytes, cudaMemcpyDefault, stream),
-                "cudaMemcpyAsync (pinned in place)");
-          check(cudaEventRecord(in_flight.back().second, stream), "cudaEventRecord");
-          unregister_finished(false);
-        }
+        check(err, "cudaMemcpyAsync (pinned in place)");
       } catch (...) {
         error = std::current_exception();
-        st->fail(error);
       }
-      unregister_finished(true);  // no piece stays registered, error or not
-      cudaEventDestroy(caller_ready);
+    }
+    // Unpin behind the DMA, on the pinner thread.
+    unpinned->add(1);
+    st->host_tasks.add(1);
+    pinner->submit([this, st, h, dma_done, unpinned] {
+      cudaSetDevice(options.device);
+      if (dma_done) {
+        cudaEventSynchronize(dma_done);
+        cudaEventDestroy(dma_done);
+      }
+      cudaHostUnregister(h);
       cudaGetLastError();
-      store_flag(pin_done, token);
-      st->host_tasks.done(error);
+      st->host_tasks.done();
+      unpinned->done();
     });
+    if (error) break;
   }
   {
-    std::lock_guard lock(stats_mu);
-    stats.pinned_pieces += plan.body.size();
+    std::lock_guard s_lock(stats_mu);
+    stats.pinned_pieces += pieces;
   }
-  run_staged(st, dir, dst, src, staged_chunks, caller, pin_done, token);
+  if (staged_part) cudaStreamWaitEvent(pin_stream, staged_part->done, 0);
+  cudaError_t err = cudaEventRecord(st->done, pin_stream);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(caller, st->done, 0);
+  if (!error && err != cudaSuccess) {
+    try {
+      check(err, "cudaEventRecord (pin in place)");
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (error) {
+    unpinned->wait();  // no page of the buffer stays registered when this throws
+    st->fail(error);
+    std::rethrow_exception(error);
+  }
 }
 
 // ---- the engine -------------------------------------------------------------------
@@ -508,10 +530,6 @@ CopyEngine::CopyEngine(CopyEngineOptions options) : impl_(std::make_unique<Impl>
   m.workers = std::make_unique<WorkerPool>(workers);
   m.pinner = std::make_unique<WorkerPool>(1);
   check(cudaStreamCreateWithFlags(&m.pin_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  void* flag = nullptr;
-  check(cudaHostAlloc(&flag, 64, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc (pin flag)");
-  std::memset(flag, 0, 64);
-  m.pin_done = static_cast<volatile uint64_t*>(flag);
 }
 
 CopyEngine::~CopyEngine() {
@@ -529,7 +547,6 @@ CopyEngine::~CopyEngine() {
     cudaStreamSynchronize(m.pin_stream);
     cudaStreamDestroy(m.pin_stream);
   }
-  if (m.pin_done) cudaFreeHost(const_cast<uint64_t*>(m.pin_done));
   cudaGetLastError();
 }
 
@@ -610,7 +627,7 @@ Completion CopyEngine::copy_async(void* dst, const void* src, size_t bytes, cuda
     case Strategy::staged: {
       auto pieces = split_even(bytes, m.options.profile.staging_chunk_bytes);
       chunks = pieces.size();
-      m.run_staged(st, dir, dst, src, pieces, stream, nullptr, 0);
+      m.run_staged(st, dir, dst, src, pieces, stream);
       break;
     }
     case Strategy::pin_in_place:

@@ -15,6 +15,12 @@
 //   then:      stream waits until every chunk of this copy is drained,
 //              records the copy's event; the caller's stream waits on it.
 //
+// Pin-in-place (and the pinned share of hybrid) registers pieces in the calling
+// thread, so that call returns once every piece is registered and its DMA
+// enqueued; the engine's pinner thread unregisters pieces behind their DMAs. No
+// GPU stream waits on a flag set after a cudaHostUnregister, which waits for
+// the device's outstanding work (a deadlock otherwise).
+//
 // Flags live in mapped pinned memory; the GPU reads and writes them with stream
 // memory operations, the CPU with acquire loads and release stores only (the
 // GPU has no host-native atomics). Generations grow forever per lane, so a lane
