@@ -12,6 +12,11 @@ anything with ``data_ptr()``), or an object with ``__cuda_array_interface__``;
 the range must lie inside one allocation of the channel's device. Payloads are
 1 .. 64 KiB (``MAX_PAYLOAD``); larger transfers are ``ferry.copy``'s job.
 
+Requests are not ordered with CUDA streams: the kernel serves one as soon as it
+is published. Memory that torch (or any stream) is still producing must be
+settled first, e.g. ``torch.cuda.synchronize()`` after ``torch.zeros(...,
+device="cuda")`` and before a channel request that touches it.
+
 ``gdrcopy_status()`` tells whether GDRCopy (libgdrapi.so.2 + /dev/gdrdrv) could
 back writes here (``Channel(use_gdrcopy=True)``), and why not.
 """

@@ -1,13 +1,18 @@
 // channel_test.cpp — the channel's C API on any machine: NULL and bad
 // arguments, the GDRCopy probe and its FERRY_ERROR_NOT_SUPPORTED path,
 // FERRY_ERROR_NO_DEVICE without a driver or device, and (where a GPU is
-// present) ping, stats and the argument checks of a live channel.
+// present) ping, stats and the argument checks of a live channel. Also the
+// pure layout logic that the host and the kernel share (channel_layout.h):
+// tags, request packing, payload placement, and the byte/vector split of copies.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "cuda/channel_layout.h"
 #include "ferry/ferry.h"
 
 namespace {
@@ -150,6 +155,116 @@ TEST(ChannelCApi, LiveChannelPingsAndChecksItsArguments) {
   ASSERT_EQ(ferry_channel_get_stats(ch, &s), FERRY_SUCCESS);
   EXPECT_EQ(s.requests, 1u) << "refused requests must not reach the kernel";
   EXPECT_EQ(ferry_channel_destroy(ch), FERRY_SUCCESS) << last();
+}
+
+namespace layout = ferry::cuda::channel_layout;
+
+TEST(ChannelLayout, WordsCarryTheTicketsLow32BitsAsTagAndTheirData) {
+  const uint64_t tickets[] = {0, 1, 7, 0xFFFFFFFFull, 0x100000000ull, 0x1234567890ull, ~0ull};
+  for (uint64_t t : tickets) {
+    for (uint32_t data : {0u, 1u, 0x80000000u, 0xFFFFFFFFu}) {
+      const uint64_t w = layout::make_word(t, data);
+      EXPECT_EQ(layout::word_tag(w), layout::ticket_tag(t)) << t;
+      EXPECT_EQ(layout::word_tag(w), static_cast<uint32_t>(t)) << t;
+      EXPECT_EQ(layout::word_data(w), data) << t;
+    }
+  }
+}
+
+TEST(ChannelLayout, AStaleWordNeverMatchesTheNextTicketOfItsSlot) {
+  // A slot's words carry the tag of ticket t - slots when ticket t is expected
+  // (initially: ticket s - slots, as Channel's constructor writes them).
+  for (uint64_t slots = 1; slots <= 64; ++slots) {
+    for (uint64_t t : {uint64_t{0}, slots - 1, slots, uint64_t{0xFFFFFFFF}, uint64_t{0x100000000},
+                       uint64_t{0x100000000} + slots - 1}) {
+      const uint64_t stale = layout::make_word(t - slots, layout::kResultOk);
+      EXPECT_NE(layout::word_tag(stale), layout::ticket_tag(t)) << "slots " << slots << " t " << t;
+    }
+  }
+}
+
+TEST(ChannelLayout, PackRequestPlacesTheHeaderAndInlineWriteBytes) {
+  std::mt19937_64 rng(7);
+  unsigned char src[layout::kInlineBytes + 1];
+  for (auto& b : src) b = static_cast<unsigned char>(rng() | 1);  // never 0: padding is
+  const uint64_t addresses[] = {0x7f0012345671ull, 0xFFFFFFFF00000010ull, 0x10ull};
+  for (uint64_t address : addresses) {
+    for (uint32_t n = 1; n <= layout::kInlineBytes + 1; ++n) {
+      const layout::RequestData d =
+          layout::pack_request(layout::kOpWrite, address, n, 0xAB, 0x1234, src);
+      EXPECT_EQ(d.word[layout::kWordOp], layout::kOpWrite);
+      EXPECT_EQ(d.word[layout::kWordBytes], n);
+      EXPECT_EQ(layout::request_address(d.word), address);
+      EXPECT_EQ(d.word[layout::kWordValue], 0xABu);
+      EXPECT_EQ(d.word[layout::kWordTimeoutUs], 0x1234u);
+      const bool in_words = n <= layout::kInlineBytes;
+      EXPECT_EQ(layout::has_inline_payload(layout::kOpWrite, n), in_words) << n;
+      const unsigned char* inline_bytes = layout::inline_payload(d.word);
+      for (uint32_t i = 0; i < layout::kInlineBytes; ++i) {
+        const unsigned char expected = in_words && i < n ? src[i] : 0;
+        ASSERT_EQ(inline_bytes[i], expected) << "write of " << n << " bytes, byte " << i;
+      }
+    }
+  }
+  // Byte order through the words: byte i of the write is byte i % 4 (little
+  // endian) of inline word i / 4, as the kernel reads it back.
+  const unsigned char four[4] = {0x11, 0x22, 0x33, 0x44};
+  const layout::RequestData d = layout::pack_request(layout::kOpWrite, 0x1000, 4, 0, 0, four);
+  EXPECT_EQ(d.word[layout::kHeaderWords], 0x44332211u);
+}
+
+TEST(ChannelLayout, OnlyWritesTravelInline) {
+  const unsigned char byte = 0x5A;
+  for (layout::Op op : {layout::kOpNop, layout::kOpRead, layout::kOpFill, layout::kOpSignal,
+                        layout::kOpWait}) {
+    EXPECT_FALSE(layout::has_inline_payload(op, 1)) << op;
+    const layout::RequestData d = layout::pack_request(op, 0x1000, 1, 3, 4, &byte);
+    for (uint32_t w = layout::kHeaderWords; w < layout::kRequestWords; ++w)
+      EXPECT_EQ(d.word[w], 0u) << "op " << op << " word " << w;
+  }
+  // A ping has no address and no source.
+  const layout::RequestData ping = layout::pack_request(layout::kOpNop, 0, 0, 0, 0, nullptr);
+  EXPECT_EQ(ping.word[layout::kWordOp], layout::kOpNop);
+  EXPECT_EQ(layout::request_address(ping.word), 0u);
+}
+
+TEST(ChannelLayout, PayloadSitsCoalignedWithTheDeviceAddress) {
+  static_assert(offsetof(layout::Slot, payload) % 16 == 0);
+  static_assert(sizeof(layout::Slot::payload) >= layout::kMaxPayload + 15);
+  for (uint64_t a = 0x7f0000001000ull; a < 0x7f0000001040ull; ++a) {
+    EXPECT_EQ(layout::payload_offset(a), a % 16);
+    // Payload area (16-byte aligned) + offset and the device address share
+    // their position in a 16-byte line: 16-byte accesses line up on both sides.
+    EXPECT_EQ((offsetof(layout::Slot, payload) + layout::payload_offset(a)) % 16, a % 16);
+  }
+}
+
+TEST(ChannelLayout, SplitEdgesCoversEveryByteOnceWithAlignedVectors) {
+  std::vector<uint32_t> sizes;
+  for (uint32_t n = 1; n <= 300; ++n) sizes.push_back(n);
+  for (uint32_t n : {4095u, 4096u, 4097u, 65535u, 65536u}) sizes.push_back(n);
+  for (uint64_t dst = 0x7f0000002000ull; dst < 0x7f0000002000ull + 32; ++dst) {
+    for (uint32_t n : sizes) {
+      const layout::Edges e = layout::split_edges(dst, n);
+      ASSERT_LE(e.head, n);
+      ASSERT_LT(e.head, 16u);
+      ASSERT_EQ(e.tail, e.head + 16 * e.vectors);
+      ASSERT_LE(e.tail, n);
+      ASSERT_LT(n - e.tail, 16u);
+      if (e.head < n) {
+        ASSERT_EQ((dst + e.head) % 16, 0u) << "dst%16 " << dst % 16 << " n " << n;
+      }
+      // The kernel: thread i < head stores byte i, thread i < n - tail stores
+      // byte tail + i, vector v covers bytes head + 16 v .. +15.
+      std::vector<int> covered(n, 0);
+      for (uint32_t i = 0; i < e.head; ++i) ++covered[i];
+      for (uint32_t v = 0; v < e.vectors; ++v)
+        for (uint32_t i = 0; i < 16; ++i) ++covered[e.head + 16 * v + i];
+      for (uint32_t i = 0; i < n - e.tail; ++i) ++covered[e.tail + i];
+      for (uint32_t i = 0; i < n; ++i)
+        ASSERT_EQ(covered[i], 1) << "byte " << i << " of " << n << " at dst%16 " << dst % 16;
+    }
+  }
 }
 
 }  // namespace

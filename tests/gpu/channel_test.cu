@@ -1,6 +1,7 @@
 // channel_test.cu — the low-latency channel on a real GPU: writes, reads and
 // fills of random payloads at every size class and device offset, checked with
-// cudaMemcpy against poisoned guards; signal/wait against kernels on another
+// cudaMemcpy against poisoned guards; every small size at every offset in a
+// 16-byte line, back to back; signal/wait against kernels on another
 // stream; per-thread order under 8 concurrent threads; idle exit, relaunch and
 // the relaunch race; cudaDeviceSynchronize() with the channel open; close with
 // requests in flight; process exit without close (re-runs this binary); the
@@ -47,6 +48,24 @@ constexpr char kChildEnv[] = "FERRYTEST_CHANNEL_CHILD";
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// A host -> device copy or a memset that has landed when it returns. The
+// channel is not ordered with CUDA streams: its kernel serves a request as soon
+// as it is published. cudaMemcpy from pageable memory returns once the bytes
+// are staged, before their DMA lands (CUDA runtime API, "API synchronization
+// behavior"), and cudaMemset returns at once; a running channel kernel serves
+// the next request within microseconds, so without the synchronize the copy
+// can land after it (channel-gpu-run1: the second small request of a test
+// "failed" that way).
+cudaError_t upload(void* dst, const void* src, size_t n) {
+  const cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(0);
+}
+
+cudaError_t clear(void* dst, size_t n) {
+  const cudaError_t e = cudaMemset(dst, 0, n);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(0);
 }
 
 // cudaMalloc'ed bytes, freed at scope exit.
@@ -113,7 +132,7 @@ TEST(Channel, WritesRandomPayloadsAtEverySizeAndOffset) {
     const size_t offsets[] = {0, rng() % 32, rng() % 32, 31};
     for (size_t offset : offsets) {
       image = random_bytes(rng, dev.size());  // poison: random, so no byte value is special
-      CUDA_OK(cudaMemcpy(dev.at(0), image.data(), image.size(), cudaMemcpyHostToDevice));
+      CUDA_OK(upload(dev.at(0), image.data(), image.size()));
       const std::vector<unsigned char> payload = random_bytes(rng, n);
       channel.write(dev.at(kGuard + offset), payload.data(), n);
       std::memcpy(image.data() + kGuard + offset, payload.data(), n);
@@ -134,7 +153,7 @@ TEST(Channel, ReadsRandomDeviceDataIntoPoisonedHostMemory) {
     for (size_t offset : offsets) {
       // New device data every time: a read must never see bytes a previous one cached.
       const std::vector<unsigned char> device_data = random_bytes(rng, dev.size());
-      CUDA_OK(cudaMemcpy(dev.at(0), device_data.data(), dev.size(), cudaMemcpyHostToDevice));
+      CUDA_OK(upload(dev.at(0), device_data.data(), dev.size()));
       const size_t host_misalign = rng() % 16;
       std::vector<unsigned char> host(n + 2 * kGuard + 16, 0x5A);
       const std::vector<unsigned char> poisoned = host;
@@ -160,7 +179,7 @@ TEST(Channel, FillSetsExactlyItsRange) {
     const size_t offset = rng() % 32;
     const int value = static_cast<int>(rng() % 256);
     image = random_bytes(rng, dev.size());
-    CUDA_OK(cudaMemcpy(dev.at(0), image.data(), image.size(), cudaMemcpyHostToDevice));
+    CUDA_OK(upload(dev.at(0), image.data(), image.size()));
     channel.fill(dev.at(kGuard + offset), value, n);
     std::memset(image.data() + kGuard + offset, value, n);
     CUDA_OK(cudaMemcpy(back.data(), dev.at(0), back.size(), cudaMemcpyDeviceToHost));
@@ -169,6 +188,39 @@ TEST(Channel, FillSetsExactlyItsRange) {
   }
   EXPECT_THROW(channel.fill(dev.at(0), 256, 1), InvalidArgument);
   EXPECT_THROW(channel.fill(dev.at(0), -1, 1), InvalidArgument);
+}
+
+TEST(Channel, SmallRequestsAtEveryOffsetInALine) {
+  // Sizes 1 .. 2 * 104 + 1 (inline writes, then payload writes with byte edges)
+  // at device offsets 0 .. 15, requests back to back so that the kernel stays
+  // hot; each step is checked by reading the whole buffer, guards included,
+  // through the channel, and at the end with cudaMemcpy.
+  Channel channel(0);
+  std::mt19937_64 rng(6);
+  constexpr size_t kLargest = 2 * 104 + 1;
+  DeviceBuffer dev(kGuard + 16 + kLargest + kGuard);
+  std::vector<unsigned char> image = random_bytes(rng, dev.size()), whole(dev.size());
+  CUDA_OK(upload(dev.at(0), image.data(), image.size()));
+  for (size_t n = 1; n <= kLargest; ++n) {
+    for (size_t offset = 0; offset < 16; ++offset) {
+      unsigned char* at = dev.at(kGuard + offset);
+      const std::vector<unsigned char> payload = random_bytes(rng, n);
+      channel.write(at, payload.data(), n);
+      std::memcpy(image.data() + kGuard + offset, payload.data(), n);
+      std::vector<unsigned char> back(n);
+      channel.read(back.data(), at, n);
+      ASSERT_EQ(back, payload) << "write then read of " << n << " bytes at offset " << offset;
+      channel.read(whole.data(), dev.at(0), whole.size());
+      ASSERT_EQ(whole, image) << "write of " << n << " bytes at offset " << offset;
+      const int value = static_cast<int>(rng() % 256);
+      channel.fill(at, value, n);
+      std::memset(image.data() + kGuard + offset, value, n);
+      channel.read(whole.data(), dev.at(0), whole.size());
+      ASSERT_EQ(whole, image) << "fill of " << n << " bytes at offset " << offset;
+    }
+  }
+  CUDA_OK(cudaMemcpy(whole.data(), dev.at(0), whole.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(whole, image);
 }
 
 TEST(Channel, ManagedMemoryWorks) {
@@ -238,9 +290,9 @@ TEST(Channel, BadPointersAreRefusedAndTheChannelStaysUsable) {
 TEST(Channel, SignalReleasesAKernelOnAnotherStreamAfterEarlierWrites) {
   Channel channel(0);
   DeviceBuffer flag(4), data(256 * 4), out(256 * 4), status(4);
-  CUDA_OK(cudaMemset(flag.at(0), 0, 4));
-  CUDA_OK(cudaMemset(out.at(0), 0, out.size()));
-  CUDA_OK(cudaMemset(status.at(0), 0, 4));
+  CUDA_OK(clear(flag.at(0), 4));
+  CUDA_OK(clear(out.at(0), out.size()));
+  CUDA_OK(clear(status.at(0), 4));
   cudaStream_t other;
   CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
   wait_flag_then_copy<<<1, 1, 0, other>>>(reinterpret_cast<uint32_t*>(flag.at(0)), 7,
@@ -265,7 +317,7 @@ TEST(Channel, SignalReleasesAKernelOnAnotherStreamAfterEarlierWrites) {
 TEST(Channel, WaitReturnsWhenAKernelOnAnotherStreamSetsTheFlag) {
   Channel channel(0);
   DeviceBuffer flag(4);
-  CUDA_OK(cudaMemset(flag.at(0), 0, 4));
+  CUDA_OK(clear(flag.at(0), 4));
   auto* f = reinterpret_cast<uint32_t*>(flag.at(0));
   cudaStream_t other;
   CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
@@ -291,7 +343,7 @@ void threads_keep_their_order(uint32_t slots) {
   constexpr int kThreads = 8, kRequests = 500;
   constexpr size_t kRegion = 4096;  // each thread's own device bytes
   DeviceBuffer dev(kThreads * kRegion);
-  CUDA_OK(cudaMemset(dev.at(0), 0, dev.size()));
+  CUDA_OK(clear(dev.at(0), dev.size()));
   std::mutex failure_mutex;
   std::string first_failure;
   std::atomic<long> reads{0};

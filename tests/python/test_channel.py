@@ -123,12 +123,17 @@ def torch_cuda(gpu):
 
 SIZES = [1, 2, 3, 15, 16, 17, 103, 104, 105, 255, 4096, 4097, 65535, 65536]
 
+# The channel is not ordered with CUDA streams: tensors made or changed by torch
+# (asynchronous kernels and copies) are settled with torch.cuda.synchronize()
+# before a channel request touches them.
+
 
 def test_write_and_read_tensors_at_odd_sizes_and_offsets(torch_cuda):
     torch = torch_cuda
     rng = random.Random(1)
     image = bytearray(rng.randbytes(MAX_PAYLOAD + 64))
     t = torch.frombuffer(bytearray(image), dtype=torch.uint8).cuda()
+    torch.cuda.synchronize()
     with ferry.Channel() as ch:
         for n in SIZES:
             off = rng.randrange(32)
@@ -147,6 +152,7 @@ def test_fill_signal_and_wait_on_tensors(torch_cuda):
     torch = torch_cuda
     t = torch.zeros(1000, dtype=torch.uint8, device="cuda")
     flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
     with ferry.Channel() as ch:
         ch.fill(t.data_ptr() + 3, 7, 100)
         expected = torch.zeros(1000, dtype=torch.uint8)
@@ -166,6 +172,7 @@ def test_fill_signal_and_wait_on_tensors(torch_cuda):
 def test_cuda_array_interface_objects_and_bounds(torch_cuda):
     torch = torch_cuda
     t = torch.zeros(16, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
 
     class Wrapped:
         __cuda_array_interface__ = t.__cuda_array_interface__
@@ -195,6 +202,7 @@ def test_too_large_requests_name_the_copy_engine(torch_cuda):
 def test_threads_keep_their_own_order(torch_cuda):
     torch = torch_cuda
     slots = torch.zeros(4 * 16, dtype=torch.int32, device="cuda")  # one int32 per thread, 64 B apart
+    torch.cuda.synchronize()
     errors = []
     with ferry.Channel() as ch:
 
