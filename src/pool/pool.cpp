@@ -83,10 +83,16 @@ size_t FreedHistory::find(uintptr_t start) const {
 
 // ---- Impl: allocation ------------------------------------------------------
 
+size_t target_chunk_size(const PoolOptions& o) {
+  const size_t eighth = round_up((o.target_bytes + 7) / 8, kChunkGranule);
+  return std::max(o.chunk_bytes, std::min(eighth, std::max(o.chunk_bytes, size_t{1} << 30)));
+}
+
 Pool::Impl::Impl(PoolOptions o, std::shared_ptr<ChunkHooks> h)
     : options(validated(o)),
       hooks(std::move(h)),
       target_kind(resolve_kind(o.target_kind, o.chunk_bytes)),
+      target_chunk_bytes(target_chunk_size(options)),
       arena(options) {}
 
 uint64_t Pool::Impl::reserved_locked() const {
@@ -110,7 +116,7 @@ std::string Pool::Impl::limit_message_locked(const std::string& what, size_t chu
 }
 
 bool Pool::Impl::should_wait_for_target_locked(size_t size, PageKind kind) const {
-  return target_running && !target_error && !stopping && kind == target_kind && size <= options.chunk_bytes;
+  return target_running && !target_error && !stopping && kind == target_kind && size <= target_chunk_bytes;
 }
 
 void Pool::Impl::register_chunk(MappedChunk& m) {
@@ -380,7 +386,7 @@ void Pool::Impl::run_releaser() {
 // ---- Impl: background target ------------------------------------------------------
 
 void Pool::Impl::run_target_toucher(size_t chunk_count) {
-  const size_t bytes = options.chunk_bytes;
+  const size_t bytes = target_chunk_bytes;
   std::unique_lock lock(mu);
   for (size_t i = 0; i < chunk_count && !stopping && !target_error; ++i) {
     if (!fits_limit_locked(bytes)) {
@@ -499,7 +505,7 @@ Pool::Pool(PoolOptions options, std::shared_ptr<ChunkHooks> hooks)
   try {
     if (s.options.release_delay_ms > 0) s.releaser = std::thread([&s] { s.run_releaser(); });
     if (s.options.target_bytes > 0) {
-      const size_t count = (s.options.target_bytes + s.options.chunk_bytes - 1) / s.options.chunk_bytes;
+      const size_t count = (s.options.target_bytes + s.target_chunk_bytes - 1) / s.target_chunk_bytes;
       s.target_running = true;  // no other thread runs yet
       s.registrar = std::thread([&s] { s.run_target_registrar(); });
       s.toucher = std::thread([&s, count] { s.run_target_toucher(count); });

@@ -160,6 +160,11 @@ struct Pool::Impl {
   const PoolOptions options;
   const std::shared_ptr<ChunkHooks> hooks;
   const PageKind target_kind;
+  // Chunk size of the background target: bigger than chunk_bytes for big
+  // targets (at most 8 chunks, at most 1 GiB each), so per-chunk costs (mmap,
+  // thread start, one cudaHostRegister call) do not dominate; measured on the
+  // H200: 8 GiB in 64 MiB chunks took 1.48 s, as one chunk 0.39 s.
+  const size_t target_chunk_bytes;
   Arena arena;  // its own leaf lock
 
   mutable std::mutex mu;
