@@ -85,6 +85,10 @@ def _stream_handle(stream) -> int:
 
 
 def _prepare(dst, src, nbytes):
+    if nbytes is None and isinstance(dst, int) and not isinstance(src, int):
+        nbytes = resolve(src, None, writable=False)[1]
+    if nbytes is None and isinstance(src, int) and not isinstance(dst, int):
+        nbytes = resolve(dst, None, writable=True)[1]
     d, dn, ddev = resolve(dst, nbytes, writable=True)
     s, sn, sdev = resolve(src, nbytes, writable=False)
     n = nbytes if nbytes is not None else min(dn, sn)

@@ -76,6 +76,14 @@ def measure(sizes, directions, backings, strategies, iterations, with_torch):
     from .. import _ferry
     from ..copy import engine
 
+    torch = None
+    if with_torch:  # import torch before ferry starts its engine
+        try:
+            import torch as _t
+
+            torch = _t if _t.cuda.is_available() else None
+        except ImportError:
+            torch = None
     eng = engine(0)
     eng.warm_up()
     rows = []
@@ -83,14 +91,6 @@ def measure(sizes, directions, backings, strategies, iterations, with_torch):
     dev_a = _ferry.cuda_malloc(biggest)
     dev_b = _ferry.cuda_malloc(biggest)
     pinned = _ferry.cuda_host_alloc(biggest)
-    torch = None
-    if with_torch:
-        try:
-            import torch as _t
-
-            torch = _t if _t.cuda.is_available() else None
-        except ImportError:
-            torch = None
     try:
         for backing in backings:
             for n in sizes:

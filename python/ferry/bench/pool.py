@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=2000, help="recycle iterations per size (default: %(default)s)")
     p.add_argument("--only", default="pinned,recycle,registration", help="tables to run (default: %(default)s)")
     p.add_argument("--reserve-hugetlb", action="store_true",
-                   help="reserve hugetlb pages for the registration table (root), restored afterwards")
+                   help="reserve hugetlb pages for the run (root; restored afterwards), so pools may use them")
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
     p.add_argument("--case", help=argparse.SUPPRESS)
     p.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
@@ -300,17 +300,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     only = set(args.only.split(","))
     results: dict = {}
-    if "pinned" in only:
-        results["time_to_pinned"] = time_to_pinned(parse_size_list(args.sizes))
-    if "recycle" in only:
-        results["recycle"] = recycle_latency([4 * KiB << (2 * i) for i in range(8)], args.iterations)
-    if "registration" in only:
-        sizes = parse_size_list(args.register_sizes)
-        saved = reserve_hugetlb(max(sizes)) if args.reserve_hugetlb else {}
-        try:
-            results["registration"] = registration_by_backing(sizes)
-        finally:
-            restore_hugetlb(saved)
+    reg_sizes = parse_size_list(args.register_sizes)
+    pin_sizes = parse_size_list(args.sizes)
+    saved = reserve_hugetlb(max(reg_sizes + pin_sizes)) if args.reserve_hugetlb else {}
+    try:
+        if "pinned" in only:
+            results["time_to_pinned"] = time_to_pinned(pin_sizes)
+        if "recycle" in only:
+            results["recycle"] = recycle_latency([4 * KiB << (2 * i) for i in range(8)], args.iterations)
+        if "registration" in only:
+            results["registration"] = registration_by_backing(reg_sizes)
+    finally:
+        restore_hugetlb(saved)
     print_tables(results)
     write_json(args.json, "pool", results)
     return 0
