@@ -32,8 +32,8 @@ Strategy parse_strategy(const std::string& text);
 // measures it, defaults() are the figures of the H200 machine in DESIGN.md.
 struct MachineProfile {
   size_t cuda_below_bytes = 256u << 10;     // smaller pageable copies use the CUDA path
-  size_t staging_chunk_bytes = 8u << 20;    // bytes per staging slot
-  int staging_slots = 8;                    // slots per lane (in flight)
+  size_t staging_chunk_bytes = 4u << 20;    // bytes per staging slot (largest chunk)
+  int staging_slots = 16;                   // slots per lane (chunks in flight)
   int workers = 0;                          // copy threads; 0 = cores, at most 16
   size_t hybrid_below_bytes = 64u << 20;    // smaller copies are not split
   double hybrid_pinned_share[2] = {0.0, 0.0};  // share of the body pinned in place, per direction

@@ -25,7 +25,6 @@
 #include "cuda/driver_entry.h"
 #include "cuda/pinned_pool.h"
 #include "os/mapping.h"
-#include "os/smaps.h"
 
 namespace ferry::cuda {
 
@@ -145,17 +144,6 @@ void check_host_range(const void* p, size_t bytes, const char* role) {
                           ") is neither device memory nor mapped host memory");
 }
 
-HostBacking read_backing(const void* p, size_t bytes) {
-  std::string smaps;
-  if (os::read_smaps(&smaps) != 0) return HostBacking::unknown;
-  auto b = reinterpret_cast<uintptr_t>(p);
-  os::SmapsTotals t = os::parse_smaps(smaps, b, b + bytes);
-  if (t.hugetlb_bytes) return HostBacking::hugetlb;
-  if (t.pmd_mapped_bytes) return HostBacking::shmem_thp;
-  if (t.anon_huge_bytes || t.advised_huge) return HostBacking::thp;
-  return HostBacking::small_pages;
-}
-
 // Polls a flag the GPU writes (acquire loads), spinning briefly, then yielding,
 // then sleeping. Returns false if the copy was aborted meanwhile.
 bool wait_flag(const volatile uint64_t* flag, uint64_t value, CopyState& st) {
@@ -218,6 +206,13 @@ struct CopyEngine::Impl {
   CopyEngineStats stats;  // guarded by stats_mu
 
   Lane& lane(Direction d);
+  // Chunks of a staged copy: small copies are cut finer so that every worker
+  // has a chunk (64 MiB in 8 MiB chunks kept half the workers idle: 20 GB/s).
+  size_t staged_chunk_bytes(size_t bytes) const {
+    const size_t per_worker = bytes / (2 * static_cast<size_t>(workers->size()));
+    const size_t chunk = std::max<size_t>(256u << 10, (per_worker + 4095) & ~size_t{4095});
+    return std::min(chunk, options.profile.staging_chunk_bytes);
+  }
   Strategy decide(void* dst, const void* src, size_t bytes, Strategy strategy, Direction* dir);
   void count(Strategy s, size_t bytes, size_t chunks, size_t pieces);
   std::shared_ptr<CopyState> begin(Strategy s, size_t bytes);
@@ -395,7 +390,7 @@ void CopyEngine::Impl::run_pin_in_place(const std::shared_ptr<CopyState>& st, Di
   size_t staged_bytes = 0;
   for (const Piece& p : staged) {
     staged_bytes += p.bytes;
-    for (const Piece& c : split_even(p.bytes, options.profile.staging_chunk_bytes))
+    for (const Piece& c : split_even(p.bytes, staged_chunk_bytes(n)))
       staged_chunks.push_back({p.offset + c.offset, c.bytes});
   }
   if (plan.body.empty()) {
@@ -602,11 +597,10 @@ Strategy CopyEngine::Impl::decide(void* dst, const void* src, size_t bytes, Stra
   if (c.device_to_device) return Strategy::direct;
   const MachineProfile& prof = options.profile;
   Strategy requested = strategy != Strategy::automatic ? strategy : options.strategy;
-  HostBacking backing = HostBacking::small_pages;
-  if (c.host_pinned)
-    backing = HostBacking::pinned;
-  else if (requested == Strategy::automatic && bytes >= prof.hybrid_below_bytes)
-    backing = read_backing(c.host, bytes);
+  // The page backing is not read here: /proc/self/smaps costs 15-20 ms in a
+  // process with many mappings (measured on the H200 machine), as much as the
+  // copy of 1 GiB itself. Callers that know it pass it to choose_strategy.
+  HostBacking backing = c.host_pinned ? HostBacking::pinned : HostBacking::unknown;
   return choose_strategy(c.dir, bytes, backing, prof, requested);
 }
 
@@ -625,7 +619,7 @@ Completion CopyEngine::copy_async(void* dst, const void* src, size_t bytes, cuda
       m.finish_on(st, stream, stream);
       break;
     case Strategy::staged: {
-      auto pieces = split_even(bytes, m.options.profile.staging_chunk_bytes);
+      auto pieces = split_even(bytes, m.staged_chunk_bytes(bytes));
       chunks = pieces.size();
       m.run_staged(st, dir, dst, src, pieces, stream);
       break;

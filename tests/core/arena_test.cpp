@@ -93,17 +93,20 @@ TEST_F(ArenaTest, AutomaticFallsBackFromHugetlbAndRemembersIt) {
   arena.unmap(b);
 }
 
-TEST_F(ArenaTest, OneGiBChunksConsider1GiBPagesFirst) {
+TEST_F(ArenaTest, AutomaticLeaves1GiBPagesAlone) {
   if (free_2m_pages() > 0) GTEST_SKIP() << "hugetlb pages are reserved here";
   uint64_t free_1g = 0;
   if (os::read_free_hugepages(size_t{1} << 30, &free_1g) == 0 && free_1g > 0)
     GTEST_SKIP() << "1 GiB hugetlb pages are reserved here";
   Arena arena(options(HugePolicy::automatic));
   MappedChunk c = arena.reserve(size_t{1} << 30, PageKind::huge);
-  EXPECT_TRUE(has_note(arena, "hugetlb 1 GiB")) << all_notes(arena);
-  EXPECT_TRUE(has_note(arena, "using hugetlb 2 MiB")) << all_notes(arena);
+  EXPECT_FALSE(has_note(arena, "hugetlb 1 GiB")) << all_notes(arena);
   EXPECT_TRUE(has_note(arena, "hugetlb 2 MiB: 0 free pages; using THP")) << all_notes(arena);
   arena.unmap(c);
+  // Asked for explicitly, hugetlb considers 1 GiB pages first.
+  Arena explicit_hugetlb(options(HugePolicy::hugetlb));
+  EXPECT_THROW(explicit_hugetlb.reserve(size_t{1} << 30, PageKind::huge), Error);
+  EXPECT_TRUE(has_note(explicit_hugetlb, "hugetlb 1 GiB")) << all_notes(explicit_hugetlb);
 }
 
 TEST_F(ArenaTest, RefusedThpAdviceIsNotedAndNotRetried) {
