@@ -171,8 +171,16 @@ bool wait_flag(const volatile uint64_t* flag, uint64_t value, CopyState& st) {
   }
 }
 
+// Raises a CPU-written flag to `value` (never lowers it: after an abort has
+// released a slot, a slower task of the same copy must not pull it back, or
+// the GPU would wait forever). CPU threads are its only writers, so the
+// read-modify-write stays on the CPU; the GPU only reads the flag.
 void store_flag(volatile uint64_t* flag, uint64_t value) {
-  std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(flag)).store(value, std::memory_order_release);
+  std::atomic_ref<uint64_t> f(*const_cast<uint64_t*>(flag));
+  uint64_t old = f.load(std::memory_order_relaxed);
+  while (static_cast<int64_t>(value - old) > 0 &&
+         !f.compare_exchange_weak(old, value, std::memory_order_release, std::memory_order_relaxed)) {
+  }
 }
 
 }  // namespace
