@@ -59,7 +59,7 @@ def cmd_options(args) -> int:
     if args.markdown:
         print("| option | default | meaning |\n| --- | --- | --- |")
         for name, default, doc in rows:
-            print(f"| `{name}` | `{default}` | {doc} |")
+            print(f"| `{name}` | `{default or '(empty)'}` | {doc} |")
     else:
         for name, default, doc in rows:
             print(f"{name:<24} {default or '(empty)':<10} {doc}")

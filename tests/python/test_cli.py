@@ -77,3 +77,13 @@ def test_doctor_text_report_without_gpu_says_so():
     assert "THP" in r.stdout or "transparent" in r.stdout.lower()
     if ferry.cuda_info() is None:
         assert "no CUDA driver" in r.stdout
+
+
+def test_readme_lists_every_option_with_its_default():
+    import pathlib
+    import re
+
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+    rows = dict(re.findall(r"^\| `(FERRY_[A-Z_]+)` \| `([^`]*)` \|", readme.read_text(), re.M))
+    table = {name: (default or "(empty)") for name, default, _ in ferry.option_table()}
+    assert rows == table, "README's option table is out of date: run `ferry options --markdown`"

@@ -3,5 +3,6 @@ the same run, with the ratio, and writes JSON with the machine's facts."""
 
 SUITES = {
     "copy": "ferry.bench.copy",
+    "latency": "ferry.bench.latency",
     "pool": "ferry.bench.pool",
 }
