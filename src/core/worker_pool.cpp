@@ -1,8 +1,6 @@
 // worker_pool.cpp — FIFO thread pool and TaskGroup.
 #include "core/worker_pool.h"
 
-#include <sched.h>
-
 namespace ferry {
 
 WorkerPool::WorkerPool(int threads) {
@@ -67,16 +65,6 @@ bool TaskGroup::finished() {
 bool TaskGroup::failed() {
   std::lock_guard lock(mu_);
   return error_ != nullptr;
-}
-
-int available_cores() noexcept {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  unsigned n = std::thread::hardware_concurrency();
-  return n ? static_cast<int>(n) : 1;
 }
 
 }  // namespace ferry

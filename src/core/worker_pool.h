@@ -54,7 +54,4 @@ class TaskGroup {
   std::exception_ptr error_;    // guarded by mu_
 };
 
-// Cores this process may run on (sched_getaffinity), at least 1.
-int available_cores() noexcept;
-
 }  // namespace ferry

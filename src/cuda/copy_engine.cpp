@@ -25,6 +25,7 @@
 #include "cuda/driver_entry.h"
 #include "cuda/pinned_pool.h"
 #include "os/mapping.h"
+#include "os/sysfs.h"
 
 namespace ferry::cuda {
 
@@ -526,7 +527,7 @@ CopyEngine::CopyEngine(CopyEngineOptions options) : impl_(std::make_unique<Impl>
     throw NotSupported("device " + std::to_string(options.device) +
                        " does not support 64-bit stream memory operations, which the copy engine needs");
   int workers = options.workers > 0 ? options.workers : options.profile.workers;
-  if (workers <= 0) workers = std::min(available_cores(), 16);
+  if (workers <= 0) workers = std::min(os::usable_cores(), 16);
   PoolOptions staging;
   staging.chunk_bytes = 64u << 20;
   m.staging = make_pinned_pool(staging, options.device);

@@ -44,7 +44,6 @@ TEST(WorkerPool, DestructorRunsQueuedTasks) {
     for (int i = 0; i < 50; ++i) pool.submit([&] { ++ran; });
   }
   EXPECT_EQ(ran.load(), 50);
-  EXPECT_GE(available_cores(), 1);
 }
 
 }  // namespace
