@@ -4,5 +4,6 @@ the same run, with the ratio, and writes JSON with the machine's facts."""
 SUITES = {
     "copy": "ferry.bench.copy",
     "latency": "ferry.bench.latency",
+    "sanity": "ferry.bench.sanity",
     "pool": "ferry.bench.pool",
 }

@@ -1,0 +1,209 @@
+"""`ferry bench sanity`: a named list of functional checks, like gdrcopy_sanity.
+
+Each check prints Passed, Failed (with the reason) or Waived (the machine cannot
+run it: no GPU, no gdrdrv, ...), then one total line. Exit status 1 if any
+check failed. Every check uses random data and a poisoned destination.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+MiB = 1 << 20
+
+
+class Waived(Exception):
+    """The check cannot run on this machine; the message says why."""
+
+
+def _need_gpu():
+    from .. import _ferry
+
+    info = _ferry.cuda_info()
+    if info is None:
+        raise Waived("no CUDA driver")
+    if not info.get("devices"):
+        raise Waived("no CUDA device")
+
+
+def check_pool_recycles_exact_sizes():
+    import ferry
+
+    pool = ferry.Pool(chunk_bytes=8 * MiB)
+    data = os.urandom(3 * MiB + 7)
+    a = pool.alloc(len(data))
+    memoryview(a)[:] = data
+    assert bytes(memoryview(a)) == data
+    ptr = a.ptr
+    a.release()
+    b = pool.alloc(len(data))
+    assert b.ptr == ptr and bytes(memoryview(b)[:64]) == bytes(64), "recycled and zeroed"
+    assert pool.stats()["recycles"] == 1
+
+
+def check_buffer_release_twice_frees_once():
+    import ferry
+
+    pool = ferry.Pool(chunk_bytes=4 * MiB)
+    b = pool.alloc(100)
+    b.release()
+    b.release()  # a released Buffer frees nothing again (the C API reports double frees)
+    assert pool.stats()["frees"] == 1
+
+
+def check_pinned_pool_is_pinned():
+    _need_gpu()
+    import ferry
+
+    pool = ferry.PinnedPool(device=0, chunk_bytes=16 * MiB, target_bytes=16 * MiB)
+    pool.wait_ready()
+    assert pool.alloc(MiB).pinned and pool.stats()["register_seconds"] > 0
+
+
+def _round_trip(n, strategy):
+    import ferry
+    from .. import _ferry
+
+    dev = _ferry.cuda_malloc(n + 64)
+    try:
+        src = bytearray(os.urandom(n))
+        back = bytearray(b"\xee" * n)
+        ferry.copy(dev + 3, src, strategy=strategy)
+        ferry.copy(back, dev + 3, n, strategy=strategy)
+        assert back == src, f"{strategy}: data differs"
+    finally:
+        _ferry.cuda_free(dev)
+
+
+def check_copy_staged():
+    _need_gpu()
+    _round_trip(37 * MiB + 5, "staged")
+
+
+def check_copy_pin_in_place():
+    _need_gpu()
+    _round_trip(70 * MiB + 1, "pin-in-place")
+
+
+def check_copy_hybrid():
+    _need_gpu()
+    _round_trip(70 * MiB + 3, "hybrid")
+
+
+def check_copy_small_cuda_path():
+    _need_gpu()
+    _round_trip(4099, None)
+
+
+def check_channel_write_read():
+    _need_gpu()
+    from .. import _ferry
+    from ..channel import Channel
+
+    dev = _ferry.cuda_malloc(1 << 17)
+    try:
+        with Channel(device=0) as ch:
+            for n in (1, 4, 4097, 65536):
+                data = os.urandom(n)
+                ch.write(dev + 5, data)
+                assert ch.read(dev + 5, n) == data, f"{n} bytes"
+    finally:
+        _ferry.cuda_free(dev)
+
+
+def check_channel_refuses_large_payloads():
+    _need_gpu()
+    from .. import _ferry
+    from ..channel import Channel
+    from ..errors import InvalidArgumentError
+
+    dev = _ferry.cuda_malloc(1 << 18)
+    try:
+        with Channel(device=0) as ch:
+            try:
+                ch.write(dev, bytes(65537))
+            except InvalidArgumentError as e:
+                assert "copy" in str(e), str(e)
+            else:
+                raise AssertionError("a 65537-byte request was accepted")
+    finally:
+        _ferry.cuda_free(dev)
+
+
+def check_gdrcopy_backend():
+    from ..channel import gdrcopy_status
+
+    available, reason = gdrcopy_status()
+    if not available:
+        raise Waived(reason)
+
+
+def check_fault_injection_leaves_pool_usable():
+    import ferry
+
+    pool = ferry.Pool(chunk_bytes=4 * MiB)
+    ferry.set_fault_injection("mmap:0")
+    try:
+        pool.alloc(MiB)
+    except ferry.FerryError:
+        pass
+    else:
+        raise AssertionError("the injected mmap failure did not surface")
+    finally:
+        ferry.set_fault_injection("")
+    pool.alloc(MiB).release()
+
+
+CHECKS = [
+    ("pool_recycles_exact_sizes", check_pool_recycles_exact_sizes),
+    ("buffer_release_twice_frees_once", check_buffer_release_twice_frees_once),
+    ("fault_injection_leaves_pool_usable", check_fault_injection_leaves_pool_usable),
+    ("pinned_pool_is_pinned", check_pinned_pool_is_pinned),
+    ("copy_small_cuda_path", check_copy_small_cuda_path),
+    ("copy_staged", check_copy_staged),
+    ("copy_pin_in_place", check_copy_pin_in_place),
+    ("copy_hybrid", check_copy_hybrid),
+    ("channel_write_read", check_channel_write_read),
+    ("channel_refuses_large_payloads", check_channel_refuses_large_payloads),
+    ("gdrcopy_backend", check_gdrcopy_backend),
+]
+
+
+def run(verbose: bool = False) -> dict:
+    results = {}
+    for name, fn in CHECKS:
+        try:
+            fn()
+            results[name] = ("Passed", "")
+        except Waived as w:
+            results[name] = ("Waived", str(w))
+        except Exception as e:  # a failed check must not stop the others
+            detail = traceback.format_exc() if verbose else f"{type(e).__name__}: {e}"
+            results[name] = ("Failed", detail)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ferry bench sanity", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failed checks")
+    p.add_argument("--json", metavar="FILE", help="write results as JSON")
+    args = p.parse_args(argv)
+    results = run(args.verbose)
+    width = max(len(n) for n in results)
+    for name, (state, why) in results.items():
+        print(f"{name:<{width}}  {state}{': ' + why if why else ''}")
+    counts = {s: sum(1 for st, _ in results.values() if st == s) for s in ("Passed", "Failed", "Waived")}
+    print(f"Total: {counts['Passed']} Passed, {counts['Failed']} Failed, {counts['Waived']} Waived")
+    if args.json:
+        from .report import write_json
+
+        write_json(args.json, "sanity", {n: {"state": s, "why": w} for n, (s, w) in results.items()})
+    return 1 if counts["Failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
