@@ -1,0 +1,132 @@
+"""`ferry bench apiperf`: the time of each API call, like gdrcopy_apiperf.
+
+Pool create / first allocation / recycled alloc+free, ferry.register and
+unregister beside cudaHostRegister / cudaHostUnregister for 64 KiB .. 1 GiB of
+touched pageable memory, and the channel's create, first request (kernel
+launch) and request after the kernel went idle. Median of --reps runs, in
+microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import sys
+import time
+
+from .report import median, progress, table, write_json
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e6
+
+
+def pool_calls(reps: int) -> list[list]:
+    import ferry
+    from .. import _ferry
+
+    rows = []
+    rows.append(["Pool() (host)", median([timed(lambda: ferry.Pool()) for _ in range(reps)])])
+    rows.append(["PinnedPool()", median([timed(lambda: ferry.PinnedPool(device=0)) for _ in range(reps)])])
+    first = []
+    for _ in range(reps):
+        p = ferry.PinnedPool(device=0)
+        first.append(timed(lambda: p.alloc(MiB)))  # reserves, touches and pins a 64 MiB chunk
+    rows.append(["PinnedPool.alloc(1 MiB), first (pins a 64 MiB chunk)", median(first)])
+    pool = ferry.PinnedPool(device=0, zero_recycled=False)
+    ns = _ferry.pool_recycle_ns(pool._native, MiB, 256, 1000)
+    rows.append(["alloc+free 1 MiB, recycled (C++ loop)", median(ns) / 1e3])
+    return rows
+
+
+def register_calls(reps: int) -> list[list]:
+    import ctypes
+
+    import ferry
+    from .. import _ferry
+
+    rows = []
+    for n in (64 * KiB, MiB, 16 * MiB, 256 * MiB, GiB):
+        progress(f"register {n // KiB} KiB")
+        m = mmap.mmap(-1, n + 4 * MiB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        m.madvise(mmap.MADV_NOHUGEPAGE)
+        for off in range(0, len(m), 4096):
+            m[off] = 1
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        base = (addr + 2 * MiB - 1) & ~(2 * MiB - 1)
+        reg, unreg, cuda_reg, cuda_unreg = [], [], [], []
+        for _ in range(reps):
+            r = None
+
+            def do_register():
+                nonlocal r
+                r = ferry.register(base, n)
+
+            reg.append(timed(do_register))
+            unreg.append(timed(r.unregister))
+            a, b = _ferry.cuda_host_register_seconds(base, n, 0)
+            cuda_reg.append(a * 1e6)
+            cuda_unreg.append(b * 1e6)
+        rows.append([f"register {n // KiB} KiB", median(reg), median(cuda_reg)])
+        rows.append([f"unregister {n // KiB} KiB", median(unreg), median(cuda_unreg)])
+        del m
+    return rows
+
+
+def channel_calls(reps: int) -> list[list]:
+    from .. import _ferry
+    from ..channel import Channel
+
+    dev = _ferry.cuda_malloc(MiB)
+    create, first, after_idle = [], [], []
+    try:
+        for _ in range(reps):
+            ch = None
+
+            def make():
+                nonlocal ch
+                ch = Channel(device=0)
+
+            create.append(timed(make))
+            first.append(ch.time_ns("write", dev, 4, 1)[0] / 1e3)
+            time.sleep(0.005)
+            after_idle.append(ch.time_ns("write", dev, 4, 1)[0] / 1e3)
+            ch.close()
+    finally:
+        _ferry.cuda_free(dev)
+    return [["Channel() (no kernel yet)", median(create)], ["first request (launches the kernel)", median(first)],
+            ["request after 5 ms idle (relaunch)", median(after_idle)]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ferry bench apiperf", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=5, help="runs per call (default: %(default)s)")
+    p.add_argument("--json", metavar="FILE", help="write results as JSON")
+    args = p.parse_args(argv)
+    from .. import _ferry
+
+    info = _ferry.cuda_info()
+    if not info or not info.get("devices"):
+        print("ferry bench apiperf: waived: needs a CUDA device (no driver or no device)")
+        return 0
+    _ferry.cuda_warm_up(0)
+    pools = pool_calls(args.reps)
+    regs = register_calls(args.reps)
+    chans = channel_calls(args.reps)
+    print(table("Pool calls", ["call", "Median(us)"], pools))
+    print()
+    print(table("Registration (4 KiB pages, touched; ferry widens a range to whole 2 MiB pages)",
+                ["call", "ferry Median(us)", "cudaHost(Un)Register Median(us)"], regs))
+    print()
+    print(table("Channel calls", ["call", "Median(us)"], chans))
+    write_json(args.json, "apiperf", {"pool": pools, "registration": regs, "channel": chans})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
