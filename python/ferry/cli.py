@@ -81,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     d = sub.add_parser("doctor", help="facts, measurements and findings for this machine")
-    d.add_argument("--json", action="store_true", help="print one JSON object")
-    d.add_argument("--full", action="store_true", help="measure with larger sizes")
+    from .doctor import add_arguments
+
+    add_arguments(d)
     d.set_defaults(func=cmd_doctor)
 
     b = sub.add_parser(

@@ -1,10 +1,16 @@
 // bench.cpp — timing loops that must run in C++ (a Python loop would measure
-// Python): pool recycle latency and the CUDA runtime's baselines.
+// Python): pool recycle latency, the CUDA runtime's baselines, and the host's
+// memcpy bandwidth by thread count (pure C++, no CUDA).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <barrier>
 #include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "cuda/baselines.h"
@@ -58,7 +64,54 @@ std::vector<uint64_t> copy_ns(cuda::CopyEngine& e, uintptr_t dst, uintptr_t src,
   return ns;
 }
 
+// Nanoseconds of each of `iterations` parallel host memcpys of `bytes` (after
+// one untimed warm-up copy): `threads` threads each copy their slice of a
+// source buffer into a destination buffer, both first-touched by that thread
+// before the first copy, so only the copy is timed. A copy is timed from its
+// start (all threads released together) until the last slice is done.
+std::vector<uint64_t> host_memcpy_ns(size_t bytes, int threads, int iterations) {
+  if (bytes == 0 || threads < 1 || threads > 1024 || iterations < 1)
+    throw nb::value_error("host_memcpy_ns: needs bytes >= 1, 1 <= threads <= 1024, iterations >= 1");
+  nb::gil_scoped_release unlocked;
+  std::unique_ptr<char[]> src(new char[bytes]), dst(new char[bytes]);  // not touched yet
+  const size_t slice = (bytes / threads + 4095) / 4096 * 4096;
+  std::barrier sync(threads + 1);  // twice per copy: start, end
+  std::vector<std::thread> workers;
+  try {
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        const size_t lo = std::min(bytes, t * slice), n = std::min(bytes, lo + slice) - lo;
+        std::memset(src.get() + lo, 0x5a, n);  // first touch by the thread that copies
+        std::memset(dst.get() + lo, 0, n);
+        for (int i = -1; i < iterations; ++i) {
+          sync.arrive_and_wait();
+          std::memcpy(dst.get() + lo, src.get() + lo, n);
+          sync.arrive_and_wait();
+        }
+      });
+    }
+  } catch (...) {  // a thread could not start: release the others, then report
+    for (size_t k = workers.size(); k < size_t(threads); ++k) sync.arrive_and_drop();
+    for (int i = -1; i < iterations; ++i) {
+      sync.arrive_and_wait();
+      sync.arrive_and_wait();
+    }
+    for (auto& w : workers) w.join();
+    throw;
+  }
+  std::vector<uint64_t> ns;
+  for (int i = -1; i < iterations; ++i) {
+    auto t0 = Clock::now();
+    sync.arrive_and_wait();
+    sync.arrive_and_wait();
+    if (i >= 0) ns.push_back(since_ns(t0));
+  }
+  for (auto& w : workers) w.join();
+  return ns;
+}
+
 void bind_bench(nb::module_& m) {
+  m.def("host_memcpy_ns", &host_memcpy_ns, "nbytes"_a, "threads"_a, "iterations"_a = 3);
   m.def("copy_ns", &copy_ns, "engine"_a, "dst"_a, "src"_a, "nbytes"_a, "strategy"_a = "auto", "iterations"_a = 5);
   m.def("cuda_memcpy_ns",
         [](uintptr_t dst, uintptr_t src, size_t n, int iterations) {
