@@ -173,7 +173,8 @@ typedef enum ferry_strategy {
   FERRY_STRATEGY_STAGED = 2,       /* pageable: through pinned staging slots */
   FERRY_STRATEGY_PIN_IN_PLACE = 3, /* pageable: register pieces ahead of the DMA */
   FERRY_STRATEGY_HYBRID = 4,       /* staged and pinned in place at once */
-  FERRY_STRATEGY_CUDA = 5          /* the CUDA runtime's own pageable path */
+  FERRY_STRATEGY_CUDA = 5,         /* the CUDA runtime's own pageable path */
+  FERRY_STRATEGY_SM = 6            /* pinned memory: a copy kernel on a few SMs (batches of small blocks) */
 } ferry_strategy_t;
 
 /* An engine owns its staging memory, worker threads and streams (one per

@@ -5,6 +5,8 @@ Modes: default (<= 60 s on a 16-core GPU machine), `--quick` (<= 15 s, smaller
 sizes), `--full` (more sizes and threads, no time promise). A measurement that
 would start after 85% of the mode's time budget is skipped instead. Progress
 goes to stderr ("ferry doctor: [4/8] pinned bandwidth ...") unless --json.
+`--html FILE` also writes the report as one self-contained HTML page with plots
+(html_report.py); the path goes to stderr.
 
 The report (also the --json object) has fixed keys: the facts at the top level
 (facts_version, host, cuda, gpus, notes; see facts/__init__.py), ferry
@@ -415,16 +417,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speed = parser.add_mutually_exclusive_group()
     speed.add_argument("--quick", action="store_true", help="smaller sizes, at most 15 s")
     speed.add_argument("--full", action="store_true", help="more sizes and threads, no time limit")
+    parser.add_argument("--html", metavar="FILE",
+                        help="also write the report as one self-contained HTML page with plots to FILE "
+                             "(plots need matplotlib)")
 
 
 def main(args) -> int:
     mode = "full" if getattr(args, "full", False) else "quick" if getattr(args, "quick", False) else "default"
+    html_path = getattr(args, "html", None)
+    if html_path:
+        from . import html_report
+
+        problem = html_report.unwritable(html_path)  # before measuring, not after
+        if problem:
+            print(f"ferry doctor: error: cannot write the HTML report: {problem}", file=sys.stderr)
+            return 2
     report = run(mode, quiet=args.json)
     if args.json:
         json.dump(report, sys.stdout, indent=2, sort_keys=False, default=str)
         sys.stdout.write("\n")
     else:
         print(format_report(report))
+    if html_path:
+        sys.stdout.flush()
+        try:
+            written = html_report.write(report, html_path)
+        except OSError as e:
+            print(f"ferry doctor: error: cannot write the HTML report to {html_path}: {e}", file=sys.stderr)
+            return 1
+        print(f"ferry doctor: HTML report written to {written}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -30,6 +30,7 @@ ferry::Strategy to_cpp(ferry_strategy_t s) {
     case FERRY_STRATEGY_PIN_IN_PLACE: return ferry::Strategy::pin_in_place;
     case FERRY_STRATEGY_HYBRID: return ferry::Strategy::hybrid;
     case FERRY_STRATEGY_CUDA: return ferry::Strategy::cuda;
+    case FERRY_STRATEGY_SM: return ferry::Strategy::sm;
   }
   throw ferry::InvalidArgument("strategy=" + std::to_string(static_cast<int>(s)) +
                                ": expected a ferry_strategy_t value");

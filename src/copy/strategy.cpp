@@ -18,6 +18,7 @@ const char* strategy_name(Strategy s) noexcept {
     case Strategy::pin_in_place: return "pin-in-place";
     case Strategy::hybrid: return "hybrid";
     case Strategy::cuda: return "cuda";
+    case Strategy::sm: return "sm";
   }
   return "?";
 }
@@ -39,10 +40,10 @@ const char* backing_name(HostBacking b) noexcept {
 
 Strategy parse_strategy(const std::string& text) {
   for (Strategy s : {Strategy::automatic, Strategy::direct, Strategy::staged, Strategy::pin_in_place,
-                     Strategy::hybrid, Strategy::cuda})
+                     Strategy::hybrid, Strategy::cuda, Strategy::sm})
     if (text == strategy_name(s)) return s;
   throw InvalidArgument("copy strategy '" + text +
-                        "': expected auto, direct, staged, pin-in-place, hybrid or cuda");
+                        "': expected auto, direct, staged, pin-in-place, hybrid, cuda or sm");
 }
 
 MachineProfile MachineProfile::defaults() { return MachineProfile{}; }
@@ -107,9 +108,12 @@ MachineProfile parse_profile(const std::string& text) {
 
 Strategy choose_strategy(Direction dir, size_t bytes, HostBacking backing,
                          const MachineProfile& profile, Strategy requested) {
-  if (backing == HostBacking::pinned) return Strategy::direct;
-  // "direct" asked for pageable memory means the plain CUDA call.
-  if (requested != Strategy::automatic) return requested == Strategy::direct ? Strategy::cuda : requested;
+  if (backing == HostBacking::pinned) return requested == Strategy::sm ? Strategy::sm : Strategy::direct;
+  // "direct" asked for pageable memory means the plain CUDA call; the SM
+  // kernel needs pinned memory, so pageable memory is staged instead.
+  if (requested == Strategy::direct) return Strategy::cuda;
+  if (requested == Strategy::sm) return Strategy::staged;
+  if (requested != Strategy::automatic) return requested;
   if (bytes < profile.cuda_below_bytes) return Strategy::cuda;
   // Pinning shmem THP in pieces splits its huge pages (the gVisor 2x loss):
   // stage those copies, never pin them.

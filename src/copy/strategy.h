@@ -9,7 +9,9 @@
 //                 DMA, unregister behind it;
 //   hybrid        staged and pin_in_place at once on different parts;
 //   cuda          the CUDA runtime's own pageable path (small copies: its fixed
-//                 cost is lower than any pipeline's).
+//                 cost is lower than any pipeline's);
+//   sm            pinned host memory only: a copy kernel on a few SMs moves the
+//                 bytes (for batches of small blocks; never chosen by itself).
 #pragma once
 
 #include <cstddef>
@@ -17,14 +19,15 @@
 
 namespace ferry {
 
-enum class Strategy { automatic, direct, staged, pin_in_place, hybrid, cuda };
+enum class Strategy { automatic, direct, staged, pin_in_place, hybrid, cuda, sm };
+constexpr int kStrategyCount = 7;
 enum class Direction { h2d = 0, d2h = 1 };
 enum class HostBacking { pinned, small_pages, thp, hugetlb, shmem, shmem_thp, unknown };
 
 const char* strategy_name(Strategy s) noexcept;
 const char* direction_name(Direction d) noexcept;
 const char* backing_name(HostBacking b) noexcept;
-// "auto", "direct", "staged", "pin-in-place", "hybrid", "cuda"; throws
+// "auto", "direct", "staged", "pin-in-place", "hybrid", "cuda", "sm"; throws
 // InvalidArgument quoting the text and listing the choices.
 Strategy parse_strategy(const std::string& text);
 

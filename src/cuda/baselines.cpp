@@ -119,6 +119,32 @@ std::vector<uint64_t> time_bidirectional_ns(CopyEngine* engine, void* dev_a, con
   return ns;
 }
 
+std::vector<uint64_t> time_memcpy_loop_ns(void* const* dsts, const void* const* srcs, const size_t* sizes,
+                                          size_t count, int iterations) {
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::vector<uint64_t> ns;
+  try {
+    for (int i = -1; i < iterations; ++i) {
+      auto t0 = Clock::now();
+      for (size_t k = 0; k < count; ++k)
+        check(cudaMemcpyAsync(dsts[k], srcs[k], sizes[k], cudaMemcpyDefault, s), "cudaMemcpyAsync");
+      check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+      if (i >= 0) ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    }
+  } catch (...) {
+    cudaStreamDestroy(s);
+    throw;
+  }
+  cudaStreamDestroy(s);
+  return ns;
+}
+
+StreamHandle::StreamHandle() {
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+}
+StreamHandle::~StreamHandle() { cudaStreamDestroy(stream_); }
+
 void* device_malloc(size_t bytes) {
   void* p = nullptr;
   check(cudaMalloc(&p, bytes), "cudaMalloc");

@@ -8,6 +8,8 @@
 
 #include "copy/strategy.h"
 
+typedef struct CUstream_st* cudaStream_t;
+
 namespace ferry::cuda {
 
 struct AllocFreeSeconds {
@@ -37,6 +39,24 @@ std::vector<uint64_t> time_cuda_memcpy_async_ns(void* dst, const void* src, size
 class CopyEngine;
 std::vector<uint64_t> time_bidirectional_ns(CopyEngine* engine, void* dev_a, const void* host_a, void* host_b,
                                             const void* dev_b, size_t bytes, Strategy strategy, int iterations);
+
+// Nanoseconds of each round of `count` cudaMemcpyAsync calls (one per block)
+// on a non-blocking stream, then a stream synchronize.
+std::vector<uint64_t> time_memcpy_loop_ns(void* const* dsts, const void* const* srcs, const size_t* sizes,
+                                          size_t count, int iterations);
+
+// A non-blocking stream, destroyed with the handle (for benchmarks).
+class StreamHandle {
+ public:
+  StreamHandle();
+  ~StreamHandle();
+  StreamHandle(const StreamHandle&) = delete;
+  StreamHandle& operator=(const StreamHandle&) = delete;
+  cudaStream_t get() const noexcept { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
 
 // Plain allocations for benchmarks and tests (throw on failure).
 void* device_malloc(size_t bytes);

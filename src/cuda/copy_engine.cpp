@@ -20,6 +20,7 @@
 #include "core/fault.h"
 #include "core/options.h"
 #include "core/worker_pool.h"
+#include "cuda/block_copy.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/driver_entry.h"
@@ -124,6 +125,16 @@ Memory classify(const void* p, size_t bytes) {
       kind(static_cast<const char*>(p) + bytes - 1) == cudaMemoryTypeHost)
     return Memory::pinned_host;
   return Memory::pageable_host;
+}
+
+// The address a kernel uses for p: device memory as is, pinned host memory
+// through its device mapping.
+void* device_view(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeHost && a.devicePointer)
+    return a.devicePointer;
+  cudaGetLastError();
+  return const_cast<void*>(p);
 }
 
 std::string hex(const void* p) {
@@ -640,6 +651,12 @@ Completion CopyEngine::copy_async(void* dst, const void* src, size_t bytes, cuda
       m.run_pin_in_place(st, dir, dst, src, bytes,
                          m.options.profile.hybrid_pinned_share[static_cast<int>(dir)], stream);
       break;
+    case Strategy::sm: {
+      BlockCopy op{device_view(dst), device_view(src), bytes};
+      launch_block_copies(&op, 1, stream);
+      m.finish_on(st, stream, stream);
+      break;
+    }
     case Strategy::automatic:
       throw InvalidArgument("internal: strategy not chosen");
   }
@@ -679,13 +696,16 @@ Completion CopyEngine::copy_batch_async(std::span<const CopyOp> ops, cudaStream_
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
   std::vector<size_t> sizes;
+  std::vector<BlockCopy> kernel_ops;
   std::vector<Completion> pageable;
   size_t total = 0, largest = 0;
   Strategy main = Strategy::direct;
   for (size_t i = 0; i < ops.size(); ++i) {
     total += ops[i].bytes;
     if (ops[i].bytes > largest) largest = ops[i].bytes, main = chosen[i];
-    if (chosen[i] == Strategy::direct) {
+    if (chosen[i] == Strategy::sm) {
+      kernel_ops.push_back({device_view(ops[i].dst), device_view(ops[i].src), ops[i].bytes});
+    } else if (chosen[i] == Strategy::direct) {
       dsts.push_back(ops[i].dst);
       srcs.push_back(ops[i].src);
       sizes.push_back(ops[i].bytes);
@@ -708,6 +728,7 @@ Completion CopyEngine::copy_batch_async(std::span<const CopyOp> ops, cudaStream_
             "cudaMemcpyBatchAsync");
     }
   }
+  if (!kernel_ops.empty()) launch_block_copies(kernel_ops.data(), kernel_ops.size(), stream);
   // Pageable ops recorded their own events, which the caller's stream already
   // waits on; the batch's event follows them on that stream.
   m.finish_on(st, stream, stream);

@@ -90,7 +90,7 @@ struct CopyEngineOptions {
 
 struct CopyEngineStats {
   uint64_t copies = 0, bytes = 0;
-  uint64_t by_strategy[6] = {};  // copies, indexed by Strategy
+  uint64_t by_strategy[kStrategyCount] = {};  // copies, indexed by Strategy
   uint64_t chunks = 0;
   uint64_t pinned_pieces = 0;    // pin-in-place registrations
 };
@@ -109,7 +109,8 @@ class CopyEngine {
   void copy(void* dst, const void* src, size_t bytes, Strategy strategy = Strategy::automatic);
 
   // Many copies in one call; pinned<->device ops go to the copy engines as one
-  // cudaMemcpyBatchAsync, pageable ones through copy_async's strategies.
+  // cudaMemcpyBatchAsync (or, with Strategy::sm, to a copy kernel on a few
+  // SMs), pageable ones through copy_async's strategies.
   Completion copy_batch_async(std::span<const CopyOp> ops, cudaStream_t stream,
                               Strategy strategy = Strategy::automatic);
 

@@ -110,8 +110,38 @@ std::vector<uint64_t> host_memcpy_ns(size_t bytes, int threads, int iterations) 
   return ns;
 }
 
+// Nanoseconds of each batch (copy_batch_async + wait) on one stream.
+std::vector<uint64_t> batch_ns(cuda::CopyEngine& e, const std::vector<uintptr_t>& dsts,
+                               const std::vector<uintptr_t>& srcs, const std::vector<size_t>& sizes,
+                               const std::string& strategy, int iterations) {
+  std::vector<cuda::CopyOp> ops(dsts.size());
+  for (size_t i = 0; i < ops.size(); ++i) ops[i] = {as_ptr(dsts[i]), as_ptr(srcs[i]), sizes[i]};
+  Strategy s = parse_strategy(strategy);
+  nb::gil_scoped_release unlocked;
+  std::vector<uint64_t> ns;
+  cuda::StreamHandle stream;
+  for (int i = -1; i < iterations; ++i) {
+    auto t0 = Clock::now();
+    e.copy_batch_async(ops, stream.get(), s).wait();
+    if (i >= 0) ns.push_back(since_ns(t0));
+  }
+  return ns;
+}
+
 void bind_bench(nb::module_& m) {
   m.def("host_memcpy_ns", &host_memcpy_ns, "nbytes"_a, "threads"_a, "iterations"_a = 3);
+  m.def("batch_ns", &batch_ns, "engine"_a, "dsts"_a, "srcs"_a, "sizes"_a, "strategy"_a = "auto",
+        "iterations"_a = 10);
+  m.def("memcpy_loop_ns",
+        [](const std::vector<uintptr_t>& dsts, const std::vector<uintptr_t>& srcs, const std::vector<size_t>& sizes,
+           int iterations) {
+          std::vector<void*> d(dsts.size());
+          std::vector<const void*> s(srcs.size());
+          for (size_t i = 0; i < d.size(); ++i) d[i] = as_ptr(dsts[i]), s[i] = as_ptr(srcs[i]);
+          nb::gil_scoped_release unlocked;
+          return cuda::time_memcpy_loop_ns(d.data(), s.data(), sizes.data(), d.size(), iterations);
+        },
+        "dsts"_a, "srcs"_a, "sizes"_a, "iterations"_a = 10);
   m.def("copy_ns", &copy_ns, "engine"_a, "dst"_a, "src"_a, "nbytes"_a, "strategy"_a = "auto", "iterations"_a = 5);
   m.def("cuda_memcpy_ns",
         [](uintptr_t dst, uintptr_t src, size_t n, int iterations) {

@@ -42,7 +42,7 @@ nb::dict stats_dict(const cuda::CopyEngineStats& s) {
   d["chunks"] = s.chunks;
   d["pinned_pieces"] = s.pinned_pieces;
   nb::dict by;
-  for (int i = 0; i < 6; ++i) by[strategy_name(static_cast<Strategy>(i))] = s.by_strategy[i];
+  for (int i = 0; i < kStrategyCount; ++i) by[strategy_name(static_cast<Strategy>(i))] = s.by_strategy[i];
   d["by_strategy"] = by;
   return d;
 }

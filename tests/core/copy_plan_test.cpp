@@ -95,11 +95,13 @@ TEST(Strategy, Choice) {
             Strategy::direct);
   EXPECT_EQ(choose_strategy(Direction::h2d, 1u << 30, HostBacking::thp, prof, Strategy::direct),
             Strategy::cuda);
+  EXPECT_EQ(choose_strategy(Direction::h2d, 4096, HostBacking::pinned, prof, Strategy::sm), Strategy::sm);
+  EXPECT_EQ(choose_strategy(Direction::h2d, 4096, HostBacking::small_pages, prof, Strategy::sm), Strategy::staged);
 }
 
 TEST(Strategy, Names) {
   for (Strategy s : {Strategy::automatic, Strategy::direct, Strategy::staged, Strategy::pin_in_place,
-                     Strategy::hybrid, Strategy::cuda})
+                     Strategy::hybrid, Strategy::cuda, Strategy::sm})
     EXPECT_EQ(parse_strategy(strategy_name(s)), s);
   try {
     parse_strategy("fast");

@@ -3,6 +3,7 @@ the same run, with the ratio, and writes JSON with the machine's facts."""
 
 SUITES = {
     "apiperf": "ferry.bench.apiperf",
+    "blocks": "ferry.bench.blocks",
     "copy": "ferry.bench.copy",
     "latency": "ferry.bench.latency",
     "sanity": "ferry.bench.sanity",
