@@ -41,12 +41,12 @@ NEED_MATPLOTLIB = "plots need matplotlib (pip install matplotlib)"
 _DIRECTIONS = (("h2d", "host->device"), ("d2h", "device->host"))
 # The copy paths of the bandwidth plots: measurement key (per GPU), short label, kind.
 _PATHS = (
-    ("pinned_h2d_gbps", "pinned h2d", "pinned"),
-    ("pinned_d2h_gbps", "pinned d2h", "pinned"),
-    ("pageable_h2d_gbps_cuda", "pageable h2d\nCUDA", "cuda"),
-    ("pageable_h2d_gbps_ferry", "pageable h2d\nferry", "ferry"),
-    ("pageable_d2h_gbps_cuda", "pageable d2h\nCUDA", "cuda"),
-    ("pageable_d2h_gbps_ferry", "pageable d2h\nferry", "ferry"),
+    ("pinned_h2d_gbps", "pinned\nh2d", "pinned"),
+    ("pinned_d2h_gbps", "pinned\nd2h", "pinned"),
+    ("pageable_h2d_gbps_cuda", "pageable\nh2d CUDA", "cuda"),
+    ("pageable_h2d_gbps_ferry", "pageable\nh2d ferry", "ferry"),
+    ("pageable_d2h_gbps_cuda", "pageable\nd2h CUDA", "cuda"),
+    ("pageable_d2h_gbps_ferry", "pageable\nd2h ferry", "ferry"),
 )
 _KIND_COLOR = {"pinned": "#4c72b0", "cuda": "#dd8452", "ferry": "#55a868"}
 
@@ -361,12 +361,26 @@ def sorted_findings(report: dict) -> list[dict]:
                                            str(f.get("title"))))
 
 
-def _anchor(finding_id: Any) -> str:
-    return "finding-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in str(finding_id))
+def _sev_class(severity: str) -> str:
+    return severity if severity in rules.SEVERITIES else "unknown"
+
+
+def _anchors(findings: list[dict]) -> list[str]:
+    """An element id for each finding: 'finding-<id>', made safe and unique."""
+    out: list[str] = []
+    for f in findings:
+        base = "finding-" + "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in str(f.get("id")))
+        anchor, n = base, 1
+        while anchor in out:
+            n += 1
+            anchor = f"{base}-{n}"
+        out.append(anchor)
+    return out
 
 
 def _findings_section(report: dict) -> str:
     findings = sorted_findings(report)
+    anchors = _anchors(findings)
     out = ['<h2 id="findings">Findings</h2>']
     if not findings:
         out.append("<p>No findings: nothing in the facts or measurements needs fixing.</p>")
@@ -375,16 +389,16 @@ def _findings_section(report: dict) -> str:
     out.append(f"<p>{len(findings)} finding{'s' if len(findings) != 1 else ''}: "
                + ", ".join(f"{counts[s]} {s}" for s in rules.SEVERITIES) + "</p>")
     out.append('<table class="grid"><tr><th>severity</th><th>id</th><th>title</th></tr>')
-    for f in findings:
+    for f, anchor in zip(findings, anchors):
         sev = str(f.get("severity"))
-        out.append(f'<tr><td><span class="sev sev-{_e(sev)}">{_e(sev)}</span></td>'
-                   f'<td><a href="#{_e(_anchor(f.get("id")))}"><code>{_e(f.get("id"))}</code></a></td>'
+        out.append(f'<tr><td><span class="sev sev-{_sev_class(sev)}">{_e(sev)}</span></td>'
+                   f'<td><a href="#{anchor}"><code>{_e(f.get("id"))}</code></a></td>'
                    f"<td>{_e(f.get('title'))}</td></tr>")
     out.append("</table>")
-    for f in findings:
+    for f, anchor in zip(findings, anchors):
         sev = str(f.get("severity"))
-        out.append(f'<div class="finding sev-border-{_e(sev)}" id="{_e(_anchor(f.get("id")))}">')
-        out.append(f'<h3><span class="sev sev-{_e(sev)}">{_e(sev)}</span> <code>{_e(f.get("id"))}</code> '
+        out.append(f'<div class="finding sev-border-{_sev_class(sev)}" id="{anchor}">')
+        out.append(f'<h3><span class="sev sev-{_sev_class(sev)}">{_e(sev)}</span> <code>{_e(f.get("id"))}</code> '
                    f"{_e(f.get('title'))}</h3>")
         evidence = f.get("evidence") or []
         if evidence:
@@ -452,7 +466,7 @@ def _plot_by_path(report: dict, Figure) -> Any:
                  " copies)")
     ax.grid(axis="y", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="upper right")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, not on them
     return fig
 
 
@@ -483,9 +497,13 @@ def _plot_by_size(report: dict, Figure) -> Any:
         ax.set_ylabel("GB/s")
         ax.set_title(_mpl(_gpu_label(report, key)))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
     for ax in axes[len(keys):]:
         ax.set_visible(False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    try:  # one legend below the plots, not on the lines (matplotlib >= 3.7)
+        fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8)
+    except (ValueError, TypeError):
+        axes[0].legend(fontsize=7, loc="lower right")
     fig.suptitle("Bandwidth by size for each path (solid: host->device, dashed: device->host)")
     return fig
 
