@@ -34,7 +34,9 @@ Strategy parse_strategy(const std::string& text);
 // What the engine knows about this machine; `ferry bench copy --calibrate`
 // measures it, defaults() are the figures of the H200 machine in DESIGN.md.
 struct MachineProfile {
-  size_t cuda_below_bytes = 256u << 10;     // smaller pageable copies use the CUDA path
+  // Smaller pageable copies use the CUDA path: `ferry bench copy --calibrate` on
+  // the H200 machine found staging faster only from 4 MiB (host->device).
+  size_t cuda_below_bytes = 4u << 20;
   size_t staging_chunk_bytes = 4u << 20;    // bytes per staging slot (largest chunk)
   int staging_slots = 16;                   // slots per lane (chunks in flight)
   int workers = 0;                          // copy threads; 0 = cores, at most 16

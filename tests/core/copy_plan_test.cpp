@@ -87,7 +87,8 @@ TEST(Strategy, Choice) {
   EXPECT_EQ(choose_strategy(Direction::d2h, 1u << 30, HostBacking::thp, prof), Strategy::hybrid);
   EXPECT_EQ(choose_strategy(Direction::h2d, 1u << 30, HostBacking::thp, prof), Strategy::staged);
   EXPECT_EQ(choose_strategy(Direction::d2h, 1u << 30, HostBacking::shmem_thp, prof), Strategy::staged);
-  EXPECT_EQ(choose_strategy(Direction::d2h, 1u << 20, HostBacking::thp, prof), Strategy::staged);
+  EXPECT_EQ(choose_strategy(Direction::d2h, 8u << 20, HostBacking::thp, prof), Strategy::staged);
+  EXPECT_EQ(choose_strategy(Direction::d2h, 1u << 20, HostBacking::thp, prof), Strategy::cuda);
   // Overrides win, but pinned memory always goes direct.
   EXPECT_EQ(choose_strategy(Direction::h2d, 4096, HostBacking::thp, prof, Strategy::pin_in_place),
             Strategy::pin_in_place);
