@@ -74,22 +74,7 @@ std::vector<uint64_t> time_cuda_memcpy_ns(void* dst, const void* src, size_t byt
 }
 
 std::vector<uint64_t> time_cuda_memcpy_async_ns(void* dst, const void* src, size_t bytes, int iterations) {
-  cudaStream_t s;
-  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-  std::vector<uint64_t> ns;
-  try {
-    for (int i = -1; i < iterations; ++i) {
-      auto t0 = Clock::now();
-      check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
-      check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-      if (i >= 0) ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-    }
-  } catch (...) {
-    cudaStreamDestroy(s);
-    throw;
-  }
-  cudaStreamDestroy(s);
-  return ns;
+  return time_memcpy_loop_ns(&dst, &src, &bytes, 1, iterations);
 }
 
 std::vector<uint64_t> time_bidirectional_ns(CopyEngine* engine, void* dev_a, const void* host_a, void* host_b,
@@ -121,22 +106,15 @@ std::vector<uint64_t> time_bidirectional_ns(CopyEngine* engine, void* dev_a, con
 
 std::vector<uint64_t> time_memcpy_loop_ns(void* const* dsts, const void* const* srcs, const size_t* sizes,
                                           size_t count, int iterations) {
-  cudaStream_t s;
-  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  StreamHandle s;
   std::vector<uint64_t> ns;
-  try {
-    for (int i = -1; i < iterations; ++i) {
-      auto t0 = Clock::now();
-      for (size_t k = 0; k < count; ++k)
-        check(cudaMemcpyAsync(dsts[k], srcs[k], sizes[k], cudaMemcpyDefault, s), "cudaMemcpyAsync");
-      check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-      if (i >= 0) ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-    }
-  } catch (...) {
-    cudaStreamDestroy(s);
-    throw;
+  for (int i = -1; i < iterations; ++i) {
+    auto t0 = Clock::now();
+    for (size_t k = 0; k < count; ++k)
+      check(cudaMemcpyAsync(dsts[k], srcs[k], sizes[k], cudaMemcpyDefault, s.get()), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(s.get()), "cudaStreamSynchronize");
+    if (i >= 0) ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
   }
-  cudaStreamDestroy(s);
   return ns;
 }
 

@@ -7,5 +7,6 @@ SUITES = {
     "copy": "ferry.bench.copy",
     "latency": "ferry.bench.latency",
     "sanity": "ferry.bench.sanity",
+    "thp": "ferry.bench.thp",
     "pool": "ferry.bench.pool",
 }

@@ -14,7 +14,7 @@ import mmap
 import sys
 import time
 
-from .report import median, progress, table, write_json
+from .report import waived_without_device, median, progress, table, write_json
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -110,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from .. import _ferry
 
-    info = _ferry.cuda_info()
-    if not info or not info.get("devices"):
-        print("ferry bench apiperf: waived: needs a CUDA device (no driver or no device)")
+    if waived_without_device("apiperf"):
         return 0
     _ferry.cuda_warm_up(0)
     pools = pool_calls(args.reps)

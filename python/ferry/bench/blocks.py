@@ -14,7 +14,7 @@ import argparse
 import random
 import sys
 
-from .report import median, progress, table, write_json
+from .report import waived_without_device, median, progress, table, write_json
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -59,12 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=10, help="timed batches per case (default: %(default)s)")
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
     args = p.parse_args(argv)
-    from .. import _ferry
     from ..cli import parse_size
 
-    info = _ferry.cuda_info()
-    if not info or not info.get("devices"):
-        print("ferry bench blocks: waived: needs a CUDA device (no driver or no device)")
+    if waived_without_device("blocks"):
         return 0
     cases = []
     for item in args.blocks.split(","):

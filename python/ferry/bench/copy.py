@@ -19,7 +19,7 @@ import mmap
 import os
 import sys
 
-from .report import median, progress, table, write_json
+from .report import waived_without_device, median, progress, table, write_json
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 STRATEGIES = ("auto", "staged", "pin-in-place", "hybrid")
@@ -274,12 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibrate", action="store_true", help="measure and write the machine profile")
     args = p.parse_args(argv)
 
-    from .. import _ferry
     from ..cli import parse_size_list
 
-    info = _ferry.cuda_info()
-    if not info or not info.get("devices"):
-        print("ferry bench copy: waived: needs a CUDA device (no driver or no device)")
+    if waived_without_device("copy"):
         return 0
     if args.calibrate:
         text = calibrate(args.iterations)

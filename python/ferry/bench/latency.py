@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from .report import median, percentile, progress, table, write_json
+from .report import waived_without_device, median, percentile, progress, table, write_json
 
 SIZES = (1, 4, 64, 1024, 4096, 16384, 65536)
 
@@ -121,11 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=2000, help="requests per case (default: %(default)s)")
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
     args = p.parse_args(argv)
-    from .. import _ferry
 
-    info = _ferry.cuda_info()
-    if not info or not info.get("devices"):
-        print("ferry bench latency: waived: needs a CUDA device (no driver or no device)")
+    if waived_without_device("latency"):
         return 0
     r = measure(args.iterations)
     print_tables(r)

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 
-from .report import median, percentile, progress, table, write_json
+from .report import waived_without_device, median, percentile, progress, table, write_json
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 HUGETLB_DIR = "/sys/kernel/mm/hugepages/hugepages-{kb}kB/nr_hugepages"
@@ -291,12 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_case(args.case, args.bytes)))
         return 0
 
-    from .. import _ferry
     from ..cli import parse_size_list
 
-    info = _ferry.cuda_info()
-    if not info or not info.get("devices"):
-        print("ferry bench pool: waived: needs a CUDA device (no driver or no device)")
+    if waived_without_device("pool"):
         return 0
     only = set(args.only.split(","))
     results: dict = {}

@@ -35,6 +35,18 @@ def header() -> dict:
     }
 
 
+def waived_without_device(suite: str) -> bool:
+    """Print the waiver and return True when there is no CUDA driver or device."""
+    from .. import _ferry
+
+    info = _ferry.cuda_info()
+    if info and info.get("devices"):
+        return False
+    why = "no CUDA driver" if info is None else "no CUDA device"
+    print(f"ferry bench {suite}: waived: needs a CUDA device ({why})")
+    return True
+
+
 def percentile(values: list[float], p: float) -> float:
     if not values:
         return float("nan")

@@ -1,0 +1,160 @@
+"""`ferry bench thp`: the gVisor report's table (gVisor issue 12804) for this machine.
+
+Pageable device->host, pinned device->host and pageable host->device, for host
+buffers backed by 4 KiB anonymous pages, THP anonymous pages, memfd (shmem) and
+memfd with shmem THP, through CUDA's path (cudaMemcpy) and ferry's, in one run.
+Under gVisor with shmem_enabled=always, CUDA's pageable device->host loses about
+half its bandwidth because the driver's chunked pinning splits THP pages.
+
+memfd with shmem THP needs /sys/kernel/mm/transparent_hugepage/shmem_enabled to
+be advise (or always); with --set-shmem-advise (root) the setting is changed for
+the run and always restored; without it, that row is waived when the setting
+does not allow shmem THP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import sys
+
+from .report import median, progress, table, waived_without_device, write_json
+
+MiB = 1 << 20
+SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+
+def shmem_setting() -> str | None:
+    from ..facts.parsers import parse_thp_setting
+
+    try:
+        with open(SHMEM_ENABLED) as f:
+            return parse_thp_setting(f.read())
+    except OSError:
+        return None
+
+
+def set_shmem(value: str) -> bool:
+    try:
+        with open(SHMEM_ENABLED, "w") as f:
+            f.write(value)
+        return True
+    except OSError:
+        return False
+
+
+class Buffer:
+    """A touched pageable buffer of one backing: 4k, thp, memfd or memfd-thp."""
+
+    def __init__(self, nbytes: int, backing: str):
+        import ctypes
+
+        if backing.startswith("memfd"):
+            fd = os.memfd_create("ferry-thp-bench")
+            os.ftruncate(fd, nbytes)
+            self.map = mmap.mmap(fd, nbytes)
+            os.close(fd)
+            if backing == "memfd-thp":
+                self.map.madvise(mmap.MADV_HUGEPAGE)
+        else:
+            self.map = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self.map.madvise(mmap.MADV_HUGEPAGE if backing == "thp" else mmap.MADV_NOHUGEPAGE)
+        chunk = os.urandom(MiB)
+        for off in range(0, nbytes, MiB):
+            self.map[off : off + MiB] = chunk[: min(MiB, nbytes - off)]
+        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+
+    def huge_bytes(self) -> int:
+        """Bytes of this mapping backed by huge pages, from /proc/self/smaps."""
+        start, total, inside = self.addr, 0, False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                if "-" in line.split(" ", 1)[0]:
+                    lo = int(line.split("-", 1)[0], 16)
+                    inside = lo <= start < int(line.split("-", 1)[1].split(" ", 1)[0], 16)
+                elif inside and line.split(":")[0] in ("AnonHugePages", "ShmemPmdMapped", "FilePmdMapped"):
+                    total += int(line.split()[1]) * 1024
+        return total
+
+    def close(self):
+        try:
+            self.map.close()
+        except BufferError:
+            pass
+
+
+def measure(nbytes: int, iterations: int, backings: list[str]) -> list[dict]:
+    from .. import _ferry
+    from ..copy import engine
+
+    eng = engine(0)
+    eng.warm_up()
+    dev = _ferry.cuda_malloc(nbytes)
+    pinned = _ferry.cuda_host_alloc(nbytes)
+    rows = []
+    try:
+        pinned_d2h = nbytes / median(_ferry.cuda_memcpy_async_ns(pinned, dev, nbytes, iterations))
+        for backing in backings:
+            progress(f"thp table: {backing}")
+            buf = Buffer(nbytes, backing)
+            row = {"backing": backing, "huge_bytes": buf.huge_bytes(), "pinned_d2h": pinned_d2h}
+            row["cuda_pageable_d2h"] = nbytes / median(_ferry.cuda_memcpy_ns(buf.addr, dev, nbytes, iterations))
+            row["cuda_pageable_h2d"] = nbytes / median(_ferry.cuda_memcpy_ns(dev, buf.addr, nbytes, iterations))
+            row["ferry_pageable_d2h"] = nbytes / median(_ferry.copy_ns(eng, buf.addr, dev, nbytes, "auto", iterations))
+            row["ferry_pageable_h2d"] = nbytes / median(_ferry.copy_ns(eng, dev, buf.addr, nbytes, "auto", iterations))
+            rows.append(row)
+            buf.close()
+    finally:
+        _ferry.cuda_free(dev)
+        _ferry.cuda_free_host(pinned)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ferry bench thp", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="256M", help="buffer size (default: %(default)s)")
+    p.add_argument("--iterations", type=int, default=5, help="timed copies per case (default: %(default)s)")
+    p.add_argument("--set-shmem-advise", action="store_true",
+                   help="set shmem_enabled=advise for the memfd-thp row (root), restored afterwards")
+    p.add_argument("--json", metavar="FILE", help="write results as JSON")
+    args = p.parse_args(argv)
+    from ..cli import parse_size
+
+    if waived_without_device("thp"):
+        return 0
+    nbytes = parse_size(args.size)
+    backings = ["4k", "thp", "memfd"]
+    waived = {}
+    original = shmem_setting()
+    changed = False
+    if original in ("advise", "always", "within_size", "force"):
+        backings.append("memfd-thp")
+    elif args.set_shmem_advise and original is not None:
+        changed = set_shmem("advise")
+        if changed:
+            backings.append("memfd-thp")
+        else:
+            waived["memfd-thp"] = f"could not write {SHMEM_ENABLED} (needs root)"
+    else:
+        waived["memfd-thp"] = (f"shmem_enabled={original}: shmem THP is off "
+                               "(pass --set-shmem-advise to allow it for this run)")
+    try:
+        rows = measure(nbytes, args.iterations, backings)
+    finally:
+        if changed:
+            set_shmem(original)
+            progress(f"restored shmem_enabled={shmem_setting()}")
+    out = [[r["backing"], r["huge_bytes"] // MiB, r["cuda_pageable_d2h"], r["ferry_pageable_d2h"], r["pinned_d2h"],
+            r["cuda_pageable_h2d"], r["ferry_pageable_h2d"]] for r in rows]
+    out += [[b, "-", "-", "-", "-", "-", f"waived: {why}"] for b, why in waived.items()]
+    print(table(f"Copies of {nbytes // MiB} MiB by host backing (GB/s; shmem_enabled={original})",
+                ["backing", "huge MiB", "CUDA pageable d2h", "ferry pageable d2h", "pinned d2h",
+                 "CUDA pageable h2d", "ferry pageable h2d"], out))
+    write_json(args.json, "thp", {"shmem_enabled": original, "rows": rows, "waived": waived})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
