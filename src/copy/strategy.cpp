@@ -58,7 +58,8 @@ std::string format_profile(const MachineProfile& p) {
     << "hybrid_below_bytes = " << p.hybrid_below_bytes << "\n"
     << "hybrid_pinned_share_h2d = " << p.hybrid_pinned_share[0] << "\n"
     << "hybrid_pinned_share_d2h = " << p.hybrid_pinned_share[1] << "\n"
-    << "pin_piece_bytes = " << p.pin_piece_bytes << "\n";
+    << "pin_piece_bytes = " << p.pin_piece_bytes << "\n"
+    << "batch_sm_below_bytes = " << p.batch_sm_below_bytes << "\n";
   return o.str();
 }
 
@@ -99,6 +100,7 @@ MachineProfile parse_profile(const std::string& text) {
     else if (key == "hybrid_pinned_share_h2d") p.hybrid_pinned_share[0] = share();
     else if (key == "hybrid_pinned_share_d2h") p.hybrid_pinned_share[1] = share();
     else if (key == "pin_piece_bytes") p.pin_piece_bytes = positive();
+    else if (key == "batch_sm_below_bytes") p.batch_sm_below_bytes = parse_size(value, where);
     else throw InvalidArgument(where + ": unknown key '" + key + "'");
   }
   if (p.pin_piece_bytes % (2u << 20))

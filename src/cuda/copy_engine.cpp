@@ -693,6 +693,15 @@ Completion CopyEngine::copy_batch_async(std::span<const CopyOp> ops, cudaStream_
       throw InvalidArgument("batch op " + std::to_string(i) + ": " + e.what());
     }
   }
+  // Small pinned blocks go to the SM kernel unless a strategy was asked for.
+  if (strategy == Strategy::automatic && m.options.strategy == Strategy::automatic) {
+    size_t direct_bytes = 0, direct_ops = 0;
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (chosen[i] == Strategy::direct) direct_bytes += ops[i].bytes, ++direct_ops;
+    if (direct_ops && direct_bytes / direct_ops < m.options.profile.batch_sm_below_bytes)
+      for (auto& c : chosen)
+        if (c == Strategy::direct) c = Strategy::sm;
+  }
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
   std::vector<size_t> sizes;

@@ -117,7 +117,9 @@ TEST(Profile, RoundTripsAndRejectsBadLines) {
   p.staging_chunk_bytes = 4 * MiB;
   p.hybrid_pinned_share[0] = 0.375;
   p.workers = 12;
+  p.batch_sm_below_bytes = 64u << 10;
   MachineProfile q = parse_profile(format_profile(p));
+  EXPECT_EQ(q.batch_sm_below_bytes, 64u << 10);
   EXPECT_EQ(q.staging_chunk_bytes, 4 * MiB);
   EXPECT_DOUBLE_EQ(q.hybrid_pinned_share[0], 0.375);
   EXPECT_EQ(q.workers, 12);
