@@ -263,6 +263,53 @@ FERRY_API ferry_status_t ferry_channel_get_stats(ferry_channel_t channel,
 FERRY_API ferry_status_t ferry_gdrcopy_available(int* available, const char** reason);
 /* ---- end of low-latency channel ----------------------------------------- */
 
+/* ---- managed memory allocators for PyTorch -------------------------------- */
+/* Three device-side allocators for torch.cuda.memory.CUDAPluggableAllocator:
+ *   "device"       cudaMalloc / cudaFree;
+ *   "managed"      cudaMallocManaged per allocation (prefetch, advice optional);
+ *   "managed_pool" size-class blocks carved from cudaMallocManaged chunks, reused
+ *                  in stream order (events on the freeing stream), prefetched
+ *                  to the device on allocation.
+ * PyTorch loads their entry points by name from libferry.so; their signatures
+ * are the ones torch/csrc/cuda/CUDAPluggableAllocator.h calls (a CUDA stream is
+ * a cudaStream_t), so they are not declared here:
+ *   void* ferry_torch_alloc_NAME(ssize_t size, int device, cudaStream_t stream);
+ *   void  ferry_torch_free_NAME(void* ptr, ssize_t size, int device, cudaStream_t stream);
+ * They never throw: a failed allocation returns NULL (its message goes to
+ * stderr, to ferry_last_error() on that thread and to the stats), and size 0
+ * returns NULL. The size passed to free is not trusted; each allocator keeps
+ * its own record. Managed memory is never asked for beyond what cudaMemGetInfo
+ * reports free, nor beyond the device's total together with what ferry
+ * already holds there, unless the option oversubscribe=1 is set.
+ *
+ * Options: "key=value,key=value" ("" or NULL = defaults): prefetch (managed:
+ * 0|1, default 0; managed_pool: 0|1|alloc|chunk, default alloc), advise (none
+ * or preferred_location, accessed_by, read_mostly joined by '+'),
+ * oversubscribe (0|1, default 0), chunk_bytes (managed_pool, multiple of
+ * 2 MiB, default 64MiB), stream_wait (managed_pool, 0|1, default 1). "device"
+ * takes none. Unknown names, keys and values: FERRY_ERROR_INVALID_ARGUMENT
+ * with the value quoted. Configuration applies to later allocations. */
+
+typedef struct ferry_managed_stats {
+  uint64_t allocated, allocated_peak; /* bytes in live allocations (pool: block sizes) */
+  uint64_t requested;                 /* bytes asked for by live allocations */
+  uint64_t reserved, reserved_peak;   /* bytes obtained from CUDA */
+  uint64_t allocations, frees;
+  uint64_t failures;                  /* allocations that returned NULL */
+  uint64_t prefetched_bytes, prefetches;
+  uint64_t chunks;                    /* managed_pool: chunks held */
+  uint64_t reuse_same_stream, reuse_after_fence, reuse_by_wait; /* managed_pool */
+} ferry_managed_stats_t;
+
+FERRY_API ferry_status_t ferry_managed_configure(const char* name, const char* options);
+/* device -1: the sum over all devices. */
+FERRY_API ferry_status_t ferry_managed_get_stats(const char* name, int device,
+                                                 ferry_managed_stats_t* out);
+/* managed_pool: gives back to CUDA every chunk with no live block and no
+ * pending work (others release at free and report 0). released may be NULL. */
+FERRY_API ferry_status_t ferry_managed_trim(const char* name, int device, size_t* released);
+/* ---- end of managed memory allocators ------------------------------------- */
+
 #ifdef __cplusplus
 }
 #endif

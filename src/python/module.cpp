@@ -25,6 +25,7 @@ namespace ferry::python {
 void bind_bench(nanobind::module_& m);
 void bind_copy(nanobind::module_& m);
 void bind_channel(nanobind::module_& m);  // low-latency channel: channel_bindings.cpp
+void bind_managed(nanobind::module_& m);  // PyTorch allocators: managed_bindings.cpp
 }
 
 namespace nb = nanobind;
@@ -320,4 +321,5 @@ NB_MODULE(_ferry, m) {
   ferry::python::bind_bench(m);
   ferry::python::bind_copy(m);
   ferry::python::bind_channel(m);  // low-latency channel
+  ferry::python::bind_managed(m);  // PyTorch allocators
 }

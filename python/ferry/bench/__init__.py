@@ -9,4 +9,5 @@ SUITES = {
     "sanity": "ferry.bench.sanity",
     "thp": "ferry.bench.thp",
     "pool": "ferry.bench.pool",
+    "uvm": "ferry.bench.uvm",
 }
