@@ -115,6 +115,13 @@ ManagedPoolOptions small_opts() {
 
 constexpr StreamId s1 = 0x1001, s2 = 0x2002, s3 = 0x3003;
 
+// Four 512 KiB blocks allocated on `stream`, in address order of allocation.
+std::vector<void*> four_blocks(ManagedPool& pool, StreamId stream) {
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(pool.allocate(512 * KiB, stream).ptr);
+  return blocks;
+}
+
 // ---- size classes -------------------------------------------------------------
 
 TEST(ManagedPoolClasses, TableOfClasses) {
@@ -325,8 +332,7 @@ TEST(ManagedPoolStreams, AnotherStreamReusesOnceTheFenceIsReady) {
   ManagedPool pool(o, src.source());
   // Fill a whole small chunk with 4 blocks of 512 KiB so that there is no
   // other room: the only block to take is the freed one.
-  std::vector<void*> blocks;
-  for (int i = 0; i < 4; ++i) blocks.push_back(pool.allocate(512 * KiB, s1).ptr);
+  std::vector<void*> blocks = four_blocks(pool, s1);
   EXPECT_EQ(src.obtains, 1u);
   auto st = std::make_shared<FenceState>();
   pool.deallocate(blocks[1], s1, fence_of(st));
@@ -348,8 +354,7 @@ TEST(ManagedPoolStreams, AFreeOnAnotherStreamBelongsToTheFreeingStream) {
   ManagedPoolOptions o = small_opts();
   o.stream_wait = false;
   ManagedPool pool(o, src.source());
-  std::vector<void*> blocks;
-  for (int i = 0; i < 4; ++i) blocks.push_back(pool.allocate(512 * KiB, s1).ptr);
+  std::vector<void*> blocks = four_blocks(pool, s1);
   auto st = std::make_shared<FenceState>();
   pool.deallocate(blocks[0], s2, fence_of(st));  // allocated on s1, freed on s2
   auto on_s1 = pool.allocate(512 * KiB, s1);
@@ -362,8 +367,7 @@ TEST(ManagedPoolStreams, AFreeOnAnotherStreamBelongsToTheFreeingStream) {
 TEST(ManagedPoolStreams, StreamWaitTakesAnotherStreamsBlockAfterOrderingIt) {
   HostSource src;
   ManagedPool pool(small_opts(), src.source());  // stream_wait on
-  std::vector<void*> blocks;
-  for (int i = 0; i < 4; ++i) blocks.push_back(pool.allocate(512 * KiB, s1).ptr);
+  std::vector<void*> blocks = four_blocks(pool, s1);
   auto st = std::make_shared<FenceState>();
   pool.deallocate(blocks[2], s1, fence_of(st));
   auto x = pool.allocate(512 * KiB, s2);
@@ -386,8 +390,7 @@ TEST(ManagedPoolStreams, SameStreamNeighboursMergeKeepingTheLaterFence) {
   ManagedPoolOptions o = small_opts();
   o.stream_wait = false;
   ManagedPool pool(o, src.source());
-  std::vector<void*> b;
-  for (int i = 0; i < 4; ++i) b.push_back(pool.allocate(512 * KiB, s1).ptr);
+  std::vector<void*> b = four_blocks(pool, s1);
   auto f0 = std::make_shared<FenceState>(), f1 = std::make_shared<FenceState>(),
        f2 = std::make_shared<FenceState>(), f3 = std::make_shared<FenceState>();
   pool.deallocate(b[0], s1, fence_of(f0));
