@@ -25,6 +25,7 @@
 #include "cuda/channel_layout.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/driver_entry.h"
 #include "cuda/gdrcopy.h"
 
 namespace ferry::cuda {
@@ -144,20 +145,6 @@ cudaError_t query_stream(cudaStream_t stream) {
     return cudaErrorNotReady;
   }
   return e;
-}
-
-PFN_cuPointerGetAttributes_v7000 driver_pointer_attributes() {
-  static const PFN_cuPointerGetAttributes_v7000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    check(cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &f, 7000, cudaEnableDefault,
-                                           &found),
-          "cudaGetDriverEntryPointByVersion(cuPointerGetAttributes)");
-    if (found != cudaDriverEntryPointSuccess || !f)
-      throw CudaError("the CUDA driver has no cuPointerGetAttributes", cudaErrorNotSupported);
-    return reinterpret_cast<PFN_cuPointerGetAttributes_v7000>(f);
-  }();
-  return fn;
 }
 
 }  // namespace

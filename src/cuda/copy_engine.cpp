@@ -25,6 +25,7 @@
 #include "cuda/device.h"
 #include "cuda/driver_entry.h"
 #include "cuda/pinned_pool.h"
+#include "cuda/pointer_lookup.h"
 #include "os/mapping.h"
 #include "os/sysfs.h"
 
@@ -108,43 +109,14 @@ double Completion::seconds() const {
 
 namespace {
 
-enum class Memory { device, pinned_host, pageable_host };
-
-Memory classify(const void* p, size_t bytes) {
-  auto kind = [](const void* q) {
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, q) != cudaSuccess) {
-      cudaGetLastError();
-      return cudaMemoryTypeUnregistered;
-    }
-    return a.type;
-  };
-  cudaMemoryType first = kind(p);
-  if (first == cudaMemoryTypeDevice || first == cudaMemoryTypeManaged) return Memory::device;
-  if (first == cudaMemoryTypeHost &&
-      kind(static_cast<const char*>(p) + bytes - 1) == cudaMemoryTypeHost)
-    return Memory::pinned_host;
-  return Memory::pageable_host;
-}
-
-// The address a kernel uses for p: device memory as is, pinned host memory
-// through its device mapping.
-void* device_view(const void* p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeHost && a.devicePointer)
-    return a.devicePointer;
-  cudaGetLastError();
-  return const_cast<void*>(p);
-}
-
 std::string hex(const void* p) {
   char b[32];
   std::snprintf(b, sizeof b, "%p", p);
   return b;
 }
 
-void check_device_range(const void* p, size_t bytes, const char* role) {
-  size_t after = device_bytes_after(p);
+void check_device_range(PointerLookup& lookup, const void* p, size_t bytes, const char* role) {
+  size_t after = lookup.device_bytes_after(p);
   if (after != 0 && after < bytes)
     throw InvalidArgument(std::string(role) + " " + hex(p) + ": the device allocation holds " +
                           format_bytes(after) + " from there, the copy needs " + format_bytes(bytes));
@@ -233,7 +205,9 @@ struct CopyEngine::Impl {
     const size_t chunk = std::max<size_t>(256u << 10, (per_worker + 4095) & ~size_t{4095});
     return std::min(chunk, options.profile.staging_chunk_bytes);
   }
-  Strategy decide(void* dst, const void* src, size_t bytes, Strategy strategy, Direction* dir);
+  // lookup: the caller's (a batch's) pointer answers; nullptr: a fresh one.
+  Strategy decide(void* dst, const void* src, size_t bytes, Strategy strategy, Direction* dir,
+                  PointerLookup* lookup = nullptr);
   void count(Strategy s, size_t bytes, size_t chunks, size_t pieces);
   std::shared_ptr<CopyState> begin(Strategy s, size_t bytes);
   void finish_on(const std::shared_ptr<CopyState>& st, cudaStream_t record_on, cudaStream_t caller);
@@ -579,7 +553,7 @@ struct Classified {
   const void* host;
 };
 
-Classified classify_pair(void* dst, const void* src, size_t bytes) {
+Classified classify_pair(void* dst, const void* src, size_t bytes, PointerLookup& lookup) {
   if (!dst || !src) throw InvalidArgument(std::string(!dst ? "dst" : "src") + " must not be NULL");
   if (bytes == 0) throw InvalidArgument("copy of 0 bytes");
   const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
@@ -587,9 +561,9 @@ Classified classify_pair(void* dst, const void* src, size_t bytes) {
   if (d < s + bytes && s < d + bytes)
     throw InvalidArgument("source " + hex(src) + " and destination " + hex(dst) + " overlap (" +
                           format_bytes(bytes) + ")");
-  Memory md = classify(dst, bytes), ms = classify(src, bytes);
-  if (md == Memory::device) check_device_range(dst, bytes, "destination");
-  if (ms == Memory::device) check_device_range(src, bytes, "source");
+  Memory md = lookup.classify(dst, bytes), ms = lookup.classify(src, bytes);
+  if (md == Memory::device) check_device_range(lookup, dst, bytes, "destination");
+  if (ms == Memory::device) check_device_range(lookup, src, bytes, "source");
   if (md == Memory::device && ms == Memory::device) return {Direction::h2d, false, true, nullptr};
   if (md != Memory::device && ms != Memory::device)
     throw InvalidArgument("neither " + hex(src) + " nor " + hex(dst) +
@@ -611,8 +585,10 @@ Strategy CopyEngine::plan(void* dst, const void* src, size_t bytes, Strategy str
   return impl_->decide(dst, src, bytes, strategy, &dir);
 }
 
-Strategy CopyEngine::Impl::decide(void* dst, const void* src, size_t bytes, Strategy strategy, Direction* dir) {
-  Classified c = classify_pair(dst, src, bytes);
+Strategy CopyEngine::Impl::decide(void* dst, const void* src, size_t bytes, Strategy strategy, Direction* dir,
+                                  PointerLookup* lookup) {
+  PointerLookup local;
+  Classified c = classify_pair(dst, src, bytes, lookup ? *lookup : local);
   *dir = c.dir;
   if (c.device_to_device) return Strategy::direct;
   const MachineProfile& prof = options.profile;
@@ -628,7 +604,8 @@ Completion CopyEngine::copy_async(void* dst, const void* src, size_t bytes, cuda
                                   Strategy strategy) {
   Impl& m = *impl_;
   Direction dir;
-  Strategy s = m.decide(dst, src, bytes, strategy, &dir);  // validates everything first
+  PointerLookup lookup;
+  Strategy s = m.decide(dst, src, bytes, strategy, &dir, &lookup);  // validates everything first
   auto st = m.begin(s, bytes);
   check(cudaSetDevice(m.options.device), "cudaSetDevice");
   size_t chunks = 0;
@@ -652,7 +629,7 @@ Completion CopyEngine::copy_async(void* dst, const void* src, size_t bytes, cuda
                          m.options.profile.hybrid_pinned_share[static_cast<int>(dir)], stream);
       break;
     case Strategy::sm: {
-      BlockCopy op{device_view(dst), device_view(src), bytes};
+      BlockCopy op{lookup.device_view(dst), lookup.device_view(src), bytes};
       launch_block_copies(&op, 1, stream);
       m.finish_on(st, stream, stream);
       break;
@@ -684,11 +661,14 @@ void CopyEngine::copy(void* dst, const void* src, size_t bytes, Strategy strateg
 Completion CopyEngine::copy_batch_async(std::span<const CopyOp> ops, cudaStream_t stream, Strategy strategy) {
   Impl& m = *impl_;
   if (ops.empty()) throw InvalidArgument("empty batch");
-  // Validate every op before anything is enqueued.
+  // Validate every op before anything is enqueued; one lookup asks the driver
+  // once per allocation, not several times per op.
+  PointerLookup lookup;
   std::vector<Strategy> chosen(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     try {
-      chosen[i] = plan(ops[i].dst, ops[i].src, ops[i].bytes, strategy);
+      Direction dir;
+      chosen[i] = m.decide(ops[i].dst, ops[i].src, ops[i].bytes, strategy, &dir, &lookup);
     } catch (const InvalidArgument& e) {
       throw InvalidArgument("batch op " + std::to_string(i) + ": " + e.what());
     }
@@ -713,7 +693,7 @@ Completion CopyEngine::copy_batch_async(std::span<const CopyOp> ops, cudaStream_
     total += ops[i].bytes;
     if (ops[i].bytes > largest) largest = ops[i].bytes, main = chosen[i];
     if (chosen[i] == Strategy::sm) {
-      kernel_ops.push_back({device_view(ops[i].dst), device_view(ops[i].src), ops[i].bytes});
+      kernel_ops.push_back({lookup.device_view(ops[i].dst), lookup.device_view(ops[i].src), ops[i].bytes});
     } else if (chosen[i] == Strategy::direct) {
       dsts.push_back(ops[i].dst);
       srcs.push_back(ops[i].src);

@@ -16,7 +16,6 @@ struct Entry {
   PFN_cuStreamWaitValue64_v11070 wait = nullptr;
   PFN_cuStreamWriteValue64_v11070 write = nullptr;
   PFN_cuDeviceGetAttribute_v2000 attribute = nullptr;
-  PFN_cuMemGetAddressRange_v3020 address_range = nullptr;
 };
 
 const Entry& entry() {
@@ -30,8 +29,6 @@ const Entry& entry() {
                                      cudaEnableDefault, &q);
     cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", reinterpret_cast<void**>(&e.attribute),
                                      2000, cudaEnableDefault, &q);
-    cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", reinterpret_cast<void**>(&e.address_range),
-                                     3020, cudaEnableDefault, &q);
     cudaGetLastError();
   });
   if (!e.wait || !e.write)
@@ -74,17 +71,18 @@ bool stream_memops_supported(int device) {
   }
 }
 
-size_t device_bytes_after(const void* p) noexcept {
-  try {
-    const Entry& e = entry();
-    if (!e.address_range) return 0;
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    if (e.address_range(&base, &size, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return 0;
-    return base + size - reinterpret_cast<CUdeviceptr>(p);
-  } catch (const Error&) {
-    return 0;
-  }
+PFN_cuPointerGetAttributes_v7000 driver_pointer_attributes() {
+  static const PFN_cuPointerGetAttributes_v7000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    check(cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &f, 7000, cudaEnableDefault,
+                                           &found),
+          "cudaGetDriverEntryPointByVersion(cuPointerGetAttributes)");
+    if (found != cudaDriverEntryPointSuccess || !f)
+      throw CudaError("the CUDA driver has no cuPointerGetAttributes", cudaErrorNotSupported);
+    return reinterpret_cast<PFN_cuPointerGetAttributes_v7000>(f);
+  }();
+  return fn;
 }
 
 }  // namespace ferry::cuda
