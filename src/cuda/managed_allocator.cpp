@@ -391,14 +391,15 @@ class PoolAllocator final : public Allocator {
     require_managed_hints(kind_, device, o);
     PerDevice& d = per_device(device);
     ManagedPool::Block b = d.pool->allocate(n, reinterpret_cast<StreamId>(stream));
-    if (o.prefetch == PrefetchMode::alloc) {
+    if (o.prefetch == PrefetchMode::alloc && b.prefetch_bytes) {
       try {
-        prefetch_to_device(b.ptr, n, device, stream);
+        prefetch_to_device(b.prefetch_ptr, b.prefetch_bytes, device, stream);
       } catch (...) {
-        d.pool->deallocate(b.ptr, reinterpret_cast<StreamId>(stream), nullptr);  // nothing was enqueued
+        // Nothing was enqueued. The granules stay marked: they fault in on first use.
+        d.pool->deallocate(b.ptr, reinterpret_cast<StreamId>(stream), nullptr);
         throw;
       }
-      d.pool->note_prefetch(n);
+      d.pool->note_prefetch(b.prefetch_bytes);
     }
     return b.ptr;
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 #include <sstream>
 
 #include "core/error.h"
@@ -253,7 +254,26 @@ ManagedPool::Block ManagedPool::carve_locked(Node* n, size_t cls, size_t request
   counter_add(stats_.allocated, n->size);
   counter_add(stats_.requested, requested);
   ++stats_.allocations;
-  return Block{reinterpret_cast<void*>(n->addr), n->size, false};
+  Block b{reinterpret_cast<void*>(n->addr), n->size, false};
+  claim_prefetch_locked(*n, b);
+  return b;
+}
+
+void ManagedPool::claim_prefetch_locked(const Node& n, Block& b) {
+  Chunk& c = *n.chunk;
+  const size_t first = (n.addr - c.base) / kGranule, last = (n.addr + n.size - 1 - c.base) / kGranule;
+  size_t lo = SIZE_MAX, hi = 0;
+  for (size_t i = first; i <= last; ++i) {
+    if (c.prefetched[i]) continue;
+    c.prefetched[i] = true;
+    lo = std::min(lo, i);
+    hi = i;
+  }
+  if (lo == SIZE_MAX) return;
+  const uintptr_t begin = c.base + lo * kGranule;
+  const uintptr_t end = std::min(c.base + c.size, c.base + (hi + 1) * kGranule);
+  b.prefetch_ptr = reinterpret_cast<void*>(begin);
+  b.prefetch_bytes = end - begin;
 }
 
 ManagedPool::Node* ManagedPool::add_chunk_locked(void* base, size_t bytes, bool small) {
@@ -261,6 +281,7 @@ ManagedPool::Node* ManagedPool::add_chunk_locked(void* base, size_t bytes, bool 
   c->base = reinterpret_cast<uintptr_t>(base);
   c->size = bytes;
   c->small = small;
+  c->prefetched.assign((bytes + kGranule - 1) / kGranule, false);
   auto n = std::make_unique<Node>();
   n->addr = c->base;
   n->size = bytes;

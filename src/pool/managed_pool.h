@@ -119,6 +119,13 @@ class ManagedPool {
     void* ptr = nullptr;
     size_t size = 0;          // size_class(n)
     bool new_chunk = false;   // carved from a chunk obtained for this request
+    // The part of the chunk this block should prefetch: from the first to the
+    // last 2 MiB granule it covers that no earlier block prefetched (clipped
+    // to the chunk; empty when all were). The pool marks them at once, so a
+    // reused block never prefetches again: re-prefetching resident memory
+    // still costs the driver time in proportion to its size.
+    void* prefetch_ptr = nullptr;
+    size_t prefetch_bytes = 0;
   };
   // Preconditions: n > 0. Throws InvalidArgument (n), or what the source threw.
   Block allocate(size_t n, StreamId stream);
@@ -164,6 +171,7 @@ class ManagedPool {
     size_t size = 0;
     bool small = false;
     Node* first = nullptr;
+    std::vector<bool> prefetched;  // per kGranule from base: handed out to a block before
   };
   using Key = std::pair<size_t, uintptr_t>;  // (size, address): best fit, deterministic
   using FreeSet = std::set<Key>;
@@ -172,6 +180,7 @@ class ManagedPool {
   static void validate(const ManagedPoolOptions& o);
   Node* find_locked(size_t cls, bool small, StreamId stream, Graveyard& g);
   Block carve_locked(Node* n, size_t cls, size_t requested, StreamId stream, Graveyard& g);
+  void claim_prefetch_locked(const Node& n, Block& b);
   void insert_free_locked(Node* n);
   void erase_free_locked(Node* n);
   Node* coalesce_locked(Node* n, Graveyard& g);

@@ -233,6 +233,43 @@ TEST(ManagedPoolChunks, SmallAndLargeRequestsUseTheirOwnChunks) {
   EXPECT_EQ(s.chunk_releases, 3u);
 }
 
+TEST(ManagedPoolChunks, EachGranuleIsClaimedForPrefetchOnce) {
+  HostSource src;
+  ManagedPool pool(small_opts(), src.source());  // large chunks of 8 MiB
+  auto offset = [](const ManagedPool::Block& b, const ManagedPool::Block& base) {
+    return static_cast<char*>(b.prefetch_ptr) - static_cast<char*>(base.ptr);
+  };
+  auto a = pool.allocate(3 * MiB, s1);  // [0, 3 MiB) of a fresh chunk: granules 0 and 1
+  ASSERT_TRUE(a.new_chunk);
+  EXPECT_EQ(a.prefetch_ptr, a.ptr);
+  EXPECT_EQ(a.prefetch_bytes, 4 * MiB);
+  auto b = pool.allocate(3 * MiB - 5, s1);  // [3, 6 MiB): granule 1 is taken, 2 is new
+  ASSERT_EQ(static_cast<char*>(b.ptr) - static_cast<char*>(a.ptr), static_cast<ptrdiff_t>(3 * MiB));
+  EXPECT_EQ(offset(b, a), static_cast<ptrdiff_t>(4 * MiB));
+  EXPECT_EQ(b.prefetch_bytes, 2 * MiB);
+  pool.deallocate(a.ptr, s1, nullptr);
+  auto again = pool.allocate(3 * MiB, s1);  // the same memory again: nothing to prefetch
+  EXPECT_EQ(again.ptr, a.ptr);
+  EXPECT_EQ(again.prefetch_ptr, nullptr);
+  EXPECT_EQ(again.prefetch_bytes, 0u);
+  auto c = pool.allocate(2 * MiB, s1);  // [6, 8 MiB): the last granule, clipped to the chunk
+  EXPECT_EQ(offset(c, a), static_cast<ptrdiff_t>(6 * MiB));
+  EXPECT_EQ(c.prefetch_bytes, 2 * MiB);
+  auto small = pool.allocate(700, s2);  // a small chunk is one granule
+  EXPECT_EQ(small.prefetch_ptr, small.ptr);
+  EXPECT_EQ(small.prefetch_bytes, 2 * MiB);
+  auto small2 = pool.allocate(100, s2);
+  EXPECT_EQ(small2.prefetch_bytes, 0u);
+  for (void* p : {again.ptr, b.ptr, c.ptr}) pool.deallocate(p, s1, nullptr);
+  for (void* p : {small.ptr, small2.ptr}) pool.deallocate(p, s2, nullptr);
+  EXPECT_EQ(pool.trim(), 10 * MiB);
+  auto fresh = pool.allocate(3 * MiB, s1);  // a new chunk (maybe at the same address) starts unclaimed
+  EXPECT_TRUE(fresh.new_chunk);
+  EXPECT_EQ(fresh.prefetch_bytes, 4 * MiB);
+  pool.deallocate(fresh.ptr, s1, nullptr);
+  EXPECT_EQ(pool.check(), "");
+}
+
 TEST(ManagedPoolChunks, DestructorReleasesEveryChunk) {
   HostSource src;
   {
