@@ -188,7 +188,13 @@ struct Lane {
 struct CopyEngine::Impl {
   CopyEngineOptions options;
   std::unique_ptr<Pool> staging;  // pinned pool of the slots
-  std::unique_ptr<WorkerPool> workers;
+  // Staging workers, one pool per direction. A worker blocks until the GPU
+  // reaches a flag, and the two lanes' streams may share a hardware queue, so
+  // one lane's stream wait can hold back the other lane's DMA: with one shared
+  // pool, workers all blocked on one direction could starve the task the other
+  // direction's wait needs (6 threads copying both ways hung on the H200).
+  // Per direction, every task a lane's stream waits for has workers of its own.
+  std::unique_ptr<WorkerPool> workers[2];
   std::mutex lanes_mu;
   std::unique_ptr<Lane> lanes[2];  // guarded by lanes_mu until created
   std::unique_ptr<WorkerPool> pinner;  // one thread that unregisters pieces behind their DMA
@@ -201,7 +207,7 @@ struct CopyEngine::Impl {
   // Chunks of a staged copy: small copies are cut finer so that every worker
   // has a chunk (64 MiB in 8 MiB chunks kept half the workers idle: 20 GB/s).
   size_t staged_chunk_bytes(size_t bytes) const {
-    const size_t per_worker = bytes / (2 * static_cast<size_t>(workers->size()));
+    const size_t per_worker = bytes / (2 * static_cast<size_t>(workers[0]->size()));
     const size_t chunk = std::max<size_t>(256u << 10, (per_worker + 4095) & ~size_t{4095});
     return std::min(chunk, options.profile.staging_chunk_bytes);
   }
@@ -332,7 +338,7 @@ void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Directio
     // chunks in generation order, so a task only ever waits on earlier ones.
     st->host_tasks.add(tasks.size());
     for (const Task& t : tasks) {
-      workers->submit([st, &ln, t, dir, dst, src, nslots, last_gen] {
+      workers[static_cast<int>(dir)]->submit([st, &ln, t, dir, dst, src, nslots, last_gen] {
         const uint64_t s = t.gen % nslots;
         try {
           if (dir == Direction::h2d) {
@@ -516,7 +522,7 @@ CopyEngine::CopyEngine(CopyEngineOptions options) : impl_(std::make_unique<Impl>
   PoolOptions staging;
   staging.chunk_bytes = 64u << 20;
   m.staging = make_pinned_pool(staging, options.device);
-  m.workers = std::make_unique<WorkerPool>(workers);
+  for (auto& w : m.workers) w = std::make_unique<WorkerPool>(workers);
   m.pinner = std::make_unique<WorkerPool>(1);
   check(cudaStreamCreateWithFlags(&m.pin_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
 }
@@ -524,7 +530,7 @@ CopyEngine::CopyEngine(CopyEngineOptions options) : impl_(std::make_unique<Impl>
 CopyEngine::~CopyEngine() {
   Impl& m = *impl_;
   m.pinner.reset();   // joins after the queued pin jobs
-  m.workers.reset();  // joins after the queued chunk tasks
+  for (auto& w : m.workers) w.reset();  // joins after the queued chunk tasks
   for (auto& l : m.lanes) {
     if (!l) continue;
     cudaStreamSynchronize(l->stream);
