@@ -3,8 +3,9 @@
 For each size, direction (h2d, d2h, bidirectional) and host backing (4 KiB
 pages, THP, memfd), in one run: ferry (auto and each strategy), cudaMemcpy on the
 same pageable buffer (CUDA's pageable path), cudaMemcpyAsync on pinned memory
-(the link's practical ceiling), and torch's `.to()` / `.copy_()` where torch is
-present. Bandwidth is the median of the timed repeats (GB/s = 1e9 bytes/s), also
+(the link's practical ceiling), ferry on that pinned buffer and on the pageable
+buffer once registered (first backing only: registered copies must match
+pinned ones), and torch's `.to()` / `.copy_()` where torch is present. Bandwidth is the median of the timed repeats (GB/s = 1e9 bytes/s), also
 as a share of the link's theoretical limit. Host buffers are fresh mmaps: no
 registration is reused between sizes (a one-shot copy).
 
@@ -114,6 +115,13 @@ def measure(sizes, directions, backings, strategies, iterations, with_torch):
                     row["strategy_auto"] = eng.plan(dst, src, n)
                     row["cuda_pageable"] = gbps(n, _ferry.cuda_memcpy_ns(dst, src, n, reps))
                     row["cuda_pinned"] = gbps(n, _ferry.cuda_memcpy_async_ns(pdst, psrc, n, reps))
+                    if backing == backings[0]:  # ferry on pinned and on registered memory (same buffers)
+                        row["ferry_pinned"] = gbps(n, _ferry.copy_ns(eng, pdst, psrc, n, "auto", reps))
+                        registration = _ferry.Registration(a.addr, n, 0)
+                        try:
+                            row["ferry_registered"] = gbps(n, _ferry.copy_ns(eng, dst, src, n, "auto", reps))
+                        finally:
+                            del registration
                     if torch is not None and backing == backings[0]:
                         row["torch_pageable"] = torch_gbps(torch, n, direction, reps)
                     rows.append(row)
@@ -149,7 +157,8 @@ def torch_gbps(torch, n: int, direction: str, reps: int) -> float:
 
 def print_table(rows, link):
     cols = ["backing", "dir", "Size(KiB)", "ferry auto(GB/s)", "strategy", "staged", "pin-in-place", "hybrid",
-            "cuda pageable(GB/s)", "cuda pinned(GB/s)", "torch(GB/s)", "x cuda pageable", "% link"]
+            "cuda pageable(GB/s)", "cuda pinned(GB/s)", "torch(GB/s)", "x cuda pageable", "% link",
+            "ferry pinned", "ferry registered"]
     out = []
     for r in rows:
         auto = r.get("ferry_auto")
@@ -158,7 +167,8 @@ def print_table(rows, link):
                     r.get("ferry_staged"), r.get("ferry_pin-in-place"), r.get("ferry_hybrid"), base,
                     r.get("cuda_pinned"), r.get("torch_pageable"),
                     auto / base if auto and base else None,
-                    100 * auto / (link * (2 if r["direction"] == "bidir" else 1)) if auto and link else None])
+                    100 * auto / (link * (2 if r["direction"] == "bidir" else 1)) if auto and link else None,
+                    r.get("ferry_pinned"), r.get("ferry_registered")])
     print(table(f"Pageable host<->device copies (median GB/s; link limit {link or '?'} GB/s per direction)",
                 cols, out))
 
