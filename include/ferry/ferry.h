@@ -225,9 +225,6 @@ typedef struct ferry_channel_options {
   uint32_t spin_us;    /* callers spin this long, then yield and sleep; default 20 */
   int use_gdrcopy;     /* 1: writes through GDRCopy mappings; FERRY_ERROR_NOT_SUPPORTED
                           (with the reason) where GDRCopy is not available */
-  uint32_t pollers;    /* kernel warps polling for requests, their loads staggered over
-                          a PCIe round trip (more: a request is seen sooner, more
-                          reads of host memory); default 4, 1 .. 8 */
 } ferry_channel_options_t;
 
 typedef struct ferry_channel_stats {

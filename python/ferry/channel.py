@@ -79,10 +79,8 @@ class Channel:
     slots: requests in flight at once (1 .. 64); timeout_ms: a request not done
     by then raises CudaError and leaves the channel unusable; spin_us: callers
     spin this long before yielding and sleeping; use_gdrcopy: writes through
-    GDRCopy mappings (NotSupportedError, with the reason, where unavailable);
-    pollers: kernel warps that poll for requests, their loads staggered over a
-    PCIe round trip (1 .. 8; more see a request sooner and read host memory
-    more often). Raises NoDeviceError without a CUDA driver or device.
+    GDRCopy mappings (NotSupportedError, with the reason, where unavailable).
+    Raises NoDeviceError without a CUDA driver or device.
     """
 
     def __init__(
@@ -94,9 +92,8 @@ class Channel:
         timeout_ms: int = 5000,
         spin_us: int = 20,
         use_gdrcopy: bool = False,
-        pollers: int = 4,
     ):
-        self._native = _ferry.Channel(device, idle_us, slots, timeout_ms, spin_us, use_gdrcopy, pollers)
+        self._native = _ferry.Channel(device, idle_us, slots, timeout_ms, spin_us, use_gdrcopy)
 
     def write(self, dev_ptr, data) -> None:
         """Copy `data` (bytes or any contiguous buffer) to device memory at dev_ptr."""
@@ -177,10 +174,6 @@ class Channel:
     def idle_us(self) -> int:
         return self._native.idle_us
 
-    @property
-    def pollers(self) -> int:
-        return self._native.pollers
-
     def __enter__(self) -> "Channel":
         return self
 
@@ -188,5 +181,5 @@ class Channel:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"idle_us={self.idle_us}, pollers={self.pollers}"
+        state = "closed" if self.closed else f"idle_us={self.idle_us}"
         return f"ferry.Channel(device={self.device}, {state})"

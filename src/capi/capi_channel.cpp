@@ -27,7 +27,6 @@ ferry::cuda::ChannelOptions to_cpp(const ferry_channel_options_t* o) {
     throw ferry::InvalidArgument("use_gdrcopy=" + std::to_string(o->use_gdrcopy) +
                                  ": expected 0 or 1");
   c.use_gdrcopy = o->use_gdrcopy == 1;
-  c.pollers = o->pollers;
   return c;
 }
 
@@ -45,7 +44,6 @@ ferry_status_t ferry_channel_options_init(ferry_channel_options_t* out) {
     out->timeout_ms = d.timeout_ms;
     out->spin_us = d.spin_us;
     out->use_gdrcopy = d.use_gdrcopy ? 1 : 0;
-    out->pollers = d.pollers;
   });
 }
 

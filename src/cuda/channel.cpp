@@ -108,17 +108,15 @@ class DeviceScope {
 };
 
 void check_options(const ChannelOptions& o) {
-  auto range = [](const char* name, uint64_t v, uint64_t lo, uint64_t hi, const char* why = "") {
+  auto range = [](const char* name, uint64_t v, uint64_t lo, uint64_t hi) {
     if (v < lo || v > hi)
       throw InvalidArgument(std::string(name) + "=" + std::to_string(v) + ": expected " +
-                            std::to_string(lo) + " .. " + std::to_string(hi) + why);
+                            std::to_string(lo) + " .. " + std::to_string(hi));
   };
   range("idle_us", o.idle_us, 1, kMaxIdleUs);
   range("slots", o.slots, 1, kMaxSlots);
   range("timeout_ms", o.timeout_ms, 1, kMaxTimeoutMs);
   range("spin_us", o.spin_us, 0, kMaxSpinUs);
-  range("pollers", o.pollers, 1, kMaxPollers,
-        " (warps of the channel kernel's 256-thread block that poll for requests)");
 }
 
 void check_device_index(int device) {
@@ -325,7 +323,6 @@ struct Channel::Impl {
       p.slots = slots_device;
       p.state = kernel_state;
       p.slot_count = options.slots;
-      p.pollers = options.pollers;
       p.generation = generation;
       p.idle_ns = static_cast<uint64_t>(options.idle_us) * 1000u;
       err = static_cast<cudaError_t>(launch_kernel(p, stream));

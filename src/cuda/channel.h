@@ -21,26 +21,18 @@
 //      yield, then sleep 20 us .. 1 ms; every 1 ms check the stream for a
 //      device error; past the timeout fail (the channel is then unusable).
 //   5. Copy a read's payload out; slot_turn[s] = t + slots (release).
-// Serve (kernel, one block): tickets strictly in order. `pollers` warps poll
-// the next ticket's slot, their start times spread over one PCIe round trip;
-// each loads the 32 words in parallel (lane 0 the op word with an acquire
-// load, which orders the host's payload and earlier device writes: no
-// system-scope fence). The first warp to see all tags match claims the ticket
-// (block-scope compare-and-swap in shared memory), the block executes the
-// request, __syncthreads(), thread 0 release-stores done = {tag(t), result}
-// at system scope. Warp 0 also reads the stop word (every 64 polls) and
-// decides idle exits, through the same compare-and-swap: a ticket is served
-// exactly once, or left to the next kernel.
+// Serve (kernel, one block): tickets strictly in order. Warp 0 loads the 32
+// words of the next ticket's slot in parallel; when all tags match, lane 0
+// fences (acquire, system), the block executes the request, __syncthreads(),
+// thread 0 release-stores done = {tag(t), result} at system scope.
 // So requests complete in ticket order, and a thread's requests in its order.
 //
 // Idle exit and relaunch (a Dekker handshake on Control::kernel_state, whose
 // value is generation << 2 | phase and which only the kernel writes):
-//   kernel (warp 0 lane 0), idle for idle_us (%globaltimer):
+//   kernel, idle for idle_us (%globaltimer):
 //     state = STOPPING(g); fence.sc.sys; re-read the op word of the next
-//     ticket; if published, or another polling warp claimed the ticket
-//     meanwhile: state = RUNNING(g), keep serving;
-//     else (the exit claimed the ticket): state = STOPPED(g) (release), save
-//     next_ticket, exit.
+//     ticket; if published: state = RUNNING(g), keep serving;
+//     else: state = STOPPED(g) (release), save next_ticket, exit.
 //   host, after publishing (step 3): seq_cst fence; read state, then the
 //   last launched generation L:
 //     gen(state) < L        -> a kernel launched after this state was written
@@ -94,7 +86,6 @@ struct ChannelOptions {
   uint32_t timeout_ms = 5000;   // a request not done by then fails; 1 .. 3600 s
   uint32_t spin_us = 20;        // callers poll this long before yielding; 0 .. 10 ms
   bool use_gdrcopy = false;     // writes through GDRCopy mappings (NotSupported without it)
-  uint32_t pollers = 4;         // kernel warps polling for requests, staggered; 1 .. 8
 };
 
 struct ChannelStats {

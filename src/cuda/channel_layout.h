@@ -35,17 +35,13 @@ namespace ferry::cuda::channel_layout {
 
 constexpr size_t kMaxPayload = 64 * 1024;  // bytes per request (ferry.h: FERRY_CHANNEL_MAX_PAYLOAD)
 
-constexpr uint32_t kRequestWords = 32;  // one per lane of a polling warp of the kernel
-constexpr uint32_t kBlockThreads = 256;  // the kernel's one block
-constexpr uint32_t kMaxPollers = kBlockThreads / 32;  // polling warps (ChannelOptions::pollers)
+constexpr uint32_t kRequestWords = 32;  // one per lane of the kernel's polling warp
 constexpr uint32_t kHeaderWords = 6;
 constexpr uint32_t kInlineWords = kRequestWords - kHeaderWords;
 constexpr uint32_t kInlineBytes = kInlineWords * 4;  // writes up to this size travel in the words
 
-// Request word indices. kWordOp is the host's last store of a request (a
-// release store): the kernel loads it with acquire, which orders everything the
-// host wrote before it, and its idle-exit re-check (channel.h, "Idle exit")
-// reads only this word.
+// Request word indices. kWordOp is the host's last store of a request: the
+// kernel's stop-time re-check (channel.h, "Idle exit") reads only this word.
 enum Word : uint32_t {
   kWordOp = 0,
   kWordBytes = 1,
@@ -173,14 +169,12 @@ struct KernelParams {
   Slot* slots;           // device view of the ring
   KernelState* state;    // device memory
   uint32_t slot_count;
-  uint32_t pollers;      // polling warps, 1 .. kMaxPollers
   uint64_t generation;   // the kernel publishes its phases under this number
   uint64_t idle_ns;      // leave after this long without a request
 };
 
-// Launches the channel kernel (one block of kBlockThreads) on `stream` (a
-// cudaStream_t); returns the launch's cudaError_t (cudaErrorInvalidValue for
-// pollers outside 1 .. kMaxPollers, which would leave no warp polling).
+// Launches the channel kernel (one block) on `stream` (a cudaStream_t);
+// returns the launch's cudaError_t.
 int launch_kernel(const KernelParams& params, CUstream_st* stream);
 
 }  // namespace ferry::cuda::channel_layout

@@ -101,19 +101,17 @@ void bind_channel(nb::module_& m) {
   nb::class_<cuda::Channel>(m, "Channel")
       .def("__init__",
            [](cuda::Channel* c, int device, uint32_t idle_us, uint32_t slots, uint32_t timeout_ms,
-              uint32_t spin_us, bool use_gdrcopy, uint32_t pollers) {
+              uint32_t spin_us, bool use_gdrcopy) {
              cuda::ChannelOptions o;
              o.idle_us = idle_us;
              o.slots = slots;
              o.timeout_ms = timeout_ms;
              o.spin_us = spin_us;
              o.use_gdrcopy = use_gdrcopy;
-             o.pollers = pollers;
              nb::gil_scoped_release unlocked;
              new (c) cuda::Channel(device, o);
            },
-           "device"_a, "idle_us"_a, "slots"_a, "timeout_ms"_a, "spin_us"_a, "use_gdrcopy"_a,
-           "pollers"_a)
+           "device"_a, "idle_us"_a, "slots"_a, "timeout_ms"_a, "spin_us"_a, "use_gdrcopy"_a)
       .def("write",
            [](cuda::Channel& c, uintptr_t dev_dst, nb::handle data) {
              HeldBuffer b(data, false);
@@ -164,8 +162,7 @@ void bind_channel(nb::module_& m) {
       .def_prop_ro("idle_us", [](const cuda::Channel& c) { return c.options().idle_us; })
       .def_prop_ro("slots", [](const cuda::Channel& c) { return c.options().slots; })
       .def_prop_ro("timeout_ms", [](const cuda::Channel& c) { return c.options().timeout_ms; })
-      .def_prop_ro("use_gdrcopy", [](const cuda::Channel& c) { return c.options().use_gdrcopy; })
-      .def_prop_ro("pollers", [](const cuda::Channel& c) { return c.options().pollers; });
+      .def_prop_ro("use_gdrcopy", [](const cuda::Channel& c) { return c.options().use_gdrcopy; });
 }
 
 }  // namespace ferry::python

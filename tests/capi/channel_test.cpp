@@ -38,7 +38,6 @@ TEST(ChannelCApi, OptionsInitGivesTheDocumentedDefaults) {
   EXPECT_EQ(o.timeout_ms, 5000u);
   EXPECT_EQ(o.spin_us, 20u);
   EXPECT_EQ(o.use_gdrcopy, 0);
-  EXPECT_EQ(o.pollers, 4u);
   EXPECT_EQ(FERRY_CHANNEL_MAX_PAYLOAD, 65536);
 }
 
@@ -76,8 +75,6 @@ TEST(ChannelCApi, BadOptionsAreQuoted) {
       {[](ferry_channel_options_t& o) { o.timeout_ms = 0; }, "timeout_ms=0"},
       {[](ferry_channel_options_t& o) { o.spin_us = 1000000; }, "spin_us=1000000"},
       {[](ferry_channel_options_t& o) { o.use_gdrcopy = 2; }, "use_gdrcopy=2"},
-      {[](ferry_channel_options_t& o) { o.pollers = 0; }, "pollers=0: expected 1 .. 8"},
-      {[](ferry_channel_options_t& o) { o.pollers = 9; }, "pollers=9: expected 1 .. 8"},
   };
   for (const Case& c : cases) {
     ferry_channel_options_t o;

@@ -5,10 +5,7 @@
 // stream; per-thread order under 8 concurrent threads; idle exit, relaunch and
 // the relaunch race; cudaDeviceSynchronize() with the channel open; close with
 // requests in flight; process exit without close (re-runs this binary); the
-// 64 KiB limit; bad pointers; the GDRCopy option; the pollers option's range.
-// The ChannelPollers tests (payloads, order, idle exit and its race, close)
-// run with 1 polling warp, the default and the most (kMaxPollers): the claim of
-// a request among polling warps, and exits decided against it, differ.
+// 64 KiB limit; bad pointers; the GDRCopy option.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -29,7 +26,6 @@
 
 #include "core/error.h"
 #include "cuda/channel.h"
-#include "cuda/channel_layout.h"
 #include "cuda/gdrcopy.h"
 
 extern char** environ;
@@ -127,25 +123,8 @@ __global__ void set_flag_after(uint32_t* flag, uint32_t value, uint64_t delay_ns
       value, ::cuda::memory_order_release);
 }
 
-// Tests that run once per number of polling warps (the test's parameter).
-class ChannelPollers : public ::testing::TestWithParam<uint32_t> {
- protected:
-  static ChannelOptions options() {
-    ChannelOptions o;
-    o.pollers = GetParam();
-    return o;
-  }
-};
-
-INSTANTIATE_TEST_SUITE_P(Pollers, ChannelPollers,
-                         ::testing::Values(1u, ChannelOptions{}.pollers,
-                                           channel_layout::kMaxPollers),
-                         [](const ::testing::TestParamInfo<uint32_t>& info) {
-                           return "pollers" + std::to_string(info.param);
-                         });
-
-TEST_P(ChannelPollers, WritesRandomPayloadsAtEverySizeAndOffset) {
-  Channel channel(0, options());
+TEST(Channel, WritesRandomPayloadsAtEverySizeAndOffset) {
+  Channel channel(0);
   std::mt19937_64 rng(1);
   DeviceBuffer dev(kChannelMaxPayload + 32 + 2 * kGuard);
   std::vector<unsigned char> image(dev.size()), back(dev.size());
@@ -165,8 +144,8 @@ TEST_P(ChannelPollers, WritesRandomPayloadsAtEverySizeAndOffset) {
   EXPECT_EQ(channel.stats().requests, std::size(kSizes) * 4);
 }
 
-TEST_P(ChannelPollers, ReadsRandomDeviceDataIntoPoisonedHostMemory) {
-  Channel channel(0, options());
+TEST(Channel, ReadsRandomDeviceDataIntoPoisonedHostMemory) {
+  Channel channel(0);
   std::mt19937_64 rng(2);
   DeviceBuffer dev(kChannelMaxPayload + 32);
   for (size_t n : kSizes) {
@@ -191,8 +170,8 @@ TEST_P(ChannelPollers, ReadsRandomDeviceDataIntoPoisonedHostMemory) {
   }
 }
 
-TEST_P(ChannelPollers, FillSetsExactlyItsRange) {
-  Channel channel(0, options());
+TEST(Channel, FillSetsExactlyItsRange) {
+  Channel channel(0);
   std::mt19937_64 rng(3);
   DeviceBuffer dev(kChannelMaxPayload + 32 + 2 * kGuard);
   std::vector<unsigned char> image(dev.size()), back(dev.size());
@@ -211,12 +190,12 @@ TEST_P(ChannelPollers, FillSetsExactlyItsRange) {
   EXPECT_THROW(channel.fill(dev.at(0), -1, 1), InvalidArgument);
 }
 
-TEST_P(ChannelPollers, SmallRequestsAtEveryOffsetInALine) {
+TEST(Channel, SmallRequestsAtEveryOffsetInALine) {
   // Sizes 1 .. 2 * 104 + 1 (inline writes, then payload writes with byte edges)
   // at device offsets 0 .. 15, requests back to back so that the kernel stays
   // hot; each step is checked by reading the whole buffer, guards included,
   // through the channel, and at the end with cudaMemcpy.
-  Channel channel(0, options());
+  Channel channel(0);
   std::mt19937_64 rng(6);
   constexpr size_t kLargest = 2 * 104 + 1;
   DeviceBuffer dev(kGuard + 16 + kLargest + kGuard);
@@ -357,10 +336,9 @@ TEST(Channel, WaitReturnsWhenAKernelOnAnotherStreamSetsTheFlag) {
   CUDA_OK(cudaStreamDestroy(other));
 }
 
-void threads_keep_their_order(uint32_t slots, uint32_t pollers) {
+void threads_keep_their_order(uint32_t slots) {
   ChannelOptions options;
   options.slots = slots;
-  options.pollers = pollers;
   Channel channel(0, options);
   constexpr int kThreads = 8, kRequests = 500;
   constexpr size_t kRegion = 4096;  // each thread's own device bytes
@@ -410,14 +388,12 @@ void threads_keep_their_order(uint32_t slots, uint32_t pollers) {
   EXPECT_EQ(channel.stats().requests, static_cast<uint64_t>(kThreads * kRequests + reads.load()));
 }
 
-TEST_P(ChannelPollers, EightThreadsKeepTheirOwnOrder) { threads_keep_their_order(8, GetParam()); }
+TEST(Channel, EightThreadsKeepTheirOwnOrder) { threads_keep_their_order(8); }
 
-TEST_P(ChannelPollers, EightThreadsKeepTheirOrderOnTwoSlots) {
-  threads_keep_their_order(2, GetParam());
-}
+TEST(Channel, EightThreadsKeepTheirOrderOnTwoSlots) { threads_keep_their_order(2); }
 
-TEST_P(ChannelPollers, IdleKernelExitsAndTheNextRequestRelaunchesIt) {
-  ChannelOptions options = this->options();
+TEST(Channel, IdleKernelExitsAndTheNextRequestRelaunchesIt) {
+  ChannelOptions options;
   options.idle_us = 200;
   Channel channel(0, options);
   DeviceBuffer dev(64);
@@ -439,37 +415,24 @@ TEST_P(ChannelPollers, IdleKernelExitsAndTheNextRequestRelaunchesIt) {
   EXPECT_EQ(s.requests, 41u);
 }
 
-TEST_P(ChannelPollers, RequestsAroundTheIdleDeadlineNeverGetLost) {
+TEST(Channel, RequestsAroundTheIdleDeadlineNeverGetLost) {
   // Requests arrive just before, at and after the kernel's idle deadline, so
-  // the Dekker handshake (stopping / re-check / relaunch) races for real, and
-  // with several polling warps so does the claim of a request against an
-  // exit. A lost or skipped ticket times out; a write served twice (by a kernel
-  // and again by its relaunch) would overwrite a later one, which the read
-  // after each write would see.
-  ChannelOptions options = this->options();
+  // the Dekker handshake (stopping / re-check / relaunch) races for real.
+  ChannelOptions options;
   options.idle_us = 30;
   options.timeout_ms = 3000;
   Channel channel(0, options);
-  DeviceBuffer dev(64);
   std::mt19937_64 rng(4);
-  auto pause = [&] {
-    const auto until = Clock::now() + std::chrono::microseconds(rng() % 80);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 3000; ++i) {
+    const auto pause = std::chrono::microseconds(rng() % 80);
+    const auto until = Clock::now() + pause;
     while (Clock::now() < until) {
     }
-  };
-  const auto t0 = Clock::now();
-  for (uint32_t i = 1; i <= 1500; ++i) {
-    pause();
     channel.ping();
-    pause();
-    channel.write(dev.at(0), &i, 4);
-    pause();
-    uint32_t back = 0;
-    channel.read(&back, dev.at(0), 4);
-    ASSERT_EQ(back, i) << "request " << i;
   }
   const ChannelStats s = channel.stats();
-  EXPECT_EQ(s.requests, 4500u);
+  EXPECT_EQ(s.requests, 3000u);
   EXPECT_GT(s.launches, 10u) << "the pauses should have crossed the idle deadline often";
   EXPECT_LT(seconds_since(t0), 30.0);
 }
@@ -497,8 +460,8 @@ TEST(Channel, DeviceSynchronizeReturnsWhileTheChannelIsOpen) {
   EXPECT_TRUE(stop.load());
 }
 
-TEST_P(ChannelPollers, CloseStopsALongIdleKernelAndRefusesLaterRequests) {
-  ChannelOptions options = this->options();
+TEST(Channel, CloseStopsALongIdleKernelAndRefusesLaterRequests) {
+  ChannelOptions options;
   options.idle_us = 10'000'000;  // 10 s: only the stop request ends it early
   Channel channel(0, options);
   channel.ping();
@@ -513,8 +476,8 @@ TEST_P(ChannelPollers, CloseStopsALongIdleKernelAndRefusesLaterRequests) {
   EXPECT_LT(seconds_since(t1), 1.0) << "the kernel is still running after close";
 }
 
-TEST_P(ChannelPollers, CloseWhileOtherThreadsSendRequests) {
-  Channel channel(0, options());
+TEST(Channel, CloseWhileOtherThreadsSendRequests) {
+  Channel channel(0);
   DeviceBuffer dev(8 * 64);
   std::atomic<int> unexpected{0};
   std::vector<std::thread> threads;
@@ -607,28 +570,6 @@ TEST(Channel, BadOptionsAndDevicesAreInvalidArguments) {
   options.slots = 0;
   EXPECT_THROW(Channel(0, options), InvalidArgument);
   EXPECT_THROW(Channel(1000), InvalidArgument);
-}
-
-TEST(Channel, PollersOutsideOneToEightAreRefusedWithTheRange) {
-  EXPECT_EQ(ChannelOptions{}.pollers, 4u);
-  for (uint32_t pollers : {0u, 9u, 1000u}) {
-    ChannelOptions options;
-    options.pollers = pollers;
-    try {
-      Channel channel(0, options);
-      FAIL() << "pollers=" << pollers << " was accepted";
-    } catch (const InvalidArgument& e) {
-      const std::string quoted = "pollers=" + std::to_string(pollers) + ": expected 1 .. 8";
-      EXPECT_NE(std::string(e.what()).find(quoted), std::string::npos) << e.what();
-    }
-  }
-  for (uint32_t pollers : {1u, 8u}) {  // the ends of the range serve
-    ChannelOptions options;
-    options.pollers = pollers;
-    Channel channel(0, options);
-    EXPECT_EQ(channel.options().pollers, pollers);
-    channel.ping();
-  }
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
-"""ferry.Channel from Python: errors (bad options quoted) and the GDRCopy probe
-everywhere; on a GPU, ping/stats/close, and (with torch) writes, reads, fills,
-signal/wait on CUDA tensors at odd sizes and offsets, thread order (both with
-1, 4 and 8 polling warps), and torch.cuda.synchronize()."""
+"""ferry.Channel from Python: errors and the GDRCopy probe everywhere; on a GPU,
+ping/stats/close, and (with torch) writes, reads, fills, signal/wait on CUDA
+tensors at odd sizes and offsets, thread order, and torch.cuda.synchronize()."""
 
 import ctypes
 import random
@@ -38,13 +37,7 @@ def test_use_gdrcopy_without_gdrcopy_is_not_supported():
 
 @pytest.mark.parametrize(
     "options, quoted",
-    [
-        ({"idle_us": 0}, "idle_us=0"),
-        ({"slots": 65}, "slots=65"),
-        ({"timeout_ms": 0}, "timeout_ms=0"),
-        ({"pollers": 0}, "pollers=0: expected 1 .. 8"),
-        ({"pollers": 9}, "pollers=9: expected 1 .. 8"),
-    ],
+    [({"idle_us": 0}, "idle_us=0"), ({"slots": 65}, "slots=65"), ({"timeout_ms": 0}, "timeout_ms=0")],
 )
 def test_bad_options_are_value_errors(options, quoted):
     with pytest.raises(ValueError, match=quoted):
@@ -97,11 +90,10 @@ def test_device_arguments_resolve_to_addresses():
 
 def test_ping_stats_and_close(gpu):
     with ferry.Channel(idle_us=200) as ch:
-        assert ch.pollers == 4
         assert ch.ping() > 0
         s = ch.stats()
         assert s["requests"] == 1 and s["launches"] == 1
-        assert "idle_us=200, pollers=4" in repr(ch)
+        assert "idle_us=200" in repr(ch)
         with pytest.raises(ferry.InvalidArgumentError, match="int address"):
             ch.read(0x1000)
     assert ch.closed
@@ -136,15 +128,13 @@ SIZES = [1, 2, 3, 15, 16, 17, 103, 104, 105, 255, 4096, 4097, 65535, 65536]
 # before a channel request touches them.
 
 
-@pytest.mark.parametrize("pollers", [1, 4, 8])
-def test_write_and_read_tensors_at_odd_sizes_and_offsets(torch_cuda, pollers):
+def test_write_and_read_tensors_at_odd_sizes_and_offsets(torch_cuda):
     torch = torch_cuda
     rng = random.Random(1)
     image = bytearray(rng.randbytes(MAX_PAYLOAD + 64))
     t = torch.frombuffer(bytearray(image), dtype=torch.uint8).cuda()
     torch.cuda.synchronize()
-    with ferry.Channel(pollers=pollers) as ch:
-        assert ch.pollers == pollers
+    with ferry.Channel() as ch:
         for n in SIZES:
             off = rng.randrange(32)
             data = rng.randbytes(n)
@@ -209,13 +199,12 @@ def test_too_large_requests_name_the_copy_engine(torch_cuda):
             ch.write(ctypes.addressof(host), b"x")
 
 
-@pytest.mark.parametrize("pollers", [1, 4, 8])
-def test_threads_keep_their_own_order(torch_cuda, pollers):
+def test_threads_keep_their_own_order(torch_cuda):
     torch = torch_cuda
     slots = torch.zeros(4 * 16, dtype=torch.int32, device="cuda")  # one int32 per thread, 64 B apart
     torch.cuda.synchronize()
     errors = []
-    with ferry.Channel(pollers=pollers) as ch:
+    with ferry.Channel() as ch:
 
         def worker(i):
             addr = slots.data_ptr() + i * 64
