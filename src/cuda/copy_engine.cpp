@@ -188,12 +188,9 @@ struct Lane {
 struct CopyEngine::Impl {
   CopyEngineOptions options;
   std::unique_ptr<Pool> staging;  // pinned pool of the slots
-  // Staging workers, one pool per direction. A worker blocks until the GPU
-  // reaches a flag, and the two lanes' streams may share a hardware queue, so
-  // one lane's stream wait can hold back the other lane's DMA: with one shared
-  // pool, workers all blocked on one direction could starve the task the other
-  // direction's wait needs (6 threads copying both ways hung on the H200).
-  // Per direction, every task a lane's stream waits for has workers of its own.
+  // Staging workers, one pool per direction: a worker blocks until the GPU
+  // reaches a flag, so tasks waiting on one direction's stream never hold up
+  // the other direction's (see run_staged for the ordering they rely on).
   std::unique_ptr<WorkerPool> workers[2];
   std::mutex lanes_mu;
   std::unique_ptr<Lane> lanes[2];  // guarded by lanes_mu until created
@@ -290,19 +287,48 @@ void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Directio
   const uint64_t nslots = ln.slots.size();
   cudaEvent_t caller_ready = nullptr;
   check(cudaEventCreateWithFlags(&caller_ready, cudaEventDisableTiming), "cudaEventCreate");
-  struct Task {
-    uint64_t gen;
-    Piece piece;
+  // The host side of one piece: h2d fills the slot once the GPU has drained
+  // it (generation - nslots), d2h empties it once the GPU has filled it.
+  auto piece_task = [st, &ln, dir, dst, src, nslots](uint64_t gen, uint64_t last_gen, Piece piece) {
+    return [st, &ln, dir, dst, src, nslots, gen, last_gen, piece] {
+      const uint64_t s = gen % nslots;
+      try {
+        if (dir == Direction::h2d) {
+          if (gen > nslots && !wait_flag(&ln.gpu_flags[s], gen - nslots, *st)) throw std::runtime_error("aborted");
+          if (!st->abort) {
+            if (fault_injected(FaultPoint::touch)) throw OsError("staging copy (injected fault)", EFAULT);
+            std::memcpy(ln.slots[s], static_cast<const char*>(src) + piece.offset, piece.bytes);
+          }
+          store_flag(&ln.cpu_flags[s], gen);
+        } else {
+          if (!wait_flag(&ln.gpu_flags[s], gen, *st)) throw std::runtime_error("aborted");
+          if (!st->abort) std::memcpy(static_cast<char*>(dst) + piece.offset, ln.slots[s], piece.bytes);
+          store_flag(&ln.cpu_flags[s], gen);
+        }
+        st->host_tasks.done();
+      } catch (...) {
+        auto e = std::current_exception();
+        st->fail(e);
+        // Release every flag this copy may still wait on, on both sides.
+        for (uint64_t g = gen; g <= last_gen; ++g) store_flag(&ln.cpu_flags[g % nslots], last_gen);
+        st->host_tasks.done(e);
+      }
+    };
   };
-  std::vector<Task> tasks;
-  tasks.reserve(pieces.size());
-  uint64_t first_gen = 0, last_gen = 0;
   {
     std::lock_guard lock(ln.mu);
-    first_gen = ln.next_gen;
+    const uint64_t first_gen = ln.next_gen;
+    const uint64_t last_gen = first_gen + pieces.size() - 1;  // first_gen - 1 when there are none
     try {
       check(cudaEventRecord(caller_ready, caller), "cudaEventRecord (caller's stream)");
       check(cudaStreamWaitEvent(ln.stream, caller_ready, 0), "cudaStreamWaitEvent");
+      // Each piece's task goes to the workers right after its stream
+      // operations, not after the whole copy's: an enqueue can block while the
+      // GPU's command queue is full (it is shared with other streams), and the
+      // GPU then waits on flags of pieces already enqueued, so their tasks must
+      // already be running (6 threads copying both ways hung without this).
+      // Under the lane's lock the workers' FIFO holds this lane's pieces in
+      // generation order, so a task only ever waits on earlier ones.
       for (const Piece& piece : pieces) {
         const uint64_t gen = ln.next_gen++;
         const uint64_t s = gen % nslots;
@@ -320,48 +346,26 @@ void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Directio
                 "cudaMemcpyAsync (staged D2H)");
           stream_write(ln.stream, &ln.gpu_flags[s], gen);
         }
-        tasks.push_back({gen, piece});
+        st->host_tasks.add(1);
+        workers[static_cast<int>(dir)]->submit(piece_task(gen, last_gen, piece));
       }
-      last_gen = ln.next_gen - 1;
       if (dir == Direction::d2h && !pieces.empty())  // the event also covers the copies out of the slots
         for (uint64_t g = last_gen; g >= first_gen && g + nslots > last_gen; --g)
           stream_wait_geq(ln.stream, &ln.cpu_flags[g % nslots], g);
       check(cudaEventRecord(st->done, ln.stream), "cudaEventRecord");
       check(cudaStreamWaitEvent(caller, st->done, 0), "cudaStreamWaitEvent (caller's stream)");
     } catch (...) {
-      // Release what was enqueued so the lane stream does not wait forever.
+      // Stop the tasks already submitted (they touch the caller's buffers,
+      // which the caller may free once we throw), release what the lane stream
+      // waits on, and wait for those tasks to leave.
+      st->abort = true;
       for (uint64_t g = first_gen; g < ln.next_gen; ++g) store_flag(&ln.cpu_flags[g % nslots], ln.next_gen);
+      try {
+        st->host_tasks.wait();
+      } catch (...) {  // their "aborted" errors: the caller gets the enqueue's error
+      }
       cudaEventDestroy(caller_ready);
       throw;
-    }
-    // Submit under the lane's lock: the workers' FIFO then holds this lane's
-    // chunks in generation order, so a task only ever waits on earlier ones.
-    st->host_tasks.add(tasks.size());
-    for (const Task& t : tasks) {
-      workers[static_cast<int>(dir)]->submit([st, &ln, t, dir, dst, src, nslots, last_gen] {
-        const uint64_t s = t.gen % nslots;
-        try {
-          if (dir == Direction::h2d) {
-            if (t.gen > nslots && !wait_flag(&ln.gpu_flags[s], t.gen - nslots, *st)) throw std::runtime_error("aborted");
-            if (!st->abort) {
-              if (fault_injected(FaultPoint::touch)) throw OsError("staging copy (injected fault)", EFAULT);
-              std::memcpy(ln.slots[s], static_cast<const char*>(src) + t.piece.offset, t.piece.bytes);
-            }
-            store_flag(&ln.cpu_flags[s], t.gen);
-          } else {
-            if (!wait_flag(&ln.gpu_flags[s], t.gen, *st)) throw std::runtime_error("aborted");
-            if (!st->abort) std::memcpy(static_cast<char*>(dst) + t.piece.offset, ln.slots[s], t.piece.bytes);
-            store_flag(&ln.cpu_flags[s], t.gen);
-          }
-          st->host_tasks.done();
-        } catch (...) {
-          auto e = std::current_exception();
-          st->fail(e);
-          // Release every flag this copy may still wait on, on both sides.
-          for (uint64_t g = t.gen; g <= last_gen; ++g) store_flag(&ln.cpu_flags[g % nslots], last_gen);
-          st->host_tasks.done(e);
-        }
-      });
     }
   }
   cudaEventDestroy(caller_ready);  // safe: destruction waits for nothing, the wait is enqueued
