@@ -322,17 +322,20 @@ void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Directio
     try {
       check(cudaEventRecord(caller_ready, caller), "cudaEventRecord (caller's stream)");
       check(cudaStreamWaitEvent(ln.stream, caller_ready, 0), "cudaStreamWaitEvent");
-      // Each piece's task goes to the workers right after its stream
-      // operations, not after the whole copy's: an enqueue can block while the
-      // GPU's command queue is full (it is shared with other streams), and the
-      // GPU then waits on flags of pieces already enqueued, so their tasks must
-      // already be running (6 threads copying both ways hung without this).
+      // Each piece's task goes to the workers before its stream operations:
+      // the lane stream must never wait on a flag whose task is not yet
+      // submitted. Otherwise a device-synchronizing call in another thread
+      // (cudaFree) takes the driver's lock and waits for the stream, the
+      // stream waits for the task, and this thread, which would submit it,
+      // waits for the lock (6 threads copying both ways hung so on the H200).
       // Under the lane's lock the workers' FIFO holds this lane's pieces in
       // generation order, so a task only ever waits on earlier ones.
       for (const Piece& piece : pieces) {
         const uint64_t gen = ln.next_gen++;
         const uint64_t s = gen % nslots;
         unsigned char* slot = ln.slots[s];
+        st->host_tasks.add(1);
+        workers[static_cast<int>(dir)]->submit(piece_task(gen, last_gen, piece));
         if (dir == Direction::h2d) {
           stream_wait_geq(ln.stream, &ln.cpu_flags[s], gen);
           check(cudaMemcpyAsync(static_cast<char*>(dst) + piece.offset, slot, piece.bytes, cudaMemcpyDefault,
@@ -346,8 +349,6 @@ void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Directio
                 "cudaMemcpyAsync (staged D2H)");
           stream_write(ln.stream, &ln.gpu_flags[s], gen);
         }
-        st->host_tasks.add(1);
-        workers[static_cast<int>(dir)]->submit(piece_task(gen, last_gen, piece));
       }
       if (dir == Direction::d2h && !pieces.empty())  // the event also covers the copies out of the slots
         for (uint64_t g = last_gen; g >= first_gen && g + nslots > last_gen; --g)
