@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -165,6 +166,52 @@ TEST(CopyEngine, ConcurrentThreadsBothDirections) {
     });
   for (auto& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
+}
+
+// The hang a cuda-gdb dump showed on the H200: cudaFree in one thread takes
+// the driver's lock and waits for the device to go idle, while staged copies
+// in other threads are being enqueued. Nothing a lane stream waits on may
+// depend on a CUDA call still to come (run_staged submits each piece's task
+// before its stream waits on it). Written after the H200 session's last run:
+// not yet run on a GPU.
+TEST(CopyEngine, StagedCopiesSurviveDeviceSynchronizingCallsInAnotherThread) {
+  std::atomic<bool> copying{true};
+  std::atomic<int> syncs{0};
+  std::thread syncer([&] {
+    while (copying.load()) {
+      void* p = nullptr;
+      if (cudaMalloc(&p, 3 * MiB) == cudaSuccess) cudaFree(p);  // cudaFree synchronizes the device
+      cudaDeviceSynchronize();
+      ++syncs;
+    }
+  });
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      const size_t n = 9 * MiB + 3 * t + 1;  // staged both ways, more pieces than slots
+      HostBuffer a(n), b(n);
+      DeviceBuffer d(n);
+      for (int i = 0; i < 8; ++i) {
+        fill_random(a.p, n, 1000 + t * 10 + i);
+        std::memset(b.p, 0xA5, n);
+        try {
+          ASSERT_EQ(engine().plan(d.p, a.p, n), Strategy::staged);
+          engine().copy(d.p, a.p, n);
+          engine().copy(b.p, d.p, n);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "thread " << t << ": " << e.what();
+          ++failures;
+          return;
+        }
+        if (std::memcmp(a.p, b.p, n) != 0) ++failures;
+      }
+    });
+  for (auto& th : threads) th.join();
+  copying = false;
+  syncer.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(syncs.load(), 0);
 }
 
 TEST(CopyEngine, AsyncIsOrderedOnTheCallersStream) {
