@@ -281,40 +281,45 @@ void CopyEngine::Impl::run_direct(CopyState& st, void* dst, const void* src, siz
 // Enqueues the staged pipeline for `pieces` of the copy (each at most one slot)
 // and submits the worker tasks. The caller's stream work before this call is
 // waited for; the copy's event is recorded on the lane when all is done.
+namespace {
+
+// The host side of one staged piece: h2d fills the slot once the GPU has
+// drained it (generation gen - slots), d2h empties it once the GPU has filled it.
+void stage_piece(CopyState& st, Lane& ln, Direction dir, void* dst, const void* src, uint64_t gen,
+                 uint64_t last_gen, Piece piece) {
+  const uint64_t nslots = ln.slots.size();
+  const uint64_t s = gen % nslots;
+  try {
+    if (dir == Direction::h2d) {
+      if (gen > nslots && !wait_flag(&ln.gpu_flags[s], gen - nslots, st)) throw std::runtime_error("aborted");
+      if (!st.abort) {
+        if (fault_injected(FaultPoint::touch)) throw OsError("staging copy (injected fault)", EFAULT);
+        std::memcpy(ln.slots[s], static_cast<const char*>(src) + piece.offset, piece.bytes);
+      }
+      store_flag(&ln.cpu_flags[s], gen);
+    } else {
+      if (!wait_flag(&ln.gpu_flags[s], gen, st)) throw std::runtime_error("aborted");
+      if (!st.abort) std::memcpy(static_cast<char*>(dst) + piece.offset, ln.slots[s], piece.bytes);
+      store_flag(&ln.cpu_flags[s], gen);
+    }
+    st.host_tasks.done();
+  } catch (...) {
+    auto e = std::current_exception();
+    st.fail(e);
+    // Release every flag this copy may still wait on, on both sides.
+    for (uint64_t g = gen; g <= last_gen; ++g) store_flag(&ln.cpu_flags[g % nslots], last_gen);
+    st.host_tasks.done(e);
+  }
+}
+
+}  // namespace
+
 void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Direction dir, void* dst,
                                   const void* src, const std::vector<Piece>& pieces, cudaStream_t caller) {
   Lane& ln = lane(dir);
   const uint64_t nslots = ln.slots.size();
   cudaEvent_t caller_ready = nullptr;
   check(cudaEventCreateWithFlags(&caller_ready, cudaEventDisableTiming), "cudaEventCreate");
-  // The host side of one piece: h2d fills the slot once the GPU has drained
-  // it (generation - nslots), d2h empties it once the GPU has filled it.
-  auto piece_task = [st, &ln, dir, dst, src, nslots](uint64_t gen, uint64_t last_gen, Piece piece) {
-    return [st, &ln, dir, dst, src, nslots, gen, last_gen, piece] {
-      const uint64_t s = gen % nslots;
-      try {
-        if (dir == Direction::h2d) {
-          if (gen > nslots && !wait_flag(&ln.gpu_flags[s], gen - nslots, *st)) throw std::runtime_error("aborted");
-          if (!st->abort) {
-            if (fault_injected(FaultPoint::touch)) throw OsError("staging copy (injected fault)", EFAULT);
-            std::memcpy(ln.slots[s], static_cast<const char*>(src) + piece.offset, piece.bytes);
-          }
-          store_flag(&ln.cpu_flags[s], gen);
-        } else {
-          if (!wait_flag(&ln.gpu_flags[s], gen, *st)) throw std::runtime_error("aborted");
-          if (!st->abort) std::memcpy(static_cast<char*>(dst) + piece.offset, ln.slots[s], piece.bytes);
-          store_flag(&ln.cpu_flags[s], gen);
-        }
-        st->host_tasks.done();
-      } catch (...) {
-        auto e = std::current_exception();
-        st->fail(e);
-        // Release every flag this copy may still wait on, on both sides.
-        for (uint64_t g = gen; g <= last_gen; ++g) store_flag(&ln.cpu_flags[g % nslots], last_gen);
-        st->host_tasks.done(e);
-      }
-    };
-  };
   {
     std::lock_guard lock(ln.mu);
     const uint64_t first_gen = ln.next_gen;
@@ -335,7 +340,9 @@ void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Directio
         const uint64_t s = gen % nslots;
         unsigned char* slot = ln.slots[s];
         st->host_tasks.add(1);
-        workers[static_cast<int>(dir)]->submit(piece_task(gen, last_gen, piece));
+        workers[static_cast<int>(dir)]->submit([st, &ln, dir, dst, src, gen, last_gen, piece] {
+          stage_piece(*st, ln, dir, dst, src, gen, last_gen, piece);
+        });
         if (dir == Direction::h2d) {
           stream_wait_geq(ln.stream, &ln.cpu_flags[s], gen);
           check(cudaMemcpyAsync(static_cast<char*>(dst) + piece.offset, slot, piece.bytes, cudaMemcpyDefault,

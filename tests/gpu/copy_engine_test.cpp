@@ -142,18 +142,28 @@ TEST(CopyEngine, UnmappedAndRemappedBuffers) {
   }
 }
 
-TEST(CopyEngine, ConcurrentThreadsBothDirections) {
-  std::vector<std::thread> threads;
+// Each of `threads` threads copies its own random buffer of size_of(t) bytes
+// (a poisoned one back) to the device and back `rounds` times, through
+// engine().copy; returns the rounds that failed. staged: every copy must be
+// planned as staged.
+template <class SizeOf>
+int round_trips_in_threads(int threads, int rounds, uint64_t seed, SizeOf size_of, bool staged = false) {
+  std::vector<std::thread> workers;
   std::atomic<int> failures{0};
-  for (int t = 0; t < 6; ++t)
-    threads.emplace_back([&, t] {
-      const size_t n = (5 + t) * MiB + t;
+  for (int t = 0; t < threads; ++t)
+    workers.emplace_back([&, t] {
+      const size_t n = size_of(t);
       HostBuffer a(n), b(n);
       DeviceBuffer d(n);
-      for (int i = 0; i < 5; ++i) {
-        fill_random(a.p, n, t * 100 + i);
-        std::memset(b.p, 0, n);
+      for (int i = 0; i < rounds; ++i) {
+        fill_random(a.p, n, seed + t * 100 + i);
+        std::memset(b.p, 0xA5, n);
         try {
+          if (staged && engine().plan(d.p, a.p, n) != Strategy::staged) {
+            ADD_FAILURE() << "thread " << t << ": " << n << " bytes are not staged";
+            ++failures;
+            return;
+          }
           engine().copy(d.p, a.p, n);
           engine().copy(b.p, d.p, n);
         } catch (const std::exception& e) {
@@ -164,8 +174,12 @@ TEST(CopyEngine, ConcurrentThreadsBothDirections) {
         if (std::memcmp(a.p, b.p, n) != 0) ++failures;
       }
     });
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(failures.load(), 0);
+  for (auto& w : workers) w.join();
+  return failures.load();
+}
+
+TEST(CopyEngine, ConcurrentThreadsBothDirections) {
+  EXPECT_EQ(round_trips_in_threads(6, 5, 0, [](int t) { return (5 + t) * MiB + t; }), 0);
 }
 
 // The hang a cuda-gdb dump showed on the H200: cudaFree in one thread takes
@@ -185,32 +199,11 @@ TEST(CopyEngine, StagedCopiesSurviveDeviceSynchronizingCallsInAnotherThread) {
       ++syncs;
     }
   });
-  std::vector<std::thread> threads;
-  std::atomic<int> failures{0};
-  for (int t = 0; t < 4; ++t)
-    threads.emplace_back([&, t] {
-      const size_t n = 9 * MiB + 3 * t + 1;  // staged both ways, more pieces than slots
-      HostBuffer a(n), b(n);
-      DeviceBuffer d(n);
-      for (int i = 0; i < 8; ++i) {
-        fill_random(a.p, n, 1000 + t * 10 + i);
-        std::memset(b.p, 0xA5, n);
-        try {
-          ASSERT_EQ(engine().plan(d.p, a.p, n), Strategy::staged);
-          engine().copy(d.p, a.p, n);
-          engine().copy(b.p, d.p, n);
-        } catch (const std::exception& e) {
-          ADD_FAILURE() << "thread " << t << ": " << e.what();
-          ++failures;
-          return;
-        }
-        if (std::memcmp(a.p, b.p, n) != 0) ++failures;
-      }
-    });
-  for (auto& th : threads) th.join();
+  // Staged both ways, more pieces than slots.
+  const int failures = round_trips_in_threads(4, 8, 1000, [](int t) { return 9 * MiB + 3 * t + 1; }, true);
   copying = false;
   syncer.join();
-  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(failures, 0);
   EXPECT_GT(syncs.load(), 0);
 }
 
