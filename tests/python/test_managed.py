@@ -111,13 +111,13 @@ def test_configure_refuses_bad_names_and_options_quoting_them():
 
 
 def test_options_are_written_the_way_the_library_reads_them():
-    text = ft._options_text({"prefetch": True, "advise": ["preferred_location", "accessed_by"],
+    text = ft.allocators._options_text({"prefetch": True, "advise": ["preferred_location", "accessed_by"],
                              "oversubscribe": False, "chunk_bytes": "256M", "stream_wait": None})
     assert text == "prefetch=1,advise=preferred_location+accessed_by,oversubscribe=0,chunk_bytes=256M"
-    assert ft._options_text({"advise": []}) == "advise=none"
+    assert ft.allocators._options_text({"advise": []}) == "advise=none"
     _ferry.managed_configure("managed_pool", text)
     with pytest.raises(InvalidArgumentError, match="not allowed"):
-        ft._options_text({"advise": "a,b"})
+        ft.allocators._options_text({"advise": "a,b"})
 
 
 def test_stats_have_the_documented_keys():
@@ -169,9 +169,9 @@ class FakeTorch(types.ModuleType):
 
 @pytest.fixture
 def fresh(monkeypatch):
-    monkeypatch.setattr(ft, "_current", None)
-    monkeypatch.setattr(ft, "_last_pool_name", None)
-    monkeypatch.setattr(ft, "_keepalive", [])
+    monkeypatch.setattr(ft.allocators, "_current", None)
+    monkeypatch.setattr(ft.allocators, "_last_pool_name", None)
+    monkeypatch.setattr(ft.allocators, "_keepalive", [])
 
     def install(**kw):
         t = FakeTorch(**kw)
@@ -231,7 +231,7 @@ def test_mem_pool_wraps_the_raw_allocator(fresh):
     t = fresh(initialized=True)  # a pool works after CUDA is initialized
     ft.mem_pool("managed_pool", prefetch=True)
     assert t.calls[-1] == ("MemPool", ("raw", ("ferry_torch_alloc_managed_pool", "ferry_torch_free_managed_pool")))
-    assert len(ft._keepalive) == 1  # the allocator outlives the pool's blocks
+    assert len(ft.allocators._keepalive) == 1  # the allocator outlives the pool's blocks
     assert ft.allocator_stats()["allocator"] == "managed_pool"
 
 

@@ -1,0 +1,24 @@
+"""PyTorch integration, one module per concept:
+
+- ``pinned``: CPU tensors whose storage is ferry pinned-pool memory
+  (``empty_pinned``, ``default_pinned_pool``);
+- ``transfer``: tensors to and from the GPU by ferry's copy engine
+  (``to_device``, ``to_host``);
+- ``allocators``: managed-memory allocators for PyTorch (``use_allocator``,
+  ``mem_pool``, ``allocator_stats``, ``empty_cache``).
+
+Everything public is re-exported here: ``ferry.torch.to_device(...)``.
+"""
+
+from .allocators import (  # noqa: F401
+    ALLOCATORS,
+    AllocatorTooLateError,
+    allocator_stats,
+    current_allocator,
+    empty_cache,
+    library_path,
+    mem_pool,
+    use_allocator,
+)
+from .pinned import default_pinned_pool, empty_pinned  # noqa: F401
+from .transfer import to_device, to_host  # noqa: F401
