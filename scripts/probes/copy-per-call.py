@@ -10,9 +10,12 @@ import time
 
 import torch
 
+import importlib
+
 import ferry
 import ferry.torch
-from ferry import copy as fcopy
+
+fcopy = importlib.import_module("ferry.copy")  # the module (ferry.copy is also the function)
 
 dev = torch.device("cuda", 0)
 results = []
