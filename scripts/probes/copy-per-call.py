@@ -63,7 +63,7 @@ for n in sizes:
     report("d2h pageable ferry.copy auto", n, med(lambda: ferry.copy(pageable, d), reps))
     report("d2h pageable ferry.copy staged", n, med(lambda: ferry.copy(pageable, d, strategy="staged"), reps))
     if n == 4 << 10:
-        report("python: fcopy._prepare(tensor, tensor)", 0, med(lambda: fcopy._prepare(d, pinned, None), 2000))
+        report("python: resolve(tensor)", 0, med(lambda: fcopy.resolve(d), 2000))
         report("python: engine() lookup", 0, med(lambda: fcopy.engine(0), 2000))
         report("python: d.data_ptr()", 0, med(lambda: d.data_ptr(), 2000))
 
@@ -83,12 +83,26 @@ dsts = [base_d + i * blk for i in idx]
 sizes_l = [blk] * count
 s = torch.cuda.current_stream()
 report("batch 1024x64KiB h2d from Python lists", blk * count,
-       med(lambda: ferry.copy_batch_async(dsts, srcs, sizes_l, stream=s).wait(), 50))
-report("batch 1024x64KiB h2d: call only (no wait)", 0,
-       med(lambda: fcopy.copy_batch_async(dsts, srcs, sizes_l, stream=s), 50))
+       med(lambda: ferry.copy_many(dsts, srcs, sizes_l, stream=s), 50))
+report("batch 1024x64KiB d2h from Python lists", blk * count,
+       med(lambda: ferry.copy_many(srcs, dsts, sizes_l, stream=s), 50))
+import numpy as np
+
+da, sa, za = np.array(dsts, dtype=np.int64), np.array(srcs, dtype=np.int64), np.array(sizes_l, dtype=np.int64)
+report("batch 1024x64KiB h2d from int64 arrays", blk * count, med(lambda: ferry.copy_many(da, sa, za, stream=s), 50))
+report("batch 1024x64KiB h2d: async call only (no wait)", 0,
+       med(lambda: ferry.copy_many_async(dsts, srcs, sizes_l, stream=s), 50))
 torch.cuda.synchronize()
-report("batch: python resolve of 2x1024 ints", 0,
-       med(lambda: ([fcopy.resolve(x, blk, True)[0] for x in dsts], [fcopy.resolve(x, blk, False)[0] for x in srcs]), 50))
+
+# A transformer-shaped state dict (2 layers' worth), one call vs a loop.
+shapes = [(4096, 4096)] * 4 + [(11008, 4096), (4096, 11008), (11008, 4096)] + [(4096,)] * 2
+sd = {f"l{l}.{i}": torch.randn(sh).to(torch.bfloat16) for l in range(2) for i, sh in enumerate(shapes)}
+nb = sum(t.numel() * t.element_size() for t in sd.values())
+torch.cuda.synchronize()
+report("state dict (2 layers) ferry.torch.to_device(dict)", nb,
+       med(lambda: (ferry.torch.to_device(sd), torch.cuda.synchronize()), 5))
+report("state dict (2 layers) .to('cuda') loop", nb,
+       med(lambda: ({k: v.to("cuda") for k, v in sd.items()}, torch.cuda.synchronize()), 5))
 
 if len(sys.argv) > 1:
     with open(sys.argv[1], "w") as f:
