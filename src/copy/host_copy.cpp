@@ -1,4 +1,4 @@
-// host_copy.cpp — memcpy into staging, streaming stores out of it.
+// host_copy.cpp — streaming copies into and out of staging.
 #include "copy/host_copy.h"
 
 #include <cstdint>
@@ -9,8 +9,6 @@
 #endif
 
 namespace ferry {
-
-void copy_to_staging(void* dst, const void* src, size_t n) noexcept { std::memcpy(dst, src, n); }
 
 #if defined(__x86_64__)
 
@@ -51,7 +49,9 @@ bool streaming_stores_available() noexcept {
   return avx2;
 }
 
-void copy_from_staging(void* dst, const void* src, size_t n) noexcept {
+namespace {
+
+void copy_streaming(void* dst, const void* src, size_t n) noexcept {
   if (n < kStreamingMin || !streaming_stores_available()) {
     std::memcpy(dst, src, n);
     return;
@@ -59,9 +59,15 @@ void copy_from_staging(void* dst, const void* src, size_t n) noexcept {
   copy_streaming_avx2(static_cast<char*>(dst), static_cast<const char*>(src), n);
 }
 
+}  // namespace
+
+void copy_to_staging(void* dst, const void* src, size_t n) noexcept { copy_streaming(dst, src, n); }
+void copy_from_staging(void* dst, const void* src, size_t n) noexcept { copy_streaming(dst, src, n); }
+
 #else
 
 bool streaming_stores_available() noexcept { return false; }
+void copy_to_staging(void* dst, const void* src, size_t n) noexcept { std::memcpy(dst, src, n); }
 void copy_from_staging(void* dst, const void* src, size_t n) noexcept { std::memcpy(dst, src, n); }
 
 #endif

@@ -1,4 +1,5 @@
-// crew.cpp — spinning worker threads over jobs of numbered pieces.
+// crew.cpp — spinning worker threads over jobs of numbered pieces, picked from
+// lock-free slots.
 #include "core/crew.h"
 
 #include <algorithm>
@@ -44,6 +45,7 @@ Crew::~Crew() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
+    stop_flag_ = true;
   }
   work_cv_.notify_all();
   for (auto& t : threads_) t.join();
@@ -59,34 +61,50 @@ void Crew::wake() noexcept {
 
 void Crew::post(CrewJob& job, uint32_t published) {
   job.published_.store(std::min(published, job.total_), std::memory_order_release);
-  if (threads_.empty()) return;
-  {
-    std::lock_guard lock(mu_);
-    jobs_.push_back(&job);
+  job.slot_ = -1;
+  if (threads_.empty() || job.total_ <= 1) return;
+  for (int i = 0; i < kSlots; ++i) {
+    CrewJob* empty = nullptr;
+    if (slots_[i].job.compare_exchange_strong(empty, &job, std::memory_order_seq_cst)) {
+      job.slot_ = i;
+      wake();
+      return;
+    }
   }
-  wake();
 }
 
 void Crew::publish(CrewJob& job, uint32_t published) {
   published = std::min(published, job.total_);
   if (published <= job.published_.load(std::memory_order_relaxed)) return;
   job.published_.store(published, std::memory_order_release);
-  if (!threads_.empty()) wake();
+  if (job.slot_ >= 0) wake();
 }
 
 void Crew::retire(CrewJob& job) noexcept {
-  if (threads_.empty()) return;
-  std::unique_lock lock(mu_);
-  auto it = std::find(jobs_.begin(), jobs_.end(), &job);
-  if (it != jobs_.end()) jobs_.erase(it);
-  job.retiring_ = true;
-  retired_cv_.wait(lock, [&] { return job.users_ == 0; });
+  if (job.slot_ < 0) return;
+  Slot& slot = slots_[job.slot_];
+  slot.job.store(nullptr, std::memory_order_seq_cst);
+  // Workers that counted themselves in before the store may still hold the
+  // job; they leave after their current piece.
+  for (int i = 0; slot.users.load(std::memory_order_seq_cst) != 0; ++i) {
+    if (i < 4096)
+      cpu_relax();
+    else
+      std::this_thread::yield();
+  }
+  job.slot_ = -1;
 }
 
-CrewJob* Crew::pick_locked() noexcept {
-  for (CrewJob* j : jobs_)
-    if (j->has_work()) return j;
-  return nullptr;
+bool Crew::work_some() noexcept {
+  bool ran = false;
+  for (Slot& slot : slots_) {
+    if (!slot.job.load(std::memory_order_relaxed)) continue;  // cheap look first
+    slot.users.fetch_add(1, std::memory_order_seq_cst);
+    CrewJob* job = slot.job.load(std::memory_order_seq_cst);
+    if (job && job->has_work()) ran |= job->work() > 0;
+    slot.users.fetch_sub(1, std::memory_order_release);
+  }
+  return ran;
 }
 
 void Crew::run_worker() noexcept {
@@ -95,17 +113,8 @@ void Crew::run_worker() noexcept {
   auto idle_since = Clock::now();
   for (;;) {
     const uint64_t seen = epoch_.load(std::memory_order_seq_cst);
-    CrewJob* job = nullptr;
-    {
-      std::lock_guard lock(mu_);
-      if (stopping_) return;
-      job = pick_locked();
-      if (job) ++job->users_;
-    }
-    if (job) {
-      job->work();
-      std::lock_guard lock(mu_);
-      if (--job->users_ == 0 && job->retiring_) retired_cv_.notify_all();
+    if (stop_flag_.load(std::memory_order_relaxed)) return;
+    if (work_some()) {
       idle_since = Clock::now();
       continue;
     }
@@ -124,6 +133,7 @@ void Crew::run_worker() noexcept {
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     work_cv_.wait(lock, [&] { return stopping_ || epoch_.load(std::memory_order_seq_cst) != seen; });
     sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+    if (stopping_) return;
     idle_since = Clock::now();
   }
 }
