@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <thread>
+#include <immintrin.h>
 #include <sys/mman.h>
 #include <vector>
 
@@ -33,6 +35,22 @@ static void ok(cudaError_t e, const char* what) {
   }
 }
 
+__attribute__((target("cldemote"))) static void copy_demote(char* d, const char* s, size_t n) {
+  std::memcpy(d, s, n);
+  for (size_t i = 0; i < n; i += 64) _cldemote(d + i);
+}
+
+struct DemoteJob {
+  char* dst;
+  const char* src;
+  size_t piece, n;
+  static void run(void* c, uint32_t i) noexcept {
+    auto& j = *static_cast<DemoteJob*>(c);
+    const size_t off = i * j.piece;
+    copy_demote(j.dst + off, j.src + off, std::min(j.piece, j.n - off));
+  }
+};
+
 static double median_us(int reps, const std::function<void()>& f) {
   for (int i = 0; i < 5; ++i) f();
   std::vector<double> t(reps);
@@ -50,22 +68,20 @@ struct CopyJob {
   const char* src;
   size_t piece;
   size_t n;
-  bool streaming = false;
+  bool evict = false;
   static void run(void* c, uint32_t i) noexcept {
     auto& j = *static_cast<CopyJob*>(c);
     const size_t off = i * j.piece;
-    if (j.streaming)
-      copy_from_staging(j.dst + off, j.src + off, std::min(j.piece, j.n - off));  // streaming stores
-    else
-      copy_to_staging(j.dst + off, j.src + off, std::min(j.piece, j.n - off));
+    copy_from_staging(j.dst + off, j.src + off, std::min(j.piece, j.n - off));  // streaming stores
+    if (j.evict) evict_from_caches(j.src + off, std::min(j.piece, j.n - off));
   }
 };
 
 // The crew copies n bytes from src to dst (plain or streaming stores).
-static void crew_copy(Crew& crew, char* dst, const char* src, size_t n, bool streaming) {
+static void crew_copy(Crew& crew, char* dst, const char* src, size_t n, bool evict) {
   const size_t piece = piece_bytes_for(n, 2u << 20, crew.threads() + 1);
   const uint32_t pieces = static_cast<uint32_t>((n + piece - 1) / piece);
-  CopyJob j{dst, src, piece, n, streaming};
+  CopyJob j{dst, src, piece, n, evict};
   CrewJob job(&CopyJob::run, &j, pieces);
   crew.post(job, pieces);
   job.work();
@@ -150,15 +166,36 @@ int main() {
       return t[t.size() / 2];
     };
     double clean = timed([] {});
-    double after_cpu = timed([&] { crew_copy(crew, reinterpret_cast<char*>(area.base), src, n, false); });
-    double after_nt = timed([&] { crew_copy(crew, reinterpret_cast<char*>(area.base), src, n, true); });
+    double after_cpu = timed([&] {
+      std::memcpy(area.base, src, n);  // plain stores, one thread
+    });
+    double after_nt = timed([&] { crew_copy(crew, reinterpret_cast<char*>(area.base), src, n, false); });
+    {
+      const size_t piece = piece_bytes_for(n, 2u << 20, crew.threads() + 1);
+      const uint32_t pieces = static_cast<uint32_t>((n + piece - 1) / piece);
+      auto demote_copy = [&] {
+        DemoteJob j{reinterpret_cast<char*>(area.base), src, piece, n};
+        CrewJob job(&DemoteJob::run, &j, pieces);
+        crew.post(job, pieces);
+        job.work();
+        crew.retire(job);
+      };
+      double t_demote_copy = median_us(30, demote_copy);
+      double t_nt_copy = median_us(30, [&] { crew_copy(crew, reinterpret_cast<char*>(area.base), src, n, false); });
+      double after_demote = timed(demote_copy);
+      std::printf("   crew copy in: streaming %.1f us, plain+cldemote %.1f us; DMA after cldemote %.1f us\n",
+                  t_nt_copy, t_demote_copy, after_demote);
+    }
     auto copy_out = [&](bool nt) {
       std::vector<double> t;
       for (int i = 0; i < 30; ++i) {
         cudaMemcpyAsync(area.base, dev, n, cudaMemcpyDeviceToHost, s);
         cudaStreamSynchronize(s);
         auto a = Clock::now();
-        crew_copy(crew, src, reinterpret_cast<char*>(area.base), n, nt);
+        if (nt)
+          crew_copy(crew, src, reinterpret_cast<char*>(area.base), n, false);
+        else
+          std::memcpy(src, area.base, n);
         t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
       }
       std::sort(t.begin(), t.end());
@@ -169,7 +206,7 @@ int main() {
     auto d2h_dma = [&](bool read_first) {
       std::vector<double> t;
       for (int i = 0; i < 30; ++i) {
-        if (read_first) crew_copy(crew, src, reinterpret_cast<char*>(area.base), n, true);
+        if (read_first) crew_copy(crew, src, reinterpret_cast<char*>(area.base), n, false);
         auto a = Clock::now();
         cudaMemcpyAsync(area.base, dev, n, cudaMemcpyDeviceToHost, s);
         cudaStreamSynchronize(s);
@@ -179,9 +216,57 @@ int main() {
       return t[t.size() / 2];
     };
     double d2h_clean = d2h_dma(false), d2h_after_read = d2h_dma(true);
+    std::vector<double> t_evict, t_copy_evict;
+    for (int i = 0; i < 30; ++i) {
+      auto a = Clock::now();
+      crew_copy(crew, src, reinterpret_cast<char*>(area.base), n, true);
+      t_copy_evict.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
+      a = Clock::now();
+      cudaMemcpyAsync(area.base, dev, n, cudaMemcpyDeviceToHost, s);
+      cudaStreamSynchronize(s);
+      t_evict.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
+    }
+    std::sort(t_evict.begin(), t_evict.end());
+    std::sort(t_copy_evict.begin(), t_copy_evict.end());
+    std::printf("   copy-out+evict %.1f us, then d2h DMA %.1f us\n", t_copy_evict[15], t_evict[15]);
     std::printf("%-10zu %14.1f %14.1f %14.1f %16.1f %16.1f %12.1f %12.1f  (KiB; us)\n", n >> 10, clean, after_cpu,
                 after_nt, out_plain, out_nt, d2h_clean, d2h_after_read);
     std::fflush(stdout);
+  }
+
+  // Memory bandwidth: does a DMA from pinned memory slow down while the CPUs
+  // stream other bytes (a 64 MiB DMA from the area, while the crew copies
+  // 256 MiB pageable -> another buffer with streaming stores)?
+  {
+    const size_t n = 64u << 20, busy = 256u << 20;
+    char* big = static_cast<char*>(mmap(nullptr, 2 * busy, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    std::memset(big, 1, 2 * busy);
+    void* pinned64;
+    ok(cudaHostAlloc(&pinned64, n, 0), "cudaHostAlloc 64");
+    std::memset(pinned64, 2, n);
+    auto dma = [&] {
+      cudaMemcpyAsync(dev, pinned64, n, cudaMemcpyHostToDevice, s);
+      cudaStreamSynchronize(s);
+    };
+    double alone = median_us(10, dma);
+    std::vector<double> t;
+    for (int i = 0; i < 10; ++i) {
+      std::atomic<bool> go{false};
+      std::thread cpu([&] {
+        go = true;
+        crew_copy(crew, big + busy, big, busy, false);
+      });
+      while (!go) {
+      }
+      auto a = Clock::now();
+      dma();
+      t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
+      cpu.join();
+    }
+    std::sort(t.begin(), t.end());
+    double cpu_alone = median_us(5, [&] { crew_copy(crew, big + busy, big, busy, false); });
+    std::printf("\n64 MiB DMA from pinned memory: alone %.1f us, while the crew streams 256 MiB %.1f us "
+                "(the crew alone: %.1f us for 256 MiB)\n", alone, t[5], cpu_alone);
   }
   return 0;
 }

@@ -42,6 +42,18 @@ bool detect_avx2() noexcept {
   return __builtin_cpu_supports("avx2");
 }
 
+bool detect_clflushopt() noexcept {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("clflushopt");
+}
+
+__attribute__((target("clflushopt"))) void evict_clflushopt(const char* p, size_t n) noexcept {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+  for (uintptr_t a = begin; a < end; a += 64) _mm_clflushopt(reinterpret_cast<void*>(a));
+  _mm_sfence();
+}
+
 }  // namespace
 
 bool streaming_stores_available() noexcept {
@@ -64,7 +76,14 @@ void copy_streaming(void* dst, const void* src, size_t n) noexcept {
 void copy_to_staging(void* dst, const void* src, size_t n) noexcept { copy_streaming(dst, src, n); }
 void copy_from_staging(void* dst, const void* src, size_t n) noexcept { copy_streaming(dst, src, n); }
 
+void evict_from_caches(const void* p, size_t n) noexcept {
+  static const bool available = detect_clflushopt();
+  if (available && n) evict_clflushopt(static_cast<const char*>(p), n);
+}
+
 #else
+
+void evict_from_caches(const void*, size_t) noexcept {}
 
 bool streaming_stores_available() noexcept { return false; }
 void copy_to_staging(void* dst, const void* src, size_t n) noexcept { std::memcpy(dst, src, n); }

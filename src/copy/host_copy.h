@@ -24,7 +24,13 @@ namespace ferry {
 // a DMA engine started after a later release store) once they return.
 void copy_to_staging(void* dst, const void* src, size_t n) noexcept;
 void copy_from_staging(void* dst, const void* src, size_t n) noexcept;
-// Whether copy_from_staging uses non-temporal stores on this CPU.
+// Whether the copies use non-temporal stores on this CPU.
 bool streaming_stores_available() noexcept;
+
+// Drops [p, p + n) from every CPU cache (clflushopt; nothing where the CPU
+// lacks it). For staging memory the CPU has read and a DMA will write next: a
+// device->host DMA into lines still cached by the cores that read them took
+// 670 us for 16 MiB instead of 309 (H200 machine).
+void evict_from_caches(const void* p, size_t n) noexcept;
 
 }  // namespace ferry

@@ -122,7 +122,9 @@ void Crew::run_worker() noexcept {
     // epoch moves (a post or publish) or the crew stops.
     bool moved = false;
     while (Clock::now() - idle_since < spin) {
-      for (int i = 0; i < 64; ++i) cpu_relax();
+      // A pause is ~140 cycles on Sapphire Rapids: look at the epoch every
+      // few, so a spinning worker joins a new job within ~0.3 us.
+      for (int i = 0; i < 4; ++i) cpu_relax();
       if (epoch_.load(std::memory_order_acquire) != seen) {
         moved = true;
         break;

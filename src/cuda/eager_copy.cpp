@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -24,6 +25,10 @@ namespace {
 // coordinating workers cost more than they save (H200: 64 KiB took 16 us alone,
 // 29 us with the crew).
 constexpr size_t kCrewMinBytes = 128u << 10;
+// Device->host runs of at least this many bytes copy out with streaming
+// stores and drop the staging lines from the caches (see host_copy.h); for
+// smaller ones the user's buffer is likely cached and plain stores win.
+constexpr size_t kStreamOutMinBytes = 512u << 10;
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__)
@@ -34,6 +39,7 @@ inline void cpu_relax() noexcept {
 // State shared by the caller and the crew threads for one run.
 struct EagerRun {
   Direction dir;
+  bool stream_out;  // device->host: streaming stores and eviction (kStreamOutMinBytes)
   std::span<const EagerItem> items;
   const StagingPlan& plan;
   unsigned char* area;
@@ -42,8 +48,8 @@ struct EagerRun {
   std::mutex error_mu;
   std::exception_ptr error;  // error_mu: the first error of a piece
 
-  EagerRun(Direction d, std::span<const EagerItem> it, const StagingPlan& p, unsigned char* a)
-      : dir(d), items(it), plan(p), area(a), remaining(new std::atomic<uint32_t>[p.chunks.size()]) {
+  EagerRun(Direction d, bool s, std::span<const EagerItem> it, const StagingPlan& p, unsigned char* a)
+      : dir(d), stream_out(s), items(it), plan(p), area(a), remaining(new std::atomic<uint32_t>[p.chunks.size()]) {
     for (size_t k = 0; k < p.chunks.size(); ++k) remaining[k].store(p.chunks[k].pieces, std::memory_order_relaxed);
   }
 
@@ -62,9 +68,12 @@ struct EagerRun {
       } else if (r.dir == Direction::h2d) {
         copy_to_staging(r.area + p.area_offset, static_cast<const char*>(r.items[p.item].src) + p.item_offset,
                         p.bytes);
-      } else {
+      } else if (r.stream_out) {
         copy_from_staging(static_cast<char*>(r.items[p.item].dst) + p.item_offset, r.area + p.area_offset,
                           p.bytes);
+        evict_from_caches(r.area + p.area_offset, p.bytes);  // the next DMA into the slot writes faster
+      } else {
+        std::memcpy(static_cast<char*>(r.items[p.item].dst) + p.item_offset, r.area + p.area_offset, p.bytes);
       }
     }
     r.remaining[p.chunk].fetch_sub(1, std::memory_order_release);  // after the copy (and its fence)
@@ -164,7 +173,7 @@ bool run_eager(Direction dir, std::span<const EagerItem> items, StagingArea& are
 
   static Crew alone(0, 0);  // no threads: post/publish/retire only count
   Crew& helpers = total < kCrewMinBytes ? alone : crew;
-  EagerRun run(dir, items, plan, area.base);
+  EagerRun run(dir, total >= kStreamOutMinBytes, items, plan, area.base);
   CrewJob job(&EagerRun::run_piece, &run, static_cast<uint32_t>(plan.pieces.size()));
   helpers.post(job, 0);
   try {
