@@ -52,7 +52,8 @@ MachineProfile MachineProfile::defaults() { return MachineProfile{}; }
 std::string format_profile(const MachineProfile& p) {
   std::ostringstream o;
   o << "# ferry machine profile (ferry bench copy --calibrate)\n"
-    << "cuda_below_bytes = " << p.cuda_below_bytes << "\n"
+    << "cuda_below_bytes_h2d = " << p.cuda_below_bytes[0] << "\n"
+    << "cuda_below_bytes_d2h = " << p.cuda_below_bytes[1] << "\n"
     << "staging_chunk_bytes = " << p.staging_chunk_bytes << "\n"
     << "staging_slots = " << p.staging_slots << "\n"
     << "workers = " << p.workers << "\n"
@@ -97,7 +98,9 @@ MachineProfile parse_profile(const std::string& text) {
       if (v == 0) throw InvalidArgument(where + ": must be > 0");
       return v;
     };
-    if (key == "cuda_below_bytes") p.cuda_below_bytes = parse_size(value, where);
+    if (key == "cuda_below_bytes") p.cuda_below_bytes[0] = p.cuda_below_bytes[1] = parse_size(value, where);
+    else if (key == "cuda_below_bytes_h2d") p.cuda_below_bytes[0] = parse_size(value, where);
+    else if (key == "cuda_below_bytes_d2h") p.cuda_below_bytes[1] = parse_size(value, where);
     else if (key == "staging_chunk_bytes") p.staging_chunk_bytes = positive();
     else if (key == "staging_slots") p.staging_slots = static_cast<int>(positive());
     else if (key == "workers") p.workers = static_cast<int>(parse_integer(value, where));
@@ -127,7 +130,7 @@ Strategy choose_strategy(Direction dir, size_t bytes, HostBacking backing,
   if (requested == Strategy::direct) return Strategy::cuda;
   if (requested == Strategy::sm) return Strategy::staged;
   if (requested != Strategy::automatic) return requested;
-  if (bytes < profile.cuda_below_bytes) return Strategy::cuda;
+  if (bytes < profile.cuda_below_bytes[static_cast<int>(dir)]) return Strategy::cuda;
   // Pinning shmem THP in pieces splits its huge pages (the gVisor 2x loss):
   // stage those copies, never pin them.
   if (backing == HostBacking::shmem_thp) return Strategy::staged;

@@ -38,9 +38,10 @@ Strategy parse_strategy(const std::string& text);
 // What the engine knows about this machine; `ferry bench copy --calibrate`
 // measures it, defaults() are the figures of the H200 machine in DESIGN.md.
 struct MachineProfile {
-  // Smaller pageable copies use the CUDA path. 0: none (the eager staged copy
-  // beats CUDA's own at every size on the H200 machine).
-  size_t cuda_below_bytes = 0;
+  // Smaller pageable copies use the CUDA path, per direction (h2d, d2h). 0:
+  // none (the eager staged copy beats CUDA's own at every size on the H200
+  // machine). Profile keys cuda_below_bytes_h2d / _d2h; cuda_below_bytes sets both.
+  size_t cuda_below_bytes[2] = {0, 0};
   // The eager staged copy's areas: chunks of eager_chunk_bytes (the largest
   // DMA), eager_slots of them per area (32 MiB: small enough to stay in the
   // CPU's caches), at most eager_areas areas (copies running at once).

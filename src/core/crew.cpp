@@ -51,23 +51,24 @@ Crew::~Crew() {
   for (auto& t : threads_) t.join();
 }
 
-void Crew::wake() noexcept {
+void Crew::wake(bool sleepers_too) noexcept {
   epoch_.fetch_add(1, std::memory_order_seq_cst);
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+  if (sleepers_too && sleepers_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard lock(mu_);  // a sleeper is between its check and its wait, or waiting
     work_cv_.notify_all();
   }
 }
 
-void Crew::post(CrewJob& job, uint32_t published) {
+void Crew::post(CrewJob& job, uint32_t published, bool wake_sleepers) {
   job.published_.store(std::min(published, job.total_), std::memory_order_release);
   job.slot_ = -1;
+  job.wake_sleepers_ = wake_sleepers;
   if (threads_.empty() || job.total_ <= 1) return;
   for (int i = 0; i < kSlots; ++i) {
     CrewJob* empty = nullptr;
     if (slots_[i].job.compare_exchange_strong(empty, &job, std::memory_order_seq_cst)) {
       job.slot_ = i;
-      wake();
+      wake(wake_sleepers);
       return;
     }
   }
@@ -77,7 +78,7 @@ void Crew::publish(CrewJob& job, uint32_t published) {
   published = std::min(published, job.total_);
   if (published <= job.published_.load(std::memory_order_relaxed)) return;
   job.published_.store(published, std::memory_order_release);
-  if (job.slot_ >= 0) wake();
+  if (job.slot_ >= 0) wake(job.wake_sleepers_);
 }
 
 void Crew::retire(CrewJob& job) noexcept {
@@ -130,7 +131,10 @@ void Crew::run_worker() noexcept {
         break;
       }
     }
-    if (moved) continue;
+    if (moved) {  // new work, taken or not: the crew is busy, keep spinning
+      idle_since = Clock::now();
+      continue;
+    }
     std::unique_lock lock(mu_);
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     work_cv_.wait(lock, [&] { return stopping_ || epoch_.load(std::memory_order_seq_cst) != seen; });

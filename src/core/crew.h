@@ -64,6 +64,7 @@ class CrewJob {
   std::atomic<uint32_t> next_{0};       // first piece not yet taken
   std::atomic<uint32_t> published_{0};  // pieces [0, published_) may be taken
   int slot_ = -1;                       // the poster's: the slot it holds, or -1
+  bool wake_sleepers_ = true;           // the poster's
 };
 
 class Crew {
@@ -80,7 +81,9 @@ class Crew {
   // Makes the job visible to the workers with its first `published` pieces.
   // A job of one piece is not posted (waking a worker costs more than the
   // piece), nor one that finds every slot taken: its poster runs it alone.
-  void post(CrewJob& job, uint32_t published);
+  // wake_sleepers = false: only workers still spinning help (a small job
+  // should not pay the futex calls that wake sleeping threads).
+  void post(CrewJob& job, uint32_t published, bool wake_sleepers = true);
   // More pieces are ready (published only grows, up to total()).
   void publish(CrewJob& job, uint32_t published);
   // Takes the job out; when this returns no worker touches it any more (a
@@ -98,7 +101,7 @@ class Crew {
 
   void run_worker() noexcept;
   bool work_some() noexcept;  // a worker's pass over the slots; true if it ran a piece
-  void wake() noexcept;
+  void wake(bool sleepers_too) noexcept;
 
   const int spin_us_;
   Slot slots_[kSlots];

@@ -25,6 +25,10 @@ namespace {
 // coordinating workers cost more than they save (H200: 64 KiB took 16 us alone,
 // 29 us with the crew).
 constexpr size_t kCrewMinBytes = 128u << 10;
+// Runs of at least this many bytes wake sleeping crew threads; smaller ones
+// take help only from threads still spinning after earlier work (waking a
+// thread costs the poster futex calls and the thread 15-35 us to start).
+constexpr size_t kWakeSleepersMinBytes = 1u << 20;
 // Device->host runs of at least this many bytes copy out with streaming
 // stores and drop the staging lines from the caches (see host_copy.h); for
 // smaller ones the user's buffer is likely cached and plain stores win.
@@ -175,7 +179,7 @@ bool run_eager(Direction dir, std::span<const EagerItem> items, StagingArea& are
   Crew& helpers = total < kCrewMinBytes ? alone : crew;
   EagerRun run(dir, total >= kStreamOutMinBytes, items, plan, area.base);
   CrewJob job(&EagerRun::run_piece, &run, static_cast<uint32_t>(plan.pieces.size()));
-  helpers.post(job, 0);
+  helpers.post(job, 0, /*wake_sleepers=*/total >= kWakeSleepersMinBytes);
   try {
     if (dir == Direction::h2d)
       drive_h2d(run, job, helpers, area, stream);

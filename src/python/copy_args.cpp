@@ -39,7 +39,7 @@ CopyArg from_tensor(nb::handle t, const char* role) {
   a.torch = true;
   a.sized = true;
   a.address = nb::cast<uintptr_t>(t.attr("data_ptr")());
-  a.bytes = nb::cast<size_t>(t.attr("numel")()) * nb::cast<size_t>(t.attr("element_size")());
+  a.bytes = nb::cast<size_t>(t.attr("nbytes"));
   a.cuda_device = nb::cast<int>(t.attr("get_device")());  // -1 on the CPU
   return a;
 }
