@@ -16,9 +16,10 @@
 # decide whether pip must bring the toolkit: keep the two in step.
 #
 # The pip layout (site-packages/nvidia/cu13/{bin,include,lib,nvvm}) is a toolkit
-# except for one thing: nvcc links with -L$TOP/lib64, and the wheels have lib/.
-# So the chosen pip toolkit is assembled in the build tree from symlinks (nvcc
-# finds its pieces relative to the path it was started by, not its real path).
+# but for two things: nvcc links with -L$TOP/lib64 where the wheels have lib/, and
+# lib/ lacks libcudart.so. So the chosen pip toolkit is assembled in the build tree
+# from symlinks (nvcc finds its pieces relative to the path it was started by, not
+# its real path).
 
 set(FERRY_CUDA_TOOLKIT "auto" CACHE STRING
   "Where the CUDA toolkit comes from: auto (system if ${FERRY_CUDA_LINE}+, else pip), system, pip")
@@ -113,9 +114,22 @@ function(_ferry_assemble_pip_toolkit pip_root out)
   foreach(sub include nvvm)
     file(CREATE_LINK "${pip_root}/${sub}" "${dir}/${sub}" SYMBOLIC)
   endforeach()
-  foreach(sub lib lib64)
-    file(CREATE_LINK "${pip_root}/lib" "${dir}/${sub}" SYMBOLIC)
+  # lib/ gets the development names a toolkit has and the wheels lack (libcudart.so
+  # beside libcudart.so.13): find_package(CUDAToolkit) insists on finding libcudart.so,
+  # although ferry links the static runtime.
+  file(MAKE_DIRECTORY "${dir}/lib")
+  file(GLOB libs "${pip_root}/lib/*")
+  foreach(lib IN LISTS libs)
+    get_filename_component(name "${lib}" NAME)
+    file(CREATE_LINK "${lib}" "${dir}/lib/${name}" SYMBOLIC)
+    if(name MATCHES "^(lib.+\\.so)\\.[0-9]+$")
+      set(dev_name "${CMAKE_MATCH_1}")
+      if(NOT EXISTS "${pip_root}/lib/${dev_name}")
+        file(CREATE_LINK "${lib}" "${dir}/lib/${dev_name}" SYMBOLIC)
+      endif()
+    endif()
   endforeach()
+  file(CREATE_LINK lib "${dir}/lib64" SYMBOLIC)
   set(${out} "${dir}" PARENT_SCOPE)
 endfunction()
 
