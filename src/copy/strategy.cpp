@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "copy/staging_plan.h"
 #include "core/error.h"
 #include "core/options.h"
 
@@ -59,6 +60,10 @@ std::string format_profile(const MachineProfile& p) {
     << "hybrid_pinned_share_h2d = " << p.hybrid_pinned_share[0] << "\n"
     << "hybrid_pinned_share_d2h = " << p.hybrid_pinned_share[1] << "\n"
     << "pin_piece_bytes = " << p.pin_piece_bytes << "\n"
+    << "eager_chunk_bytes = " << p.eager_chunk_bytes << "\n"
+    << "eager_slots = " << p.eager_slots << "\n"
+    << "eager_areas = " << p.eager_areas << "\n"
+    << "eager_async_below_bytes = " << p.eager_async_below_bytes << "\n"
     << "batch_sm_below_bytes = " << p.batch_sm_below_bytes << "\n";
   return o.str();
 }
@@ -101,8 +106,14 @@ MachineProfile parse_profile(const std::string& text) {
     else if (key == "hybrid_pinned_share_d2h") p.hybrid_pinned_share[1] = share();
     else if (key == "pin_piece_bytes") p.pin_piece_bytes = positive();
     else if (key == "batch_sm_below_bytes") p.batch_sm_below_bytes = parse_size(value, where);
+    else if (key == "eager_chunk_bytes") p.eager_chunk_bytes = positive();
+    else if (key == "eager_slots") p.eager_slots = static_cast<int>(std::min<uint64_t>(positive(), 4096));
+    else if (key == "eager_areas") p.eager_areas = static_cast<int>(std::min<uint64_t>(positive(), 64));
+    else if (key == "eager_async_below_bytes") p.eager_async_below_bytes = parse_size(value, where);
     else throw InvalidArgument(where + ": unknown key '" + key + "'");
   }
+  if (p.eager_chunk_bytes % kFragmentAlign)
+    throw InvalidArgument("profile: eager_chunk_bytes must be a multiple of " + std::to_string(kFragmentAlign));
   if (p.pin_piece_bytes % (2u << 20))
     throw InvalidArgument("profile: pin_piece_bytes must be a multiple of 2 MiB");
   return p;

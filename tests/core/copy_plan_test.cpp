@@ -81,6 +81,11 @@ TEST(PinPlan, HybridSplitMovesTheRestToStaging) {
 TEST(Strategy, Choice) {
   MachineProfile prof = MachineProfile::defaults();
   EXPECT_EQ(choose_strategy(Direction::h2d, 1, HostBacking::pinned, prof), Strategy::direct);
+  // Built-in defaults: staging at every size (the eager path beats CUDA's own).
+  EXPECT_EQ(choose_strategy(Direction::h2d, 1, HostBacking::small_pages, prof), Strategy::staged);
+  EXPECT_EQ(choose_strategy(Direction::h2d, 4096, HostBacking::small_pages, prof), Strategy::staged);
+  // A calibrated profile may send small copies to CUDA's path.
+  prof.cuda_below_bytes = 4u << 20;
   EXPECT_EQ(choose_strategy(Direction::h2d, 4096, HostBacking::small_pages, prof), Strategy::cuda);
   EXPECT_EQ(choose_strategy(Direction::h2d, 1u << 30, HostBacking::small_pages, prof), Strategy::staged);
   prof.hybrid_pinned_share[1] = 0.4;
