@@ -279,3 +279,18 @@ def test_measurements_after_the_budget_are_skipped(fake_gpus, monkeypatch):
     assert report["skipped"] and all("time budget" in s["why"] or "hugetlb" in s["why"]
                                      for s in report["skipped"])
     assert fake_gpus == []
+
+
+def test_a_full_run_measures_bandwidth_by_size_on_every_gpu(fake_gpus, monkeypatch):
+    small = dataclasses.replace(doctor.PLANS["full"], touch_bytes=64 << 20, memcpy_bytes=16 << 20, most_threads=2,
+                                by_size=(4 << 20, 64 << 20))
+    monkeypatch.setitem(doctor.PLANS, "full", small)
+    report = doctor.run("full", quiet=True)
+    rows = report["measurements"]["bandwidth_by_size"]
+    assert sorted(rows) == ["0", "1"] and [r["nbytes"] for r in rows["1"]] == [4 << 20, 64 << 20]
+    assert rows["0"][0]["pageable_d2h_gbps_cuda"] == 15.6 and rows["0"][1]["pinned_h2d_gbps"] == 55.4
+    assert ("pinned", 1, 64 << 20) in fake_gpus
+    text = text_report.format_report(report)
+    assert "Bandwidth by size, GPU 1 (GB/s)" in text
+    line = next(line for line in text.splitlines() if line.strip().startswith("64 MiB"))
+    assert line.split()[2:] == ["55.4", "53.0", "41.2", "6.9", "40.9", "15.6"]
