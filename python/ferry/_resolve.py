@@ -18,6 +18,9 @@ from .errors import InvalidArgumentError
 
 def resolve(obj, writable: bool = False) -> tuple[int, int | None, int | None]:
     """(address, nbytes or None for an int, cuda device or None) of a copy argument."""
+    if obj is None:  # the native binding would raise TypeError
+        raise InvalidArgumentError("obj is None: expected an int address, a buffer, a __cuda_array_interface__ "
+                                   "object or a torch tensor")
     return _ferry.resolve_copy_arg(obj, writable)
 
 
