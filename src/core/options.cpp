@@ -15,8 +15,8 @@ extern char** environ;
 namespace ferry {
 namespace {
 
-// The one table. Keep it sorted by name; docs/options.md is generated from it
-// by `ferry options --markdown`.
+// The one table. Keep it sorted by name; README's Options table is generated
+// from it by `ferry options --markdown` (tests/python/test_cli.py compares them).
 const OptionSpec kOptions[] = {
     {"FERRY_CHUNK_SIZE", "64MiB",
      "bytes the arena reserves from the OS at a time (a multiple of 2 MiB)", OptionType::size,

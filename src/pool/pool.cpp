@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cassert>
-#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 
@@ -22,12 +21,6 @@ constexpr size_t kChunkGranule = size_t{2} << 20;  // chunks are 2 MiB aligned a
 
 int index(PageKind k) { return static_cast<int>(k); }
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-std::string hex(uintptr_t p) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "%#" PRIxPTR, p);
-  return buf;
-}
 
 uint64_t ns_since(Clock::time_point start) {
   return static_cast<uint64_t>(
@@ -217,13 +210,13 @@ void* Pool::Impl::allocate(size_t size, size_t alignment, PageKind kind, std::ve
 // ---- Impl: free --------------------------------------------------------------
 
 std::string Pool::Impl::diagnose_free_locked(uintptr_t p) const {
-  const std::string head = "ferry pool: deallocate(" + hex(p) + "): ";
+  const std::string head = "ferry pool: deallocate(" + format_address(p) + "): ";
   if (p == 0) return head + "null pointer, not allocated by this pool";
   std::string around;  // the live allocation p points into, if any
   auto it = live.upper_bound(p);
   if (it != live.begin() && p < std::prev(it)->first + std::prev(it)->second.size) {
     --it;
-    around = "an allocation of " + std::to_string(it->second.size) + " bytes starting at " + hex(it->first);
+    around = "an allocation of " + std::to_string(it->second.size) + " bytes starting at " + format_address(it->first);
   }
   if (const size_t freed_size = freed.find(p)) {
     std::string m = head + "already freed (it was an allocation of " + std::to_string(freed_size) + " bytes)";

@@ -19,9 +19,11 @@ import subprocess
 import sys
 import time
 
-from .report import waived_without_device, median, percentile, progress, table, write_json
+from ..measure import median, percentile
+from ..units import GiB, KiB, MiB, parse_size_list
+from .report import progress, table, write_json
+from .suite import Suite
 
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 HUGETLB_DIR = "/sys/kernel/mm/hugepages/hugepages-{kb}kB/nr_hugepages"
 
 
@@ -273,45 +275,49 @@ def print_tables(results: dict) -> None:
                     ["N(GiB)", "backing", "Register(ms)", "Register(GB/s)", "x 4k", "Touch(ms)", "waived"], rows))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ferry bench pool", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="64M,1G,8G", help="time-to-pinned sizes (default: %(default)s)")
-    p.add_argument("--register-sizes", default="1G,8G,32G", help="registration sizes (default: %(default)s)")
-    p.add_argument("--iterations", type=int, default=2000, help="recycle iterations per size (default: %(default)s)")
-    p.add_argument("--only", default="pinned,recycle,registration", help="tables to run (default: %(default)s)")
-    p.add_argument("--reserve-hugetlb", action="store_true",
-                   help="reserve hugetlb pages for the run (root; restored afterwards), so pools may use them")
-    p.add_argument("--json", metavar="FILE", help="write results as JSON")
-    p.add_argument("--case", help=argparse.SUPPRESS)
-    p.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.case:
-        print(json.dumps(_case(args.case, args.bytes)))
+class PoolSuite(Suite):
+    key = "pool"
+    description = "pinned memory fast to get and to reuse: ferry's pool beside cudaHostAlloc and torch"
+
+    def add_arguments(self, p):
+        p.add_argument("--sizes", default="64M,1G,8G", help="time-to-pinned sizes (default: %(default)s)")
+        p.add_argument("--register-sizes", default="1G,8G,32G", help="registration sizes (default: %(default)s)")
+        p.add_argument("--iterations", type=int, default=2000,
+                       help="recycle iterations per size (default: %(default)s)")
+        p.add_argument("--only", default="pinned,recycle,registration", help="tables to run (default: %(default)s)")
+        p.add_argument("--reserve-hugetlb", action="store_true",
+                       help="reserve hugetlb pages for the run (root; restored afterwards), so pools may use them")
+        p.add_argument("--case", help=argparse.SUPPRESS)
+        p.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
+
+    def waived(self, args):
+        return None if args.case else super().waived(args)  # a --case child was started by a run
+
+    def run(self, args) -> int:
+        if args.case:
+            print(json.dumps(_case(args.case, args.bytes)))
+            return 0
+        only = set(args.only.split(","))
+        results: dict = {}
+        reg_sizes = parse_size_list(args.register_sizes)
+        pin_sizes = parse_size_list(args.sizes)
+        saved = reserve_hugetlb(max(reg_sizes + pin_sizes)) if args.reserve_hugetlb else {}
+        try:
+            if "pinned" in only:
+                results["time_to_pinned"] = time_to_pinned(pin_sizes)
+            if "recycle" in only:
+                results["recycle"] = recycle_latency([4 * KiB << (2 * i) for i in range(8)], args.iterations)
+            if "registration" in only:
+                results["registration"] = registration_by_backing(reg_sizes)
+        finally:
+            restore_hugetlb(saved)
+        print_tables(results)
+        write_json(args.json, self.key, results)
         return 0
 
-    from ..cli import parse_size_list
 
-    if waived_without_device("pool"):
-        return 0
-    only = set(args.only.split(","))
-    results: dict = {}
-    reg_sizes = parse_size_list(args.register_sizes)
-    pin_sizes = parse_size_list(args.sizes)
-    saved = reserve_hugetlb(max(reg_sizes + pin_sizes)) if args.reserve_hugetlb else {}
-    try:
-        if "pinned" in only:
-            results["time_to_pinned"] = time_to_pinned(pin_sizes)
-        if "recycle" in only:
-            results["recycle"] = recycle_latency([4 * KiB << (2 * i) for i in range(8)], args.iterations)
-        if "registration" in only:
-            results["registration"] = registration_by_backing(reg_sizes)
-    finally:
-        restore_hugetlb(saved)
-    print_tables(results)
-    write_json(args.json, "pool", results)
-    return 0
-
+SUITE = PoolSuite()
+main = SUITE.main
 
 if __name__ == "__main__":
     sys.exit(main())
