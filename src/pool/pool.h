@@ -75,7 +75,9 @@ struct PoolOptions {
   HugeWant target_kind = HugeWant::yes;  // kind of the target chunk
   // With hooks: the hook (registration) of a new chunk starts once this many
   // bytes from its base are touched, while the rest is touched. 0 = at once;
-  // >= the chunk's size = after the whole chunk is touched.
+  // >= the chunk's size = after the whole chunk is touched (so chunks of the
+  // default 64 MiB register after their touch; a target or a big
+  // allocation's own chunk overlaps the two).
   size_t register_lead_bytes = 64u << 20;
 
   // Defaults from the FERRY_* options (core/options.h); throws InvalidArgument.

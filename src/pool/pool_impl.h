@@ -64,10 +64,12 @@
 // whole size; runs of different chunks never merge (range_set.h), so only one
 // chunk can. While target_running, an allocation of the target's kind that
 // fits its size and finds no free range waits on target_cv instead of
-// reserving a chunk of its own. shutdown() sets cancel_target: a preparation
-// that has not yet called the hook stops touching and unmaps; one whose
-// registration runs finishes it (a cudaHostRegister cannot be interrupted),
-// and the chunk goes in and is released with the others.
+// reserving a chunk of its own (allocate_cached() returns nullptr instead).
+// shutdown() sets cancel_target: a preparation that has not yet called the
+// hook gives the chunk up (stops touching where it waits for its lead, or
+// skips the hook after a whole touch) and unmaps it; one whose registration
+// runs finishes it (a cudaHostRegister cannot be interrupted), and the chunk
+// goes in and is released with the others.
 //
 // Locks, in this order:
 //   1. Impl::mu, the pool's mutex: every field marked "mu".
