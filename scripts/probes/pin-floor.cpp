@@ -249,6 +249,13 @@ static void run_repeated(int repeats, const std::function<Row()>& once) {
 
 // ---- cases ------------------------------------------------------------------------------
 
+// The end of a case with one registration: check it, unregister, unmap.
+static void finish(Row& row, Region& r) {
+  verify(r.p, r.bytes);
+  row.unregister_s = unreg(r.p);
+  row.unmap_s = unmap_region(r);
+}
+
 static Row case_touch(Kind k, size_t bytes, int threads) {
   Region r = map_region(bytes, k);
   Row row{"touch", kind_name(k), std::to_string(threads) + " threads", bytes};
@@ -263,9 +270,7 @@ static Row case_register(Kind k, size_t bytes, bool touched, int threads) {
   Row row{"register", kind_name(k), touched ? "touched" : "untouched", bytes};
   if (touched) row.touch_s = touch(r, threads);
   row.register_s = row.total_s = reg(r.p, bytes);
-  verify(r.p, bytes);
-  row.unregister_s = unreg(r.p);
-  row.unmap_s = unmap_region(r);
+  finish(row, r);
   return row;
 }
 
@@ -276,9 +281,7 @@ static Row case_seq(Kind k, size_t bytes, int threads) {
   row.touch_s = touch(r, threads);
   row.register_s = reg(r.p, bytes);
   row.total_s = since(t0);
-  verify(r.p, bytes);
-  row.unregister_s = unreg(r.p);
-  row.unmap_s = unmap_region(r);
+  finish(row, r);
   return row;
 }
 
@@ -291,9 +294,7 @@ static Row case_overlap(Kind k, size_t bytes, int threads, size_t lead) {
   row.register_s = reg(r.p, bytes);
   row.touch_s = t.join();
   row.total_s = since(t0);
-  verify(r.p, bytes);
-  row.unregister_s = unreg(r.p);
-  row.unmap_s = unmap_region(r);
+  finish(row, r);
   return row;
 }
 
@@ -351,9 +352,7 @@ static Row case_populate(Kind k, size_t bytes) {
   row.touch_s = since(t0);
   row.register_s = reg(r.p, bytes);
   row.total_s = since(t0);
-  verify(r.p, bytes);
-  row.unregister_s = unreg(r.p);
-  row.unmap_s = unmap_region(r);
+  finish(row, r);
   return row;
 }
 

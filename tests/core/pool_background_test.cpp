@@ -220,6 +220,17 @@ class ResidencyHooks : public ChunkHooks {
   std::atomic<size_t> at_call{0}, after_30ms{0}, chunk_bytes{0};
 };
 
+// A target whose touch is slow enough to watch: 512 MiB of small pages
+// touched by one thread (hundreds of ms), registered after `lead` bytes.
+PoolOptions slow_target(size_t lead) {
+  PoolOptions o = options();
+  o.touch_threads = 1;
+  o.target_bytes = 512 * MiB;
+  o.target_kind = HugeWant::no;
+  o.register_lead_bytes = lead;
+  return o;
+}
+
 TEST(PoolTarget, IsOneChunkWithOneRegistration) {
   auto hooks = std::make_shared<SlowHooks>(20ms);
   PoolOptions o = options();
@@ -306,12 +317,7 @@ TEST(PoolTarget, TheRegistrationOverlapsTheTouch) {
   // 512 MiB of small pages touched by one thread (hundreds of ms); the hook
   // starts after 4 MiB, while the rest is still being touched.
   auto hooks = std::make_shared<ResidencyHooks>();
-  PoolOptions o = options();
-  o.touch_threads = 1;
-  o.target_bytes = 512 * MiB;
-  o.target_kind = HugeWant::no;
-  o.register_lead_bytes = 4 * MiB;
-  Pool pool(o, hooks);
+  Pool pool(slow_target(4 * MiB), hooks);
   pool.wait_ready();
   ASSERT_EQ(hooks->chunk_bytes, 512 * MiB);
   EXPECT_GE(hooks->at_call, 4 * MiB) << "the hook started before its lead was touched";
@@ -422,12 +428,7 @@ TEST(PoolTarget, DestroyingThePoolBeforeTheRegistrationCancelsIt) {
   // One thread touches 512 MiB of small pages; the hook would start after
   // 448 MiB. The pool is destroyed at once: the touch stops, nothing is registered.
   auto hooks = std::make_shared<SlowHooks>();
-  PoolOptions o = options();
-  o.touch_threads = 1;
-  o.target_bytes = 512 * MiB;
-  o.target_kind = HugeWant::no;
-  o.register_lead_bytes = 448 * MiB;
-  { Pool pool(o, hooks); }
+  { Pool pool(slow_target(448 * MiB), hooks); }
   EXPECT_EQ(hooks->ready_calls(), 0);
   EXPECT_EQ(hooks->live_chunks(), 0u);
 }
