@@ -53,7 +53,7 @@ const OptionSpec kOptions[] = {
      "threads that first-touch a new chunk; 0 = one per core, at most 16", OptionType::integer,
      nullptr},
     {"FERRY_ZERO_RECYCLED", "0",
-     "zero recycled memory before handing it out again (Python pools default to 1)",
+     "zero recycled memory before handing it out again (else it is uninitialized, like torch.empty; alloc(zero=True) clears one allocation)",
      OptionType::boolean, nullptr},
 };
 

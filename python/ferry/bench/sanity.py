@@ -34,7 +34,7 @@ def check_pool_recycles_exact_sizes():
     assert bytes(memoryview(a)) == data
     ptr = a.ptr
     a.release()
-    b = pool.alloc(len(data))
+    b = pool.alloc(len(data), zero=True)
     assert b.ptr == ptr and bytes(memoryview(b)[:64]) == bytes(64), "recycled and zeroed"
     assert pool.stats()["recycles"] == 1
 
