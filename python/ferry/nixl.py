@@ -134,6 +134,7 @@ def make_agent(name: str, *, backends: Sequence[str] = ("UCX",), backend_params:
     ...) choose the transports: set them before the first agent."""
     if not name:
         raise InvalidArgumentError("a NIXL agent needs a non-empty name")
+    backends = [backends] if isinstance(backends, str) else list(backends)
     params = dict(backend_params or {})
     unknown = set(params) - set(backends)
     if unknown:
@@ -398,7 +399,8 @@ class Changes:
 class PoolRegistration:
     """A ferry Pool's (or PinnedPool's) chunks registered with a NIXL agent as
     DRAM, one region per chunk (no allocation spans two). sync() follows the
-    pool; close() deregisters everything."""
+    pool; close() deregisters everything. Not thread-safe: sync from one
+    thread (or hold a lock of your own around it)."""
 
     mem_type = "DRAM"
 
