@@ -138,7 +138,8 @@ def make_agent(name: str, *, backends: Sequence[str] = ("UCX",), backend_params:
     params = dict(backend_params or {})
     unknown = set(params) - set(backends)
     if unknown:
-        raise InvalidArgumentError(f"backend_params for {sorted(unknown)}, which are not among backends {list(backends)}")
+        raise InvalidArgumentError(f"backend_params for {sorted(unknown)}, which are not among backends "
+                                   f"{list(backends)}")
     module = nixl()
     config = module.nixl_agent_config(enable_prog_thread=progress_thread, backends=[])
     agent = _nixl_call(f"agent creation ({name!r})", module.nixl_agent, name, config)
@@ -192,7 +193,8 @@ class Descs:
             try:
                 address, nbytes, device = row
             except (TypeError, ValueError):
-                raise InvalidArgumentError(f"descriptor {i}: {row!r} is not an (address, nbytes, device) triple") from None
+                raise InvalidArgumentError(f"descriptor {i}: {row!r} is not an (address, nbytes, device) "
+                                           "triple") from None
             address = _count(address, f"descriptor {i}: address")
             nbytes = _count(nbytes, f"descriptor {i}: nbytes")
             device = _count(device, f"descriptor {i}: device")
@@ -201,7 +203,8 @@ class Descs:
             if nbytes == 0:
                 raise InvalidArgumentError(f"descriptor {i} at {address:#x}: 0 bytes (a descriptor needs at least 1)")
             if address + nbytes > 1 << 64:
-                raise InvalidArgumentError(f"descriptor {i}: {address:#x} + {nbytes} bytes passes the end of the address space")
+                raise InvalidArgumentError(f"descriptor {i}: {address:#x} + {nbytes} bytes passes the end of "
+                                           "the address space")
             checked.append((address, nbytes, device))
         self.rows = tuple(checked)
         self._owners = tuple(owners)
@@ -318,7 +321,8 @@ def _int_list(values, what: str) -> list[int]:
         return [v if isinstance(v, int) and not isinstance(v, bool) else _count(v, f"{what}[{k}]")
                 for k, v in enumerate(values)]
     except TypeError:
-        raise InvalidArgumentError(f"{what}: expected a list or array of integers, not {type(values).__name__}") from None
+        raise InvalidArgumentError(f"{what}: expected a list or array of integers, "
+                                   f"not {type(values).__name__}") from None
 
 
 def blocks(addresses, lengths, *, mem_type: str, device: int = 0, owner=None) -> Descs:
@@ -407,7 +411,8 @@ class PoolRegistration:
     def __init__(self, agent, pool, backends: Sequence[str] = ()):
         chunks = getattr(pool, "chunks", None)
         if not callable(chunks) or not hasattr(pool, "chunk_generation"):
-            raise InvalidArgumentError(f"register_pool needs a ferry.Pool or ferry.PinnedPool, not {type(pool).__name__}")
+            raise InvalidArgumentError(f"register_pool needs a ferry.Pool or ferry.PinnedPool, "
+                                       f"not {type(pool).__name__}")
         self.agent = agent
         self.pool = pool
         self._backends = list(backends)
