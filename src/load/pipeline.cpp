@@ -102,6 +102,16 @@ struct Run {
   }
 };
 
+// Runs a Target call; its error gains the file and range it was for.
+template <class F>
+void for_range(const FileSet::File& f, const PlannedRead& rd, F&& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    throw Error(e.status(), range_of(f, rd.offset, rd.bytes) + ": " + e.what());
+  }
+}
+
 [[noreturn]] void short_read(const FileSet::File& f, uint64_t offset, uint64_t bytes, uint64_t got) {
   throw InvalidArgument(range_of(f, offset, bytes) + ": short read: the file ended after " + std::to_string(got) +
                         " of these bytes (it has " + std::to_string(f.bytes) +
@@ -139,14 +149,17 @@ bool staged_read(Run& r, size_t i) {
   if (s == SIZE_MAX) return false;
   try {
     const PlannedRead& rd = r.plan.reads[i];
-    r.target.wait_slot_free(s);
+    const FileSet::File& f = r.files[rd.file];
+    for_range(f, rd, [&] { r.target.wait_slot_free(s); });
     unsigned char* buf = r.target.slot(s);
     const size_t head = read_into_slot(r, rd, buf);
-    for (size_t c = rd.first_copy; c < rd.first_copy + rd.copy_count; ++c) {
-      const PlannedCopy& cp = r.plan.copies[c];
-      r.target.copy_out(s, buf + head + cp.at, cp.dst, cp.bytes);
-    }
-    r.target.slot_filled(s);
+    for_range(f, rd, [&] {
+      for (size_t c = rd.first_copy; c < rd.first_copy + rd.copy_count; ++c) {
+        const PlannedCopy& cp = r.plan.copies[c];
+        r.target.copy_out(s, buf + head + cp.at, cp.dst, cp.bytes);
+      }
+      r.target.slot_filled(s);
+    });
     r.staged_bytes += rd.bytes;
     r.done_bytes += rd.bytes;
   } catch (...) {
@@ -174,7 +187,8 @@ void mapped_worker(Run& r) {
     const FileSet::File& f = r.files[rd.file];
     const uint64_t p0 = align_down(rd.offset), p1 = std::min<uint64_t>(align_up(rd.offset + rd.bytes), f.map_bytes);
     std::string why;
-    void* handle = r.target.map_begin(f.map + p0, p1 - p0, &why);
+    void* handle = nullptr;
+    for_range(f, rd, [&] { handle = r.target.map_begin(f.map + p0, p1 - p0, &why); });
     if (!handle) {
       refused = true;
       r.note("mapped reads refused (" + why + "); those reads were staged");
@@ -182,15 +196,20 @@ void mapped_worker(Run& r) {
       continue;
     }
     try {
-      for (size_t c = rd.first_copy; c < rd.first_copy + rd.copy_count; ++c) {
-        const PlannedCopy& cp = r.plan.copies[c];
-        r.target.copy_mapped(f.map + rd.offset + cp.at, cp.dst, cp.bytes);
-      }
+      for_range(f, rd, [&] {
+        for (size_t c = rd.first_copy; c < rd.first_copy + rd.copy_count; ++c) {
+          const PlannedCopy& cp = r.plan.copies[c];
+          r.target.copy_mapped(f.map + rd.offset + cp.at, cp.dst, cp.bytes);
+        }
+      });
     } catch (...) {
-      r.target.map_end(handle);
+      try {
+        r.target.map_end(handle);
+      } catch (...) {  // the copy's error is the one to report
+      }
       throw;
     }
-    r.target.map_end(handle);
+    for_range(f, rd, [&] { r.target.map_end(handle); });
     r.mapped_bytes += rd.bytes;
     r.done_bytes += rd.bytes;
   }
