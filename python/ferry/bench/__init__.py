@@ -6,6 +6,7 @@ SUITES = {
     "blocks": "ferry.bench.blocks",
     "copy": "ferry.bench.copy",
     "latency": "ferry.bench.latency",
+    "load": "ferry.bench.load",
     "sanity": "ferry.bench.sanity",
     "thp": "ferry.bench.thp",
     "pool": "ferry.bench.pool",
