@@ -42,6 +42,7 @@ class Loader:
         mapped_share: float | None = None,
         progress: bool | None = None,
     ):
+        self.last_stats: dict | None = None  # the stats of the last load call
         self._native = _ferry.Loader(
             device,
             staging_bytes=staging_bytes,
@@ -67,10 +68,11 @@ class Loader:
             offsets.append(off)
             sizes.append(n)
             dsts.append(dst)
-        return self._native.load(paths, index, offsets, sizes, dsts, stream)
+        return self._load_lists(paths, index, offsets, sizes, dsts, stream)
 
     def _load_lists(self, paths, index, offsets, sizes, dsts, stream: int = 0) -> dict:
-        return self._native.load(paths, index, offsets, sizes, dsts, stream)
+        self.last_stats = self._native.load(paths, index, offsets, sizes, dsts, stream)
+        return self.last_stats
 
     device = property(lambda self: self._native.device)
     staging_bytes = property(lambda self: self._native.staging_bytes)

@@ -198,20 +198,26 @@ def same_bits(torch, got: dict, ref: dict) -> str | None:
 
 # ---- the ways to load -------------------------------------------------------------
 
+def _loader(args, share):
+    """ferry's Loader for a mapped share (None for the other paths)."""
+    from ferry.load import Loader
+
+    if share is None:
+        return None
+    if share not in args.loaders:
+        args.loaders[share] = Loader(0, staging_bytes=args.staging, threads=args.threads or None, mapped_share=share)
+    return args.loaders[share]
+
+
 def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
     """[(label, load(paths) -> {name: cuda tensor}, None or why it cannot run,
     ferry's mapped share or None)]."""
     import ferry.torch as ft
-    from ferry.load import Loader
 
     out = []
     for share in args.mapped_shares:
         def ferry_load(paths, share=share):
-            loader = args.loaders.get(share)
-            if loader is None:
-                loader = args.loaders[share] = Loader(0, staging_bytes=args.staging, threads=args.threads or None,
-                                                      mapped_share=share)
-            return ft.load_safetensors(paths, loader=loader)
+            return ft.load_safetensors(paths, loader=_loader(args, share))
         out.append((f"ferry (mapped {share:g})" if len(args.mapped_shares) > 1 or share else "ferry", ferry_load, None,
                     share))
     try:
@@ -274,7 +280,7 @@ def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
     return out
 
 
-def run_once(torch, fn, paths, ref) -> dict:
+def run_once(torch, fn, paths, ref, loader=None) -> dict:
     torch.cuda.synchronize()
     with PeakAnon() as mem:
         t0 = time.perf_counter()
@@ -283,18 +289,27 @@ def run_once(torch, fn, paths, ref) -> dict:
         seconds = time.perf_counter() - t0
     bad = same_bits(torch, got, ref)
     del got
-    return {"seconds": seconds, "host_added_bytes": mem.added, "verified": bad is None, "mismatch": bad}
+    r = {"seconds": seconds, "host_added_bytes": mem.added, "verified": bad is None, "mismatch": bad}
+    if loader is not None and loader.last_stats:  # ferry: what the loader did
+        st = loader.last_stats
+        r["loader"] = {k: st[k] for k in ("read_bytes", "staged_bytes", "mapped_bytes", "reads", "direct_reads",
+                                          "registrations", "register_seconds", "unregister_seconds", "seconds",
+                                          "staging_bytes", "threads", "notes")}
+    return r
 
 
-def warm_runs(torch, fn, paths, ref, repeats: int) -> dict:
+def warm_runs(torch, fn, paths, ref, repeats: int, loader=None) -> dict:
     """One untimed run (allocator, loader set-up, page cache), then `repeats`
     timed ones; a path slower than 3 s per run is timed once."""
-    first = run_once(torch, fn, paths, ref)
-    runs = [first] if first["seconds"] > 3 else [run_once(torch, fn, paths, ref) for _ in range(repeats)]
-    return {"seconds": [r["seconds"] for r in runs], "median_s": median([r["seconds"] for r in runs]),
-            "host_added_bytes": max(r["host_added_bytes"] for r in runs + [first]),
-            "verified": all(r["verified"] for r in runs + [first]),
-            "mismatch": next((r["mismatch"] for r in runs + [first] if r["mismatch"]), None)}
+    first = run_once(torch, fn, paths, ref, loader)
+    runs = [first] if first["seconds"] > 3 else [run_once(torch, fn, paths, ref, loader) for _ in range(repeats)]
+    out = {"seconds": [r["seconds"] for r in runs], "median_s": median([r["seconds"] for r in runs]),
+           "host_added_bytes": max(r["host_added_bytes"] for r in runs + [first]),
+           "verified": all(r["verified"] for r in runs + [first]),
+           "mismatch": next((r["mismatch"] for r in runs + [first] if r["mismatch"]), None)}
+    if "loader" in runs[-1]:
+        out["loader"] = runs[-1]["loader"]
+    return out
 
 
 # ---- transformers ------------------------------------------------------------------
@@ -309,7 +324,7 @@ def transformers_case(torch, directory: str, layers: int) -> dict:
                                    num_attention_heads=16, num_key_value_heads=16, tie_word_embeddings=False)
     path = os.path.join(directory, "llama")
     old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(torch.bfloat16)  # from_config builds bf16 parameters
     try:
         with torch.device("cuda"):
             src = transformers.AutoModelForCausalLM.from_config(cfg)
@@ -403,8 +418,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args, torch, tensors, directory) -> int:
     t0 = time.perf_counter()
     paths = write_checkpoint(directory, tensors, args.dtype, args.shards, seed=1)
-    nbytes = sum(os.path.getsize(x) for x in paths)
-    progress(f"wrote {len(paths)} file(s), {nbytes / 1e9:.2f} GB, in {time.perf_counter() - t0:.1f} s")
+    os.sync()  # no writeback during the runs
+    progress(f"wrote {len(paths)} file(s), {sum(os.path.getsize(x) for x in paths) / 1e9:.2f} GB, "
+             f"in {time.perf_counter() - t0:.1f} s")
     try:
         from safetensors.torch import load_file
     except ImportError as e:
@@ -414,19 +430,22 @@ def _run(args, torch, tensors, directory) -> int:
     for x in paths:
         ref.update({k: v.cuda() for k, v in load_file(x).items()})  # the reference, on the GPU for comparison
     torch.cuda.synchronize()
+    nbytes = sum(t.numel() * t.element_size() for t in ref.values())  # GB/s are of tensor bytes
     ms = methods(args, torch)
     results = {"checkpoint": {"files": len(paths), "bytes": nbytes, "tensors": len(tensors), "layers": args.layers,
                               "hidden": args.hidden, "intermediate": args.intermediate, "dtype": args.dtype},
                "staging_bytes": args.staging, "warm": {}, "cold": {}, "waived": {}}
-    for label, fn, why, _ in ms:
+    for label, fn, why, share in ms:
         if why:
             results["waived"][label] = why
             progress(f"{label}: waived: {why}")
             continue
         progress(f"warm: {label}")
         try:
-            r = warm_runs(torch, fn, paths, ref, args.repeats)
-        except Exception as e:  # noqa: BLE001 - a failing peer is reported, not fatal
+            r = warm_runs(torch, fn, paths, ref, args.repeats, _loader(args, share))
+        except Exception as e:  # noqa: BLE001 - a failing peer is reported, not fatal; ferry's is
+            if share is not None:
+                raise
             results["waived"][label] = f"failed: {type(e).__name__}: {e}"
             progress(f"{label}: failed: {e}")
             continue
@@ -446,8 +465,10 @@ def _run(args, torch, tensors, directory) -> int:
             drop_page_cache()
             progress(f"cold: {label}")
             try:
-                r = run_once(torch, fn, paths, ref)
+                r = run_once(torch, fn, paths, ref, _loader(args, share))
             except Exception as e:  # noqa: BLE001
+                if share is not None:
+                    raise
                 results["cold"][label] = {"failed": f"{type(e).__name__}: {e}"}
                 continue
             r["gb_per_s"] = nbytes / r["seconds"] / 1e9
@@ -483,6 +504,16 @@ def print_report(results: dict, nbytes: int) -> None:
                 ["path", "warm GB/s", "warm best", "cold GB/s", "cold / seq read", "host MB added", "bit-exact"], rows))
     for label, why in results["waived"].items():
         print(f"  {label}: {why}")
+    for part in ("warm", "cold"):
+        for label, r in results[part].items():
+            ld = r.get("loader")
+            if not ld:
+                continue
+            print(f"  {part} {label}: {ld['reads']} reads ({ld['direct_reads']} O_DIRECT), staged "
+                  f"{ld['staged_bytes'] / 1e9:.2f} GB, mapped {ld['mapped_bytes'] / 1e9:.2f} GB in "
+                  f"{ld['registrations']} registrations (register {ld['register_seconds']:.3f} s, unregister "
+                  f"{ld['unregister_seconds']:.3f} s), {ld['threads']} threads, staging "
+                  f"{ld['staging_bytes'] / MiB:.0f} MiB" + "".join(f"; note: {n}" for n in ld["notes"]))
     if "cold_waived" in results:
         print(f"  cold runs waived: {results['cold_waived']}")
     warm = results["warm"]
