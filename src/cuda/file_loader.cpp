@@ -113,6 +113,7 @@ DeviceTarget::DeviceTarget(const LoaderOptions& o)
 DeviceTarget::~DeviceTarget() { destroy(); }
 
 void DeviceTarget::destroy() noexcept {
+  DeviceRestore restore;
   cudaSetDevice(device_);
   release_all();
   if (stream_) cudaStreamSynchronize(stream_), cudaStreamDestroy(stream_);
@@ -258,6 +259,7 @@ struct Loader::Impl {
 Loader::Loader(LoaderOptions options) : options_(options) {
   if (options_.threads == 0) options_.threads = default_threads();
   validate(options_);
+  DeviceRestore restore;  // creating the pool and streams makes the device current
   impl_ = std::make_unique<Impl>(options_);
 }
 
@@ -271,6 +273,7 @@ LoadStats Loader::load(std::span<const std::string> files, std::span<const load:
     std::atomic<bool>& busy;
     ~Idle() { busy = false; }
   } idle{busy_};
+  DeviceRestore restore;
   load::FileSet set(files, options_.direct_io, options_.mapped_share > 0);
   load::ReadPlan plan = load::plan_reads(ranges, set.sizes(), set.names(), {options_.slot_bytes, kMergeGap});
   impl_->target.begin(stream);

@@ -70,11 +70,12 @@ struct Run {
     }
     slot_cv.notify_all();
   }
+  // A worker's last touch of the Run: notified under the lock, so that the
+  // load's thread (which may destroy the Run once running is 0) cannot run
+  // before the notification is done.
   void worker_ended() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      --running;
-    }
+    std::lock_guard<std::mutex> lock(mu);
+    --running;
     end_cv.notify_all();
   }
   // The oldest free slot; SIZE_MAX when the run is stopping.

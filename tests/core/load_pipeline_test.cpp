@@ -13,46 +13,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <fstream>
-#include <functional>
 #include <random>
 
 #include "core/error.h"
 #include "core/worker_pool.h"
 #include "load/host_target.h"
+#include "../support/temp_files.h"
 
 namespace ferry::load {
 namespace {
 
 constexpr uint64_t KiB = 1024, MiB = 1024 * KiB;
 
-class Files {
- public:
-  explicit Files(const char* base = nullptr) {
-    std::string root = base ? base : (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
-    std::string t = root + "/ferry-load-XXXXXX";
-    dir_ = mkdtemp(t.data()) ? t : "";
-  }
-  ~Files() {
-    for (auto& p : paths) std::remove(p.c_str());
-    if (!dir_.empty()) rmdir(dir_.c_str());
-  }
-  bool ok() const { return !dir_.empty(); }
-  void add(size_t bytes, std::mt19937_64& rng) {
-    std::vector<uint8_t> d(bytes);
-    for (auto& b : d) b = static_cast<uint8_t>(rng());
-    std::string p = dir_ + "/f" + std::to_string(paths.size()) + ".bin";
-    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(d.data()), static_cast<std::streamsize>(d.size()));
-    paths.push_back(p);
-    data.push_back(std::move(d));
-  }
-  std::vector<std::string> paths;
-  std::vector<std::vector<uint8_t>> data;
-
- private:
-  std::string dir_;
-};
+using Files = test_support::TempFiles;
+using test_support::error_of;
 
 struct Load {
   std::vector<FileRange> ranges;
@@ -189,15 +164,6 @@ TEST(LoadPipeline, ODirectRefusedByTheFileSystemFallsBackToBufferedReads) {
   PipelineStats s = run(f, l, target, pool, DirectIo::always, 2, 0, 128 * KiB);
   EXPECT_EQ(l.dst, l.expected);
   EXPECT_EQ(s.direct_reads, 0u);
-}
-
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(LoadPipeline, AShortReadFailsTheLoadNamingFileAndRange) {

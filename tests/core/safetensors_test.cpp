@@ -13,6 +13,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "../support/temp_files.h"
 
 namespace ferry::load {
 namespace {
@@ -238,41 +239,18 @@ TEST(Safetensors, HeaderLengthAlone) {
   EXPECT_THROW(safetensors_header_length(std::span<const uint8_t>(f.data(), 7), f.size(), "x"), InvalidArgument);
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + std::string("/ferry-st-XXXXXX");
-    path_ = mkdtemp(t.data()) ? t : "";
-  }
-  ~TempDir() {
-    for (auto& f : files_) std::remove(f.c_str());
-    rmdir(path_.c_str());
-  }
-  std::string write(const std::string& name, const std::vector<uint8_t>& bytes) {
-    std::string p = path_ + "/" + name;
-    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    files_.push_back(p);
-    return p;
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  std::vector<std::string> files_;
-};
-
 TEST(Safetensors, ReadsARealFile) {
-  TempDir dir;
-  ASSERT_FALSE(dir.path().empty());
+  test_support::TempFiles dir;
+  ASSERT_TRUE(dir.ok());
   std::string h = "{" + entry("w", "BF16", "[2,3]", 0, 12) + "}";
-  std::string p = dir.write("ok.safetensors", make_file(h, 12));
+  std::string p = dir.add(make_file(h, 12), "ok.safetensors");
   SafetensorsHeader sh = read_safetensors_header(p);
   ASSERT_EQ(sh.tensors.size(), 1u);
   EXPECT_EQ(sh.file_bytes, 8 + h.size() + 12);
   // A file cut inside its data: the message names the path and the tensor.
   std::vector<uint8_t> cut = make_file(h, 12);
   cut.resize(cut.size() - 5);
-  std::string pc = dir.write("cut.safetensors", cut);
+  std::string pc = dir.add(cut, "cut.safetensors");
   try {
     read_safetensors_header(pc);
     ADD_FAILURE() << "no error for a cut file";
@@ -282,16 +260,16 @@ TEST(Safetensors, ReadsARealFile) {
   }
   std::vector<uint8_t> head = make_file(h, 12);
   head.resize(20);
-  std::string ph = dir.write("cuthead.safetensors", head);
+  std::string ph = dir.add(head, "cuthead.safetensors");
   EXPECT_THROW(read_safetensors_header(ph), InvalidArgument);
   try {
-    read_safetensors_header(dir.path() + "/missing.safetensors");
+    read_safetensors_header(dir.dir() + "/missing.safetensors");
     ADD_FAILURE();
   } catch (const OsError& e) {
     EXPECT_NE(std::string(e.what()).find("missing.safetensors"), std::string::npos);
     EXPECT_EQ(e.error_number(), ENOENT);
   }
-  EXPECT_THROW(read_safetensors_header(dir.path()), OsError);  // a directory
+  EXPECT_THROW(read_safetensors_header(dir.dir()), OsError);  // a directory
 }
 
 TEST(ShardIndex, ParsesTheWeightMap) {

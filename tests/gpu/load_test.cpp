@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "ferry/ferry.h"
+#include "../support/temp_files.h"
 
 namespace ferry {
 namespace {
@@ -28,30 +29,8 @@ namespace {
 
 constexpr size_t KiB = 1024, MiB = 1024 * KiB;
 
-struct Files {
-  Files() {
-    std::string t = (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + std::string("/ferry-gload-XXXXXX");
-    dir = mkdtemp(t.data()) ? t : "";
-  }
-  ~Files() {
-    for (auto& p : paths) std::remove(p.c_str());
-    if (!dir.empty()) rmdir(dir.c_str());
-  }
-  void add(size_t bytes, std::mt19937_64& rng) {
-    std::vector<uint8_t> d(bytes);
-    for (size_t i = 0; i < bytes; i += 8) {
-      uint64_t r = rng();
-      for (size_t k = i; k < std::min(bytes, i + 8); ++k, r >>= 8) d[k] = static_cast<uint8_t>(r);
-    }
-    std::string p = dir + "/f" + std::to_string(paths.size()) + ".bin";
-    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(d.data()), static_cast<std::streamsize>(bytes));
-    paths.push_back(p);
-    data.push_back(std::move(d));
-  }
-  std::string dir;
-  std::vector<std::string> paths;
-  std::vector<std::vector<uint8_t>> data;
-};
+using Files = test_support::TempFiles;
+using test_support::error_of;
 
 struct DeviceBuffer {
   explicit DeviceBuffer(size_t n) : bytes(n) {
@@ -105,7 +84,7 @@ cuda::LoaderOptions options(size_t staging, size_t slot, int threads, load::Dire
 TEST(Loader, RandomRangesArriveBitForBit) {
   std::mt19937_64 rng(41);
   Files f;
-  ASSERT_FALSE(f.dir.empty());
+  ASSERT_TRUE(f.ok());
   for (size_t b : {size_t{0}, size_t{1}, size_t{4097}, size_t{9 * MiB + 5}, size_t{33 * MiB + 4093}, size_t{300 * KiB}})
     f.add(b, rng);
   DeviceBuffer dev(96 * MiB);
@@ -184,15 +163,6 @@ TEST(Loader, OrderedAfterTheCallersStream) {
     EXPECT_EQ(dev.read(0, 8 * MiB), f.data[0]) << "round " << i;
   }
   CUDA_OK(cudaStreamDestroy(s));
-}
-
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(Loader, ErrorsBeforeAnyReadLeaveTheDestinationUntouched) {
