@@ -190,19 +190,19 @@ TEST(Loader, ACudaErrorMidLoadFailsItAndTheLoaderWorksAfter) {
   Files f;
   f.add(40 * MiB + 11, rng);
   DeviceBuffer dev(40 * MiB + 11);
-  void* freed = nullptr;
-  CUDA_OK(cudaMalloc(&freed, 8 * MiB));
-  CUDA_OK(cudaFree(freed));  // a destination that no longer exists: cudaMemcpyAsync refuses it
+  // A destination no allocation holds (not null, so the plan accepts it):
+  // cudaMemcpyAsync refuses it when the copy is enqueued.
+  const uintptr_t nowhere = 0x1000;
   for (double share : {0.0, 1.0}) {
     cuda::Loader loader(options(8 * MiB, 2 * MiB, 8, load::DirectIo::never, share));
     uintptr_t d = reinterpret_cast<uintptr_t>(dev.p);
     std::vector<load::FileRange> bad{{0, 0, 20 * MiB, d},
-                                     {0, 30 * MiB, 4 * MiB, reinterpret_cast<uintptr_t>(freed)},
+                                     {0, 30 * MiB, 4 * MiB, nowhere},
                                      {0, 20 * MiB, 10 * MiB, d + 20 * MiB}};
     std::string msg = error_of([&] { loader.load(f.paths, bad); });
     EXPECT_NE(msg.find(f.paths[0] + ", bytes ["), std::string::npos) << msg;
     EXPECT_NE(msg.find("cudaMemcpyAsync"), std::string::npos) << msg;
-    cudaGetLastError();
+    CUDA_OK(cudaDeviceSynchronize());  // the context is fine: the error was caught at enqueue
     // The same loader, the whole file: every worker is idle and no region of
     // the file stayed registered (a new mapping at the same address would
     // then be refused, and the mapped share would show no mapped bytes).
