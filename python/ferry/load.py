@@ -88,12 +88,20 @@ _default_lock = threading.Lock()
 
 def default_loader(device: int = 0) -> Loader:
     """The process's Loader for `device` with the FERRY_LOAD_* defaults
-    (created on first use)."""
+    (created on first use; it keeps its pinned staging until
+    release_default_loaders())."""
     with _default_lock:
         loader = _default_loaders.get(device)
         if loader is None:
             loader = _default_loaders[device] = Loader(device)
         return loader
+
+
+def release_default_loaders() -> None:
+    """Drop the default loaders: their pinned staging goes back to the OS
+    (once no load is running); the next load creates a new one."""
+    with _default_lock:
+        _default_loaders.clear()
 
 
 def read_safetensors_header(path) -> dict:

@@ -98,8 +98,8 @@ DeviceTarget::DeviceTarget(const LoaderOptions& o)
     set_device(device_);
     for (size_t i = 0; i < count; ++i) {
       slots_.push_back(static_cast<unsigned char*>(pool_->allocate(slot_bytes_, os::kDirectIoAlignment, HugeWant::yes)));
-      cudaEvent_t e = nullptr;
-      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      cudaEvent_t e = nullptr;  // readers sleep on it (spinning would take the cores pread needs)
+      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync), "cudaEventCreate");
       slot_done_.push_back(e);
     }
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -161,7 +161,7 @@ void* DeviceTarget::map_begin(const void* base, size_t bytes, std::string* refus
     return nullptr;
   }
   Region r{base, bytes, nullptr};
-  err = cudaEventCreateWithFlags(&r.done, cudaEventDisableTiming);
+  err = cudaEventCreateWithFlags(&r.done, cudaEventDisableTiming | cudaEventBlockingSync);
   if (err != cudaSuccess) {
     cudaHostUnregister(const_cast<void*>(base));
     check(err, "cudaEventCreate");
