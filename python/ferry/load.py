@@ -29,7 +29,7 @@ from .errors import InvalidArgumentError
 class Loader:
     """A checkpoint loader for one GPU; its pinned slots are reused by every load.
 
-    One load at a time per Loader (use one per thread)."""
+    Loads from several threads on one Loader run one after the other."""
 
     def __init__(
         self,
@@ -43,6 +43,7 @@ class Loader:
         progress: bool | None = None,
     ):
         self.last_stats: dict | None = None  # the stats of the last load call
+        self._busy = threading.Lock()  # the native loader runs one load at a time
         self._native = _ferry.Loader(
             device,
             staging_bytes=staging_bytes,
@@ -71,8 +72,9 @@ class Loader:
         return self._load_lists(paths, index, offsets, sizes, dsts, stream)
 
     def _load_lists(self, paths, index, offsets, sizes, dsts, stream: int = 0) -> dict:
-        self.last_stats = self._native.load(paths, index, offsets, sizes, dsts, stream)
-        return self.last_stats
+        with self._busy:
+            self.last_stats = self._native.load(paths, index, offsets, sizes, dsts, stream)
+            return self.last_stats
 
     device = property(lambda self: self._native.device)
     staging_bytes = property(lambda self: self._native.staging_bytes)
