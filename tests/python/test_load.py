@@ -394,3 +394,34 @@ def test_transformers_model_loads_through_out_state_dict(gpu, tmp_path):
     ids = torch.randint(0, 1000, (2, 16), device="cuda")
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=0, atol=0)
+
+
+def test_threads_share_the_default_loader(gpu, tmp_path, st_torch):
+    torch = pytest.importorskip("torch")
+    import threading
+
+    from ferry.torch import load_safetensors
+
+    rng = np.random.default_rng(12)
+    files = []
+    for i in range(4):
+        t = {f"w{i}": torch.from_numpy(rng.integers(0, 256, size=(5 << 20) + i, dtype=np.uint8))}
+        st_torch.save_file(t, str(tmp_path / f"{i}.safetensors"))
+        files.append((tmp_path / f"{i}.safetensors", t))
+    errors, results = [], {}
+
+    def work(i):
+        try:
+            for _ in range(3):
+                results[i] = load_safetensors(files[i][0])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, (_, ref) in enumerate(files):
+        assert torch.equal(results[i][f"w{i}"].cpu(), ref[f"w{i}"])
