@@ -277,6 +277,22 @@ class ProgressLine {
 
 }  // namespace
 
+namespace {
+
+// The share of kCacheProbes pages spread over the file found in the page
+// cache; -1 when the file system cannot say (no RWF_NOWAIT).
+double cached_share(int fd, uint64_t bytes) {
+  int hits = 0;
+  for (int k = 0; k < FileSet::kCacheProbes; ++k) {
+    bool cached = false;
+    if (os::is_cached(fd, bytes * static_cast<uint64_t>(k) / FileSet::kCacheProbes, &cached) != 0) return -1;
+    hits += cached;
+  }
+  return static_cast<double>(hits) / FileSet::kCacheProbes;
+}
+
+}  // namespace
+
 const char* direct_io_name(DirectIo d) noexcept {
   switch (d) {
     case DirectIo::automatic: return "auto";
@@ -326,17 +342,8 @@ void FileSet::open_one(const std::string& path, DirectIo direct, bool map) {
   }
   bool use_direct = direct == DirectIo::always;
   if (direct == DirectIo::automatic && f.bytes > 0) {
-    int hits = 0, probes = 0;
-    for (int k = 0; k < kCacheProbes; ++k) {
-      bool cached = false;
-      if (os::is_cached(f.fd, f.bytes * static_cast<uint64_t>(k) / kCacheProbes, &cached) != 0) break;
-      ++probes;
-      hits += cached;
-    }
-    if (probes == kCacheProbes) {
-      f.cached_share = static_cast<double>(hits) / probes;
-      use_direct = 2 * hits < probes;
-    }
+    f.cached_share = cached_share(f.fd, f.bytes);
+    use_direct = f.cached_share >= 0 && f.cached_share < 0.5;  // unknown (-1): buffered
   }
   if (use_direct) {
     int err = os::open_for_reading(path.c_str(), true, &f.direct_fd);
@@ -366,15 +373,11 @@ std::vector<std::string> FileSet::names() const {
   return v;
 }
 
-PipelineStats run_pipeline(const ReadPlan& plan, const FileSet& files, Target& target, WorkerPool& pool,
-                           const PipelineOptions& options) {
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  Run r(plan, files, target, options);
-  check_fits(r);
-  split(r);
-  for (size_t s = 0; s < target.slot_count(); ++s) r.free_slots.push_back(s);
-  const int readers = std::max(1, std::min<int>(options.threads, static_cast<int>(plan.reads.size())));
+namespace {
+
+// Starts the workers on `pool`: `readers` readers, and the mapped worker when
+// it has reads.
+void launch_workers(Run& r, WorkerPool& pool, int readers) {
   auto launch = [&](void (*body)(Run&)) {
     {
       std::lock_guard<std::mutex> lock(r.mu);
@@ -396,18 +399,35 @@ PipelineStats run_pipeline(const ReadPlan& plan, const FileSet& files, Target& t
   };
   for (int k = 0; k < readers; ++k) launch(reader);
   if (!r.mapped_reads.empty()) launch(mapped_worker);
-  ProgressLine progress(options.progress, options.progress_after_s, plan.read_bytes);
-  auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - start).count(); };
-  {
-    std::unique_lock<std::mutex> lock(r.mu);
-    while (r.running > 0) {
-      r.end_cv.wait_for(lock, std::chrono::milliseconds(250));
-      lock.unlock();
-      progress.update(elapsed(), r.done_bytes);
-      lock.lock();
-    }
+}
+
+// Blocks until every worker returned, updating the progress line meanwhile.
+template <class Elapsed>
+void wait_for_workers(Run& r, ProgressLine& progress, Elapsed elapsed) {
+  std::unique_lock<std::mutex> lock(r.mu);
+  while (r.running > 0) {
+    r.end_cv.wait_for(lock, std::chrono::milliseconds(250));
+    lock.unlock();
+    progress.update(elapsed(), r.done_bytes);
+    lock.lock();
   }
-  if (r.error) {
+}
+
+}  // namespace
+
+PipelineStats run_pipeline(const ReadPlan& plan, const FileSet& files, Target& target, WorkerPool& pool,
+                           const PipelineOptions& options) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - start).count(); };
+  Run r(plan, files, target, options);
+  check_fits(r);
+  split(r);
+  for (size_t s = 0; s < target.slot_count(); ++s) r.free_slots.push_back(s);
+  launch_workers(r, pool, std::max(1, std::min<int>(options.threads, static_cast<int>(plan.reads.size()))));
+  ProgressLine progress(options.progress, options.progress_after_s, plan.read_bytes);
+  wait_for_workers(r, progress, elapsed);
+  if (r.error) {  // every worker has returned: no lock needed
     target.abort();
     progress.end(elapsed(), r.done_bytes, false);
     std::rethrow_exception(r.error);
