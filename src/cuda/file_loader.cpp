@@ -263,7 +263,10 @@ Loader::Loader(LoaderOptions options) : options_(options) {
   impl_ = std::make_unique<Impl>(options_);
 }
 
-Loader::~Loader() = default;
+Loader::~Loader() {
+  DeviceRestore restore;  // releasing the pinned pool makes the loader's device current
+  impl_.reset();
+}
 
 LoadStats Loader::load(std::span<const std::string> files, std::span<const load::FileRange> ranges,
                        cudaStream_t stream) {
