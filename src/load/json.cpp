@@ -102,7 +102,7 @@ class Parser {
       expect(':');
       skip_space();
       JsonValue member = value(depth + 1);
-      v.members.emplace_back(std::move(key), std::move(member));
+      v.members.push_back(JsonMember{std::move(key), std::move(member)});
       skip_space();
       if (peek() == ',') {
         ++pos_;

@@ -22,7 +22,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 namespace ferry::load {
@@ -30,18 +29,25 @@ namespace ferry::load {
 constexpr int kMaxJsonDepth = 64;
 constexpr size_t kMaxJsonValues = 10'000'000;  // ~1M tensors' entries
 
+struct JsonMember;  // a key and its value (below: JsonValue must be complete first)
+
 struct JsonValue {
   enum class Kind { null, boolean, number, string, array, object };
   Kind kind = Kind::null;
   bool boolean = false;
   std::string text;                                        // string: decoded; number: as written
   std::vector<JsonValue> items;                            // array
-  std::vector<std::pair<std::string, JsonValue>> members;  // object, in file order, keys unique
+  std::vector<JsonMember> members;                         // object, in file order, keys unique
 
   // The member named key, or nullptr (object only).
   const JsonValue* find(std::string_view key) const;
   // The number as an unsigned 64-bit integer, or nothing when it is not one.
   std::optional<uint64_t> as_uint64() const;
+};
+
+struct JsonMember {
+  std::string key;
+  JsonValue value;
 };
 
 const char* json_kind_name(JsonValue::Kind kind) noexcept;

@@ -278,7 +278,9 @@ ShardIndex parse_shard_index(std::string_view json_text, std::string_view index_
   if (map->kind != JsonValue::Kind::object)
     r.fail(std::string("\"weight_map\": expected an object, found ") + json_kind_name(map->kind));
   ShardIndex index;
-  for (const auto& [tensor, file] : map->members) {
+  for (const JsonMember& m : map->members) {
+    const std::string& tensor = m.key;
+    const JsonValue& file = m.value;
     auto bad = [&](const std::string& why) {
       r.fail("\"weight_map\" tensor " + quote_for_message(tensor) + ": " + why);
     };

@@ -43,8 +43,8 @@ TEST(Json, ParsesEveryKindOfValue) {
   EXPECT_EQ(b->find("e")->kind, JsonValue::Kind::null);
   EXPECT_EQ(v.find("s")->text, "x\"\\/\b\f\n\r\t\u00e9\U0001F600\u00e9");
   EXPECT_EQ(v.find("missing"), nullptr);
-  EXPECT_EQ(v.members[0].first, "a");  // file order kept
-  EXPECT_EQ(v.members[2].first, "s");
+  EXPECT_EQ(v.members[0].key, "a");  // file order kept
+  EXPECT_EQ(v.members[2].key, "s");
 }
 
 TEST(Json, Uint64Limits) {
