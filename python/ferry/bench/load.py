@@ -323,11 +323,16 @@ def transformers_case(torch, directory: str, layers: int) -> dict:
     cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
                                    num_attention_heads=16, num_key_value_heads=16, tie_word_embeddings=False)
     path = os.path.join(directory, "llama")
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # from_config builds bf16 parameters
-    try:
+
+    def build():  # bf16 parameters on the GPU (transformers 5: dtype=; 4.x: torch_dtype=)
         with torch.device("cuda"):
-            src = transformers.AutoModelForCausalLM.from_config(cfg)
+            try:
+                return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+            except TypeError:
+                return transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
+
+    try:
+        src = build()
         src.save_pretrained(path)
         del src
         torch.cuda.synchronize()
@@ -340,8 +345,7 @@ def transformers_case(torch, directory: str, layers: int) -> dict:
         torch.cuda.synchronize()
         t_pretrained = time.perf_counter() - t0
         t0 = time.perf_counter()
-        with torch.device("cuda"):
-            model = transformers.AutoModelForCausalLM.from_config(cfg)
+        model = build()
         torch.cuda.synchronize()
         t_config = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -352,7 +356,6 @@ def transformers_case(torch, directory: str, layers: int) -> dict:
         return {"bytes": size, "files": len(files), "from_pretrained_s": t_pretrained, "from_config_s": t_config,
                 "load_safetensors_s": t_load, "verified": same}
     finally:
-        torch.set_default_dtype(old)
         shutil.rmtree(path, ignore_errors=True)
 
 
