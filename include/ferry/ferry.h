@@ -12,6 +12,26 @@
  * A changed signature becomes NAME_v2 and the old one stays; FERRY_API_VERSION
  * is the version this header describes, ferry_get_api_version() the one the
  * loaded library implements.
+ *
+ * Structs grow without breaking callers (API 1.1 on). Every struct passed by
+ * pointer (options in; stats and versions out) starts with `size_t
+ * struct_size`:
+ *  - set it to sizeof the struct before the call; the *_options_init calls do
+ *    it for options (they fill the defaults and struct_size);
+ *  - the library reads and writes only the members within struct_size: an
+ *    options struct from an older (smaller) header gets the defaults for the
+ *    members it lacks, a stats struct from an older header gets the members it
+ *    has and nothing is written beyond it; on return from a call that fills a
+ *    struct, struct_size is the number of bytes the library filled;
+ *  - members of a newer header that the loaded library does not know are
+ *    ignored in options and left untouched in outputs (compare
+ *    ferry_get_api_version() to know which members it has);
+ *  - struct_size must be a multiple of 8 from 8 to 4096, else
+ *    FERRY_ERROR_INVALID_ARGUMENT (so an unset struct_size is caught).
+ * Growing a struct: append members only (never reorder, retype or remove
+ * one), keep its size a multiple of 8 with no tail padding (pad explicitly
+ * with a `reserved` member that must be 0), and bump FERRY_API_MINOR. Structs
+ * nested in others (ferry_counter_t, ferry_pool_kind_stats_t) never change.
  */
 #ifndef FERRY_FERRY_H
 #define FERRY_FERRY_H
@@ -24,7 +44,7 @@ extern "C" {
 #endif
 
 #define FERRY_API_MAJOR 1
-#define FERRY_API_MINOR 0
+#define FERRY_API_MINOR 1 /* 1.1: struct_size in every struct, ferry_managed_kind_t */
 #define FERRY_API_VERSION ((FERRY_API_MAJOR << 16) | FERRY_API_MINOR)
 
 #if defined(__GNUC__)
@@ -52,6 +72,7 @@ FERRY_API const char* ferry_status_name(ferry_status_t status);
 /* ---- versions ---------------------------------------------------------- */
 
 typedef struct ferry_versions {
+  size_t struct_size;        /* sizeof(ferry_versions_t), set by the caller */
   int api_major, api_minor;  /* C API implemented by the loaded library */
   char library[32];          /* e.g. "0.1.0" */
   int cuda_runtime;          /* e.g. 13000; the runtime ferry was built with */
@@ -59,6 +80,7 @@ typedef struct ferry_versions {
 } ferry_versions_t;
 
 FERRY_API ferry_status_t ferry_get_api_version(int* major, int* minor);
+/* out->struct_size must be set (see the top of this file). */
 FERRY_API ferry_status_t ferry_get_versions(ferry_versions_t* out);
 
 /* ---- options ----------------------------------------------------------- */
@@ -106,6 +128,7 @@ typedef enum ferry_huge_policy {
 } ferry_huge_policy_t;
 
 typedef struct ferry_pool_options {
+  size_t struct_size;          /* sizeof(ferry_pool_options_t): ferry_pool_options_init sets it */
   size_t chunk_bytes;          /* multiple of 2 MiB; default FERRY_CHUNK_SIZE (64 MiB) */
   int memfd;                   /* 1: back chunks by memfd (shareable); default 0 */
   ferry_huge_policy_t huge_pages;
@@ -127,6 +150,7 @@ typedef struct ferry_pool_kind_stats {
 } ferry_pool_kind_stats_t;
 
 typedef struct ferry_pool_stats {
+  size_t struct_size; /* sizeof(ferry_pool_stats_t), set by the caller */
   ferry_pool_kind_stats_t small, huge;
   uint64_t allocations, frees, recycles, chunk_reservations, chunk_releases, fallbacks;
   uint64_t touch_ns, register_ns;
@@ -134,8 +158,14 @@ typedef struct ferry_pool_stats {
   size_t note_count; /* fallbacks remembered; read them with ferry_pool_get_note */
 } ferry_pool_stats_t;
 
-/* Fills *out with the defaults (from FERRY_* options). */
-FERRY_API ferry_status_t ferry_pool_options_init(ferry_pool_options_t* out);
+/* Fills the members within out->struct_size with the defaults (from FERRY_*
+ * options). ferry_pool_options_init (below) sets struct_size first. */
+FERRY_API ferry_status_t ferry_pool_options_defaults(ferry_pool_options_t* out);
+/* Fills *out with the defaults, struct_size included. */
+static inline ferry_status_t ferry_pool_options_init(ferry_pool_options_t* out) {
+  if (out) out->struct_size = sizeof *out;
+  return ferry_pool_options_defaults(out);
+}
 /* options may be NULL (defaults). */
 FERRY_API ferry_status_t ferry_pool_create(const ferry_pool_options_t* options, ferry_pool_t* out);
 FERRY_API ferry_status_t ferry_pinned_pool_create(const ferry_pool_options_t* options, int device,
@@ -150,6 +180,7 @@ FERRY_API ferry_status_t ferry_pool_free(ferry_pool_t pool, void* ptr);
 FERRY_API ferry_status_t ferry_pool_trim(ferry_pool_t pool, size_t keep_bytes, size_t* released);
 /* Waits until options.target_bytes are reserved and ready. */
 FERRY_API ferry_status_t ferry_pool_wait_ready(ferry_pool_t pool);
+/* out->struct_size must be set (see the top of this file). */
 FERRY_API ferry_status_t ferry_pool_get_stats(ferry_pool_t pool, ferry_pool_stats_t* out);
 /* The i-th remembered fallback note; valid until the next call on this thread. */
 FERRY_API ferry_status_t ferry_pool_get_note(ferry_pool_t pool, size_t index, const char** note);
@@ -159,9 +190,12 @@ FERRY_API ferry_status_t ferry_pool_get_note(ferry_pool_t pool, size_t index, co
  * memory, both directions. Pageable memory moves through pinned staging slots
  * (CPU copy overlapped with DMA) or is pinned in place piece by piece; pinned
  * memory goes straight to the DMA engine. An async copy is fully enqueued when
- * the call returns: the caller's stream is ordered after it. Pageable host
- * memory of an async copy must not be touched until the copy is done
- * (ferry_copy_wait returned or ferry_copy_query said done). */
+ * the call returns: the caller's stream is ordered after it. An async
+ * host->device copy below the profile's eager_async_below_bytes (64 MiB by
+ * default) has read its pageable source when the call returns; otherwise
+ * pageable host memory of an async copy must not be touched until the copy is
+ * done (ferry_copy_wait returned or ferry_copy_query said done). No call
+ * leaves the calling thread's current device changed. */
 
 typedef struct ferry_engine* ferry_engine_t;
 typedef struct ferry_copy_state* ferry_copy_t;
@@ -181,12 +215,30 @@ typedef enum ferry_strategy {
  * direction). Options come from FERRY_COPY_* and the machine profile. */
 FERRY_API ferry_status_t ferry_engine_create(int device, ferry_engine_t* out);
 FERRY_API ferry_status_t ferry_engine_destroy(ferry_engine_t engine);
-/* Synchronous copy. */
+/* Synchronous copy, ordered like cudaMemcpy (after work on the legacy default
+ * stream); returns when the bytes are in place. */
 FERRY_API ferry_status_t ferry_copy(ferry_engine_t engine, void* dst, const void* src, size_t bytes);
 /* Asynchronous copy on `stream` (a cudaStream_t, NULL = legacy stream). *out
  * must be released with ferry_copy_release. */
 FERRY_API ferry_status_t ferry_copy_async(ferry_engine_t engine, void* dst, const void* src, size_t bytes,
                                           void* stream, ferry_strategy_t strategy, ferry_copy_t* out);
+/* Many items in one call: any mix of pageable, registered and pinned host
+ * buffers with device buffers of the engine's device, both directions. Pinned
+ * items go to the DMA engines as one batch (small ones to a copy kernel on a
+ * few SMs); pageable items move through ONE staged run (item i+1 is staged
+ * while item i's DMA runs; small items share staging chunks). Every item is
+ * checked before any work starts: a bad one fails the call with
+ * FERRY_ERROR_INVALID_ARGUMENT and a message naming its index ("item 6 of
+ * 10: ..."). The async call returns once the host->device sources are staged
+ * (they may be reused at once); its device->host items are done when the copy
+ * is. strategy: FERRY_STRATEGY_AUTO, or one for every item. */
+FERRY_API ferry_status_t ferry_copy_many_async(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
+                                               const size_t* sizes, size_t count, void* stream,
+                                               ferry_strategy_t strategy, ferry_copy_t* out);
+/* The same, returning when every item is in place. */
+FERRY_API ferry_status_t ferry_copy_many(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
+                                         const size_t* sizes, size_t count, void* stream);
+/* ferry_copy_many_async with FERRY_STRATEGY_AUTO (the earlier name). */
 FERRY_API ferry_status_t ferry_copy_batch_async(ferry_engine_t engine, void* const* dsts,
                                                 const void* const* srcs, const size_t* sizes, size_t count,
                                                 void* stream, ferry_copy_t* out);
@@ -219,22 +271,32 @@ FERRY_API ferry_status_t ferry_unregister(ferry_registration_t registration);
 typedef struct ferry_channel* ferry_channel_t;
 
 typedef struct ferry_channel_options {
+  size_t struct_size;  /* sizeof(ferry_channel_options_t): ferry_channel_options_init sets it */
   uint32_t idle_us;    /* the kernel leaves after this idle time; default 200, 1 .. 10^7 */
   uint32_t slots;      /* requests in flight at once; default 8, 1 .. 64 */
   uint32_t timeout_ms; /* a request not done by then fails; default 5000 */
   uint32_t spin_us;    /* callers spin this long, then yield and sleep; default 20 */
   int use_gdrcopy;     /* 1: writes through GDRCopy mappings; FERRY_ERROR_NOT_SUPPORTED
                           (with the reason) where GDRCopy is not available */
+  uint32_t reserved;   /* 0 (keeps the size a multiple of 8) */
 } ferry_channel_options_t;
 
 typedef struct ferry_channel_stats {
+  size_t struct_size;      /* sizeof(ferry_channel_stats_t), set by the caller */
   uint64_t requests;       /* completed requests */
   uint64_t launches;       /* kernel launches (first request, then relaunches after idle) */
   uint64_t idle_exits;     /* kernels that left because they were idle */
   uint64_t gdrcopy_writes; /* writes done through a GDRCopy mapping */
 } ferry_channel_stats_t;
 
-FERRY_API ferry_status_t ferry_channel_options_init(ferry_channel_options_t* out);
+/* Fills the members within out->struct_size with the defaults;
+ * ferry_channel_options_init (below) sets struct_size first. */
+FERRY_API ferry_status_t ferry_channel_options_defaults(ferry_channel_options_t* out);
+/* Fills *out with the defaults, struct_size included. */
+static inline ferry_status_t ferry_channel_options_init(ferry_channel_options_t* out) {
+  if (out) out->struct_size = sizeof *out;
+  return ferry_channel_options_defaults(out);
+}
 /* options may be NULL (defaults). FERRY_ERROR_NO_DEVICE without driver or device. */
 FERRY_API ferry_status_t ferry_channel_create(int device, const ferry_channel_options_t* options,
                                               ferry_channel_t* out);
@@ -256,6 +318,7 @@ FERRY_API ferry_status_t ferry_channel_wait(ferry_channel_t channel, const uint3
                                             uint32_t value, uint64_t timeout_us, int* reached);
 /* Round trip of an empty request, in microseconds. */
 FERRY_API ferry_status_t ferry_channel_ping(ferry_channel_t channel, double* round_trip_us);
+/* out->struct_size must be set (see the top of this file). */
 FERRY_API ferry_status_t ferry_channel_get_stats(ferry_channel_t channel,
                                                  ferry_channel_stats_t* out);
 /* Whether GDRCopy (libgdrapi.so.2 and /dev/gdrdrv) can be used here; *reason
@@ -290,7 +353,21 @@ FERRY_API ferry_status_t ferry_gdrcopy_available(int* available, const char** re
  * takes none. Unknown names, keys and values: FERRY_ERROR_INVALID_ARGUMENT
  * with the value quoted. Configuration applies to later allocations. */
 
+/* The allocators as an enum; every call below takes the name
+ * (ferry_managed_kind_name gives it). */
+typedef enum ferry_managed_kind {
+  FERRY_MANAGED_DEVICE = 0,      /* "device" */
+  FERRY_MANAGED_MANAGED = 1,     /* "managed" */
+  FERRY_MANAGED_MANAGED_POOL = 2 /* "managed_pool" */
+} ferry_managed_kind_t;
+
+/* "device", "managed" or "managed_pool"; NULL for a value not in the enum. */
+FERRY_API const char* ferry_managed_kind_name(ferry_managed_kind_t kind);
+/* The kind of a name; FERRY_ERROR_INVALID_ARGUMENT (quoting it) for others. */
+FERRY_API ferry_status_t ferry_managed_kind_from_name(const char* name, ferry_managed_kind_t* out);
+
 typedef struct ferry_managed_stats {
+  size_t struct_size;                 /* sizeof(ferry_managed_stats_t), set by the caller */
   uint64_t allocated, allocated_peak; /* bytes in live allocations (pool: block sizes) */
   uint64_t requested;                 /* bytes asked for by live allocations */
   uint64_t reserved, reserved_peak;   /* bytes obtained from CUDA */
@@ -302,7 +379,8 @@ typedef struct ferry_managed_stats {
 } ferry_managed_stats_t;
 
 FERRY_API ferry_status_t ferry_managed_configure(const char* name, const char* options);
-/* device -1: the sum over all devices. */
+/* device -1: the sum over all devices. out->struct_size must be set (see the
+ * top of this file). */
 FERRY_API ferry_status_t ferry_managed_get_stats(const char* name, int device,
                                                  ferry_managed_stats_t* out);
 /* managed_pool: gives back to CUDA every chunk with no live block and no

@@ -67,4 +67,8 @@ class NoDevice : public CudaError {
 // "1.5 GiB", "4 KiB", "17 B": sizes in messages.
 std::string format_bytes(size_t bytes);
 
+// "0x7f3a2c000000" ("0x0" for NULL): addresses in messages.
+std::string format_address(uintptr_t address);
+inline std::string format_address(const void* p) { return format_address(reinterpret_cast<uintptr_t>(p)); }
+
 }  // namespace ferry

@@ -15,16 +15,20 @@ extern char** environ;
 namespace ferry {
 namespace {
 
-// The one table. Keep it sorted by name; docs/options.md is generated from it
-// by `ferry options --markdown`.
+// The one table. Keep it sorted by name; README's Options table is generated
+// from it by `ferry options --markdown` (tests/python/test_cli.py compares them).
 const OptionSpec kOptions[] = {
     {"FERRY_CHUNK_SIZE", "64MiB",
      "bytes the arena reserves from the OS at a time (a multiple of 2 MiB)", OptionType::size,
      nullptr},
+    {"FERRY_COPY_SPIN_US", "100",
+     "how long idle copy threads keep looking for work before they sleep (a sleeping thread takes "
+     "15-35 us to wake in a VM); 0 = sleep at once",
+     OptionType::integer, nullptr},
     {"FERRY_COPY_STRATEGY", "auto",
      "force a copy strategy: auto, direct, staged, pin-in-place, hybrid, cuda, sm (sm: pinned memory only)",
      OptionType::choice, "auto|direct|staged|pin-in-place|hybrid|cuda|sm"},
-    {"FERRY_COPY_WORKERS", "0", "copy engine threads; 0 = one per core, at most 16",
+    {"FERRY_COPY_WORKERS", "0", "copy threads shared by every device's engine; 0 = one per core, at most 16",
      OptionType::integer, nullptr},
     {"FERRY_FAULT_INJECT", "",
      "make chosen system or CUDA calls fail, for error-path tests: call:N[+],... "
@@ -61,7 +65,7 @@ const OptionSpec kOptions[] = {
      "threads that first-touch a new chunk; 0 = one per core, at most 16", OptionType::integer,
      nullptr},
     {"FERRY_ZERO_RECYCLED", "0",
-     "zero recycled memory before handing it out again (Python pools default to 1)",
+     "zero recycled memory before handing it out again (else it is uninitialized, like torch.empty; alloc(zero=True) clears one allocation)",
      OptionType::boolean, nullptr},
 };
 

@@ -12,6 +12,12 @@ from pathlib import Path
 import pytest
 
 from ferry import rules
+from ferry.doctor import report, text_report
+
+
+def format_findings(findings) -> str:
+    """The Findings section of the doctor's text report."""
+    return text_report.render([report.findings_section([f.to_dict() for f in findings])])
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 
@@ -446,7 +452,7 @@ def test_raising_rule_becomes_info_finding():
         raise RuntimeError("kaboom")
 
     ok = rules.Rule("zz-ok", "warning", "ok", "always fires",
-                    lambda f, m: rules.Finding("zz-ok", "warning", "fired", ["x"], "y"))
+                    lambda f, m: rules.Verdict(["x"], "y"))
     bad_rule = rules.Rule("aa-boom", "critical", "boom", "raises", boom)
     findings = rules.evaluate({}, {}, rules=[bad_rule, ok])
     assert [x.id for x in findings] == ["zz-ok", "aa-boom"]
@@ -459,7 +465,7 @@ def test_raising_rule_becomes_info_finding():
 def test_rule_returning_garbage_becomes_info_finding():
     rule = rules.Rule("garbage", "warning", "g", "returns a string", lambda f, m: "oops")
     weird = rules.Rule("weird", "warning", "w", "bad severity",
-                       lambda f, m: rules.Finding("weird", "fatal", "t", ["e"], "f"))
+                       lambda f, m: rules.Verdict(["e"], "f", severity="fatal"))
     findings = rules.evaluate({}, {}, rules=[rule, weird])
     assert [(x.id, x.severity) for x in findings] == [("garbage", "info"), ("weird", "info")]
     assert all("could not be evaluated" in x.title for x in findings)
@@ -480,7 +486,7 @@ def test_malformed_input_is_reported_not_raised(facts, measurements, rule_id):
     findings = rules.evaluate(facts, measurements)
     hit = [x for x in findings if x.id == rule_id and "could not be evaluated" in x.title]
     assert hit and hit[0].severity == "info"
-    assert rules.format_findings(findings)
+    assert format_findings(findings)
 
 
 def test_non_dict_inputs_are_reported():
@@ -494,7 +500,7 @@ def test_non_dict_inputs_are_reported():
 
 def test_sorted_by_severity_then_id():
     def fires(rid, sev):
-        return rules.Rule(rid, sev, rid, rid, lambda f, m: rules.Finding(rid, sev, rid, ["e"], "f"))
+        return rules.Rule(rid, sev, rid, rid, lambda f, m: rules.Verdict(["e"], "f"))
 
     table = [fires("b-info", "info"), fires("z-crit", "critical"), fires("a-info", "info"),
              fires("m-warn", "warning"), fires("a-crit", "critical")]
@@ -529,14 +535,22 @@ def test_format_findings_contains_every_id():
     findings = []
     for rule_id in sorted(BAD):
         findings += [x for x in rules.evaluate(*bad(rule_id)) if x.id == rule_id]
-    text = rules.format_findings(findings)
+    text = format_findings(findings)
     for rule_id in BAD:
         assert rule_id in text
-    assert "SEVERITY" in text and "fix:" in text
+    assert "severity" in text and "fix:" in text
 
 
 def test_format_findings_empty():
-    assert "No findings" in rules.format_findings([])
+    assert "No findings" in format_findings([])
+
+
+def test_findings_take_id_title_and_default_severity_from_the_rule_table():
+    table = {r.id: r for r in rules.RULES}
+    for rule_id, (severity, _) in BAD.items():
+        hit = only(rules.evaluate(*bad(rule_id)), rule_id)
+        assert hit.title == table[rule_id].title
+        assert hit.severity == severity
 
 
 def test_finding_to_dict_has_fixed_keys():

@@ -15,62 +15,26 @@ hybrid share per direction) and writes the machine profile the engine reads.
 
 from __future__ import annotations
 
-import argparse
-import mmap
 import os
 import sys
 
-from .report import waived_without_device, median, progress, table, write_json
+from ..measure import HostBuffer, gbps
+from ..units import KiB, MiB, link_limit, parse_size_list
+from .report import progress, table, write_json
+from .suite import Suite
 
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 STRATEGIES = ("auto", "staged", "pin-in-place", "hybrid")
 
 
-class HostBuffer:
-    """Pageable host memory of a chosen backing; .addr is its address."""
-
-    def __init__(self, nbytes: int, backing: str):
-        import ctypes
-
-        self.nbytes = nbytes
-        size = (nbytes + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
-        if backing == "memfd":
-            fd = os.memfd_create("ferry-bench")
-            os.ftruncate(fd, size)
-            self.map = mmap.mmap(fd, size)
-            os.close(fd)
-        else:
-            self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            self.map.madvise(mmap.MADV_HUGEPAGE if backing == "thp" else mmap.MADV_NOHUGEPAGE)
-        # Touch every page (random-ish bytes) so the copy measures the copy, not faults.
-        pattern = os.urandom(MiB)
-        for off in range(0, size, MiB):
-            self.map[off : off + min(MiB, size - off)] = pattern[: min(MiB, size - off)]
-        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
-
-    def close(self):
-        import gc
-
-        gc.collect()
-        try:
-            self.map.close()
-        except BufferError:
-            pass
-
-
-def gbps(nbytes: int, ns_list: list[int]) -> float:
-    m = median(ns_list)
-    return nbytes / m if m == m and m > 0 else float("nan")  # bytes per ns == GB/s
-
-
-def link_gbps() -> float | None:
+def link_gbps(measured: list[float]) -> float | None:
+    """GPU 0's link limit (units.link_limit) given the pinned rates measured."""
     from .. import _ferry, facts
 
     try:
         gpus = facts.collect(_ferry.cuda_info())["gpus"]
-        return gpus[0].get("link_gbps") if gpus else None
     except Exception:
         return None
+    return link_limit(gpus[0].get("link_gbps"), gpus[0].get("max_link_gbps"), measured)[0] if gpus else None
 
 
 def measure(sizes, directions, backings, strategies, iterations, with_torch):
@@ -270,41 +234,41 @@ def plot(rows, path):
     progress(f"wrote {path}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ferry bench copy", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="4K,64K,1M,16M,64M,256M,1G,2G", help="(default: %(default)s)")
-    p.add_argument("--directions", default="h2d,d2h,bidir", help="(default: %(default)s)")
-    p.add_argument("--backings", default="4k,thp,memfd", help="(default: %(default)s)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help="(default: %(default)s)")
-    p.add_argument("--iterations", type=int, default=5, help="timed repeats per case (default: %(default)s)")
-    p.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
-    p.add_argument("--json", metavar="FILE", help="write results as JSON")
-    p.add_argument("--plot", metavar="PNG", help="write a plot of bandwidth by size")
-    p.add_argument("--calibrate", action="store_true", help="measure and write the machine profile")
-    args = p.parse_args(argv)
+class CopySuite(Suite):
+    key = "copy"
+    description = "pageable host<->GPU copies by size, direction and backing: ferry beside cudaMemcpy and torch"
 
-    from ..cli import parse_size_list
+    def add_arguments(self, p):
+        p.add_argument("--sizes", default="4K,64K,1M,16M,64M,256M,1G,2G", help="(default: %(default)s)")
+        p.add_argument("--directions", default="h2d,d2h,bidir", help="(default: %(default)s)")
+        p.add_argument("--backings", default="4k,thp,memfd", help="(default: %(default)s)")
+        p.add_argument("--strategies", default=",".join(STRATEGIES), help="(default: %(default)s)")
+        p.add_argument("--iterations", type=int, default=5, help="timed repeats per case (default: %(default)s)")
+        p.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
+        p.add_argument("--plot", metavar="PNG", help="write a plot of bandwidth by size")
+        p.add_argument("--calibrate", action="store_true", help="measure and write the machine profile")
 
-    if waived_without_device("copy"):
+    def run(self, args) -> int:
+        if args.calibrate:
+            text = calibrate(args.iterations)
+            path = profile_path()
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+            print(text + f"(written to {path})")
+            return 0
+        rows = measure(parse_size_list(args.sizes), args.directions.split(","), args.backings.split(","),
+                       args.strategies.split(","), args.iterations, not args.no_torch)
+        link = link_gbps([r["cuda_pinned"] for r in rows if r.get("cuda_pinned")])
+        print_table(rows, link)
+        write_json(args.json, self.key, {"link_gbps": link, "rows": rows})
+        if args.plot:
+            plot(rows, args.plot)
         return 0
-    if args.calibrate:
-        text = calibrate(args.iterations)
-        path = profile_path()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
-        print(text + f"(written to {path})")
-        return 0
-    rows = measure(parse_size_list(args.sizes), args.directions.split(","), args.backings.split(","),
-                   args.strategies.split(","), args.iterations, not args.no_torch)
-    link = link_gbps()
-    print_table(rows, link)
-    write_json(args.json, "copy", {"link_gbps": link, "rows": rows})
-    if args.plot:
-        plot(rows, args.plot)
-    return 0
 
+
+SUITE = CopySuite()
+main = SUITE.main
 
 if __name__ == "__main__":
     sys.exit(main())
