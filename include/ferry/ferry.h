@@ -410,15 +410,17 @@ typedef enum ferry_direct_io {
 } ferry_direct_io_t;
 
 typedef struct ferry_loader_options {
+  size_t struct_size;           /* sizeof(ferry_loader_options_t): ferry_loader_options_init sets it */
   size_t staging_bytes;         /* pinned slots in all; default FERRY_LOAD_STAGING (512 MiB) */
   size_t slot_bytes;            /* one read; a multiple of 4 KiB; default FERRY_LOAD_SLOT (16 MiB) */
   int threads;                  /* reader threads; 0 = one per core, at most 16 */
   ferry_direct_io_t direct_io;
   double mapped_share;          /* 0..1 of page-cached bytes DMA'd from registered mappings */
   int progress;                 /* -1: when stderr is a terminal (default); 0: never; 1: always */
+  uint32_t reserved;            /* 0 (keeps the size a multiple of 8) */
 } ferry_loader_options_t;
 
-typedef struct ferry_load_range {
+typedef struct ferry_load_range { /* an array element: never grows */
   size_t file;      /* index into the files array */
   uint64_t offset;  /* in the file */
   uint64_t bytes;   /* 0: skipped */
@@ -426,6 +428,7 @@ typedef struct ferry_load_range {
 } ferry_load_range_t;
 
 typedef struct ferry_load_stats {
+  size_t struct_size;     /* sizeof(ferry_load_stats_t), set by the caller */
   uint64_t bytes;         /* delivered */
   uint64_t read_bytes;    /* read from files (merged gaps, O_DIRECT alignment) */
   uint64_t staged_bytes, mapped_bytes;
@@ -434,14 +437,20 @@ typedef struct ferry_load_stats {
   size_t staging_bytes;   /* pinned memory the loader holds */
 } ferry_load_stats_t;
 
-/* Fills *out with the defaults (from FERRY_LOAD_* options). */
-FERRY_API ferry_status_t ferry_loader_options_init(ferry_loader_options_t* out);
+/* Fills the members within out->struct_size with the defaults (from
+ * FERRY_LOAD_* options); ferry_loader_options_init (below) sets struct_size first. */
+FERRY_API ferry_status_t ferry_loader_options_defaults(ferry_loader_options_t* out);
+/* Fills *out with the defaults, struct_size included. */
+static inline ferry_status_t ferry_loader_options_init(ferry_loader_options_t* out) {
+  if (out) out->struct_size = sizeof *out;
+  return ferry_loader_options_defaults(out);
+}
 /* options may be NULL (defaults). Allocates and pins the staging slots. */
 FERRY_API ferry_status_t ferry_loader_create(const ferry_loader_options_t* options, int device,
                                              ferry_loader_t* out);
 FERRY_API ferry_status_t ferry_loader_destroy(ferry_loader_t loader);
-/* stats may be NULL. Ranges must not overlap in device memory (two ranges may
- * read the same file bytes). */
+/* stats may be NULL (else its struct_size set). Ranges must not overlap in
+ * device memory (two ranges may read the same file bytes). */
 FERRY_API ferry_status_t ferry_loader_load(ferry_loader_t loader, const char* const* files, size_t file_count,
                                            const ferry_load_range_t* ranges, size_t range_count, void* stream,
                                            ferry_load_stats_t* stats);

@@ -6,10 +6,13 @@
 #include <vector>
 
 #include "capi/guard.h"
+#include "capi/struct_size.h"
 #include "cuda/file_loader.h"
 
 using ferry::capi::guarded;
+using ferry::capi::read_struct;
 using ferry::capi::require;
+using ferry::capi::write_struct;
 
 struct ferry_loader {
   std::unique_ptr<ferry::cuda::Loader> loader;
@@ -36,25 +39,46 @@ ferry_direct_io_t to_c(ferry::load::DirectIo d) {
 }
 
 ferry::cuda::Progress progress_of(int p) {
+  if (p < -1 || p > 1) throw ferry::InvalidArgument("progress=" + std::to_string(p) + ": expected -1, 0 or 1");
   if (p < 0) return ferry::cuda::Progress::automatic;
   return p ? ferry::cuda::Progress::always : ferry::cuda::Progress::never;
+}
+
+ferry_loader_options_t to_c(const ferry::cuda::LoaderOptions& o) {
+  ferry_loader_options_t c{};
+  c.struct_size = sizeof c;
+  c.staging_bytes = o.staging_bytes;
+  c.slot_bytes = o.slot_bytes;
+  c.threads = o.threads;
+  c.direct_io = to_c(o.direct_io);
+  c.mapped_share = o.mapped_share;
+  c.progress = -1;
+  return c;
+}
+
+// The caller's options over the defaults (members beyond its struct_size keep them).
+ferry::cuda::LoaderOptions to_cpp(const ferry_loader_options_t* given, int device) {
+  ferry::cuda::LoaderOptions o = ferry::cuda::LoaderOptions::from_environment(device);
+  if (!given) return o;
+  const ferry_loader_options_t c = read_struct(given, to_c(o), "options");
+  if (c.reserved != 0) throw ferry::InvalidArgument("options->reserved=" + std::to_string(c.reserved) + ": must be 0");
+  o.staging_bytes = c.staging_bytes;
+  o.slot_bytes = c.slot_bytes;
+  o.threads = c.threads;
+  o.direct_io = to_cpp(c.direct_io);
+  o.mapped_share = c.mapped_share;
+  o.progress = progress_of(c.progress);
+  return o;
 }
 
 }  // namespace
 
 extern "C" {
 
-ferry_status_t ferry_loader_options_init(ferry_loader_options_t* out) {
+ferry_status_t ferry_loader_options_defaults(ferry_loader_options_t* out) {
   return guarded([&] {
     require(out, "out");
-    ferry::cuda::LoaderOptions o = ferry::cuda::LoaderOptions::from_environment(0);
-    *out = ferry_loader_options_t{};
-    out->staging_bytes = o.staging_bytes;
-    out->slot_bytes = o.slot_bytes;
-    out->threads = o.threads;
-    out->direct_io = to_c(o.direct_io);
-    out->mapped_share = o.mapped_share;
-    out->progress = -1;
+    write_struct(out, to_c(ferry::cuda::LoaderOptions::from_environment(0)), "out");
   });
 }
 
@@ -62,15 +86,7 @@ ferry_status_t ferry_loader_create(const ferry_loader_options_t* options, int de
   return guarded([&] {
     require(out, "out");
     *out = nullptr;
-    ferry::cuda::LoaderOptions o = ferry::cuda::LoaderOptions::from_environment(device);
-    if (options) {
-      o.staging_bytes = options->staging_bytes;
-      o.slot_bytes = options->slot_bytes;
-      o.threads = options->threads;
-      o.direct_io = to_cpp(options->direct_io);
-      o.mapped_share = options->mapped_share;
-      o.progress = progress_of(options->progress);
-    }
+    ferry::cuda::LoaderOptions o = to_cpp(options, device);
     auto h = std::make_unique<ferry_loader>();
     h->loader = std::make_unique<ferry::cuda::Loader>(o);
     *out = h.release();
@@ -89,6 +105,7 @@ ferry_status_t ferry_loader_load(ferry_loader_t loader, const char* const* files
                                  ferry_load_stats_t* stats) {
   return guarded([&] {
     require(loader, "loader");
+    if (stats) ferry::capi::caller_struct_size(stats, "stats");  // refused before the load, not after
     if (file_count) require(files, "files");
     if (range_count) require(ranges, "ranges");
     std::vector<std::string> names;
@@ -106,18 +123,20 @@ ferry_status_t ferry_loader_load(ferry_loader_t loader, const char* const* files
     }
     ferry::cuda::LoadStats st = loader->loader->load(names, rs, static_cast<cudaStream_t>(stream));
     if (stats) {
-      *stats = ferry_load_stats_t{};
-      stats->bytes = st.range_bytes;
-      stats->read_bytes = st.read_bytes;
-      stats->staged_bytes = st.staged_bytes;
-      stats->mapped_bytes = st.mapped_bytes;
-      stats->reads = st.reads;
-      stats->direct_reads = st.direct_reads;
-      stats->registrations = st.registrations;
-      stats->seconds = st.seconds;
-      stats->register_seconds = st.register_seconds;
-      stats->unregister_seconds = st.unregister_seconds;
-      stats->staging_bytes = st.staging_bytes;
+      ferry_load_stats_t c{};
+      c.struct_size = sizeof c;
+      c.bytes = st.range_bytes;
+      c.read_bytes = st.read_bytes;
+      c.staged_bytes = st.staged_bytes;
+      c.mapped_bytes = st.mapped_bytes;
+      c.reads = st.reads;
+      c.direct_reads = st.direct_reads;
+      c.registrations = st.registrations;
+      c.seconds = st.seconds;
+      c.register_seconds = st.register_seconds;
+      c.unregister_seconds = st.unregister_seconds;
+      c.staging_bytes = st.staging_bytes;
+      write_struct(stats, c, "stats");
     }
   });
 }

@@ -4,6 +4,8 @@
 // through the C API on a device: tests/gpu/load_test.cpp.)
 #include <gtest/gtest.h>
 
+#include <cstddef>
+#include <cstring>
 #include <string>
 
 #include "ferry/ferry.h"
@@ -56,6 +58,43 @@ TEST(CApiLoader, BadArgumentsAreNamed) {
     EXPECT_EQ(l, nullptr);
     EXPECT_NE(last().find(c.expect), std::string::npos) << last();
   }
+}
+
+// ferry.h's growth rule: a caller built against an older header, whose
+// options end before `progress`, gets the defaults for what it lacks; an
+// unset struct_size is refused.
+TEST(CApiLoader, OptionsFollowTheStructSizeRule) {
+  struct OldOptions {  // the struct without progress and reserved
+    size_t struct_size, staging_bytes, slot_bytes;
+    int threads;
+    ferry_direct_io_t direct_io;
+    double mapped_share;
+  };
+  static_assert(sizeof(OldOptions) == offsetof(ferry_loader_options_t, progress));
+  unsigned char raw[sizeof(OldOptions) + 64];
+  std::memset(raw, 0xAB, sizeof raw);  // poison past the old struct
+  auto* old = reinterpret_cast<OldOptions*>(raw);
+  old->struct_size = sizeof(OldOptions);
+  ASSERT_EQ(ferry_loader_options_defaults(reinterpret_cast<ferry_loader_options_t*>(old)), FERRY_SUCCESS) << last();
+  EXPECT_EQ(old->struct_size, sizeof(OldOptions));
+  EXPECT_EQ(old->slot_bytes, size_t{16} << 20);
+  for (size_t i = sizeof(OldOptions); i < sizeof raw; ++i) ASSERT_EQ(raw[i], 0xAB) << "wrote past the caller's struct";
+  // Its options are read; the poisoned progress/reserved are not (else: InvalidArgument for them).
+  old->slot_bytes = 5000;
+  ferry_loader_t l = nullptr;
+  EXPECT_EQ(ferry_loader_create(reinterpret_cast<ferry_loader_options_t*>(old), 0, &l), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(last().find("slot_bytes=5000"), std::string::npos) << last();
+  ferry_loader_options_t o{};
+  EXPECT_EQ(ferry_loader_options_defaults(&o), FERRY_ERROR_INVALID_ARGUMENT);  // struct_size 0
+  EXPECT_NE(last().find("struct_size=0"), std::string::npos) << last();
+  ASSERT_EQ(ferry_loader_options_init(&o), FERRY_SUCCESS);
+  o.reserved = 1;
+  EXPECT_EQ(ferry_loader_create(&o, 0, &l), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(last().find("reserved=1"), std::string::npos) << last();
+  o.reserved = 0;
+  o.progress = 2;
+  EXPECT_EQ(ferry_loader_create(&o, 0, &l), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(last().find("progress=2"), std::string::npos) << last();
 }
 
 TEST(CApiLoader, NoDeviceFailsCleanly) {

@@ -250,8 +250,11 @@ TEST(Loader, CApiRoundTrip) {
   ferry_load_range_t ranges[] = {{0, half, f.data[0].size() - half, static_cast<char*>(dev.p) + half},
                                  {0, 0, half, dev.p}};
   const char* files[] = {f.paths[0].c_str()};
-  ferry_load_stats_t st;
+  ferry_load_stats_t st{};
+  EXPECT_EQ(ferry_loader_load(l, files, 1, ranges, 2, nullptr, &st), FERRY_ERROR_INVALID_ARGUMENT);  // no struct_size
+  st.struct_size = sizeof st;
   ASSERT_EQ(ferry_loader_load(l, files, 1, ranges, 2, nullptr, &st), FERRY_SUCCESS) << ferry_last_error();
+  EXPECT_EQ(st.struct_size, sizeof st);
   EXPECT_EQ(st.bytes, f.data[0].size());
   EXPECT_EQ(st.staging_bytes, size_t{4} << 20);
   EXPECT_EQ(dev.read(0, f.data[0].size()), f.data[0]);

@@ -6,7 +6,8 @@ Writes a test checkpoint (default: 12 layers of bf16 4096x4096 q/k/v/o,
 4.86 GB), then loads it with: ferry (``ferry.torch.load_safetensors``; one row
 per --mapped-shares value), safetensors ``load_file(device="cuda")``,
 ``load_file`` + ``.to("cuda")`` per tensor, ``load_file`` +
-``ferry.torch.to_device`` per tensor, and, where importable, fastsafetensors
+``ferry.torch.to_device`` per tensor and on the whole dict, and, where
+importable, fastsafetensors
 (``fastsafe_open(..., nogds=True)``) and InstantTensor (``safe_open`` with its
 default, BUFFERED and MMAP backends). Page cache warm (median of --repeats),
 then, where this process may drop the page cache (root), cold: the file's
@@ -32,7 +33,10 @@ import tempfile
 import threading
 import time
 
-from .report import median, progress, table, waived_without_device, write_json
+from ..measure import median
+from ..units import parse_size
+from .report import progress, table, write_json
+from .suite import Suite
 
 MiB = 1 << 20
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -200,7 +204,7 @@ def same_bits(torch, got: dict, ref: dict) -> str | None:
 
 def _loader(args, share):
     """ferry's Loader for a mapped share (None for the other paths)."""
-    from ferry.load import Loader
+    from ..load import Loader
 
     if share is None:
         return None
@@ -212,7 +216,7 @@ def _loader(args, share):
 def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
     """[(label, load(paths) -> {name: cuda tensor}, None or why it cannot run,
     ferry's mapped share or None)]."""
-    import ferry.torch as ft
+    from .. import torch as ft
 
     out = []
     for share in args.mapped_shares:
@@ -244,9 +248,16 @@ def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
             d.update({k: ft.to_device(v) for k, v in load_file(p).items()})
         return d
 
+    def st_ferry_dict(paths):  # the whole dict in one call (the copy engine's copy_many)
+        d = {}
+        for p in paths:
+            d.update(ft.to_device(load_file(p)))
+        return d
+
     out += [("safetensors load_file(device=cuda)", st_cuda, st_why, None),
             ("load_file + .to(cuda)", st_to, st_why, None),
-            ("load_file + ferry.torch.to_device", st_ferry, st_why, None)]
+            ("load_file + ferry.torch.to_device", st_ferry, st_why, None),
+            ("load_file + ferry.torch.to_device(dict)", st_ferry_dict, st_why, None)]
     try:
         from fastsafetensors import fastsafe_open
         fst_why = None
@@ -318,7 +329,7 @@ def transformers_case(torch, directory: str, layers: int) -> dict:
     """from_pretrained beside from_config + load_safetensors(out=state_dict())."""
     import transformers
 
-    from ferry.torch import load_safetensors
+    from ..torch import load_safetensors
 
     cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
                                    num_attention_heads=16, num_key_value_heads=16, tie_word_embeddings=False)
@@ -368,54 +379,62 @@ def _shares(text: str) -> list[float]:
     return vals
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ferry bench load", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dir", help="where to write the checkpoint (default: a new directory under $TMPDIR)")
-    p.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
-    p.add_argument("--layers", type=int, default=12, help="layers (default: %(default)s)")
-    p.add_argument("--hidden", type=int, default=4096, help="hidden size (default: %(default)s)")
-    p.add_argument("--intermediate", type=int, default=11008, help="MLP size (default: %(default)s)")
-    p.add_argument("--dtype", choices=sorted(_ST_DTYPES), default="bf16", help="(default: %(default)s)")
-    p.add_argument("--shards", type=int, default=1, help="files (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=3, help="timed warm loads per path (default: %(default)s)")
-    p.add_argument("--mapped-shares", type=_shares, default=[0.0],
-                   help="ferry rows: shares DMA'd from registered file pages, e.g. 0,0.25,0.5 (default: 0)")
-    p.add_argument("--staging", default="512M", help="ferry's pinned staging (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=0, help="ferry's reader threads; 0 = one per core (max 16)")
-    p.add_argument("--no-cold", action="store_true", help="skip the cold (page cache dropped) runs")
-    p.add_argument("--cold-shares", type=_shares, default=None,
-                   help="mapped shares of the cold ferry rows (default: the first of --mapped-shares)")
-    p.add_argument("--only", action="append", help="only paths whose label contains this (repeatable)")
-    p.add_argument("--transformers", type=int, default=0, metavar="LAYERS",
-                   help="also time a bf16 Llama (hidden 2048) of LAYERS layers: from_pretrained vs ferry")
-    p.add_argument("--json", metavar="FILE", help="write results as JSON")
-    args = p.parse_args(argv)
-    from ..cli import parse_size
+class LoadSuite(Suite):
+    key = "load"
+    description = ("a safetensors checkpoint to the GPU: ferry beside safetensors, fastsafetensors and "
+                   "InstantTensor, warm and cold")
 
-    if waived_without_device("load"):
-        return 0
-    try:
+    def add_arguments(self, p):
+        p.add_argument("--dir", help="where to write the checkpoint (default: a new directory under $TMPDIR)")
+        p.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
+        p.add_argument("--layers", type=int, default=12, help="layers (default: %(default)s)")
+        p.add_argument("--hidden", type=int, default=4096, help="hidden size (default: %(default)s)")
+        p.add_argument("--intermediate", type=int, default=11008, help="MLP size (default: %(default)s)")
+        p.add_argument("--dtype", choices=sorted(_ST_DTYPES), default="bf16", help="(default: %(default)s)")
+        p.add_argument("--shards", type=int, default=1, help="files (default: %(default)s)")
+        p.add_argument("--repeats", type=int, default=3, help="timed warm loads per path (default: %(default)s)")
+        p.add_argument("--mapped-shares", type=_shares, default=[0.0],
+                       help="ferry rows: shares DMA'd from registered file pages, e.g. 0,0.25,0.5 (default: 0)")
+        p.add_argument("--staging", default="512M", help="ferry's pinned staging (default: %(default)s)")
+        p.add_argument("--threads", type=int, default=0, help="ferry's reader threads; 0 = one per core (max 16)")
+        p.add_argument("--no-cold", action="store_true", help="skip the cold (page cache dropped) runs")
+        p.add_argument("--cold-shares", type=_shares, default=None,
+                       help="mapped shares of the cold ferry rows (default: the first of --mapped-shares)")
+        p.add_argument("--only", action="append", help="only paths whose label contains this (repeatable)")
+        p.add_argument("--transformers", type=int, default=0, metavar="LAYERS",
+                       help="also time a bf16 Llama (hidden 2048) of LAYERS layers: from_pretrained vs ferry")
+
+    def waived(self, args):
+        why = super().waived(args)
+        if why:
+            return why
+        for module in ("torch", "safetensors"):
+            try:
+                __import__(module)
+            except ImportError as e:
+                return f"needs {module} ({e})"
+        return None
+
+    def run(self, args) -> int:
         import torch
-    except ImportError:
-        print("ferry bench load: waived: needs PyTorch")
-        return 0
-    args.staging = parse_size(args.staging)
-    args.loaders = {}
-    tensors = layer_tensors(args.layers, args.hidden, args.intermediate)
-    own_dir = args.dir is None
-    directory = args.dir or tempfile.mkdtemp(prefix="ferry-bench-load-")
-    os.makedirs(directory, exist_ok=True)
-    try:
-        return _run(args, torch, tensors, directory)
-    finally:
-        if not args.keep:
-            if own_dir:
-                shutil.rmtree(directory, ignore_errors=True)
-            else:
-                for f in os.listdir(directory):
-                    if f.startswith("model") and (f.endswith(".safetensors") or f.endswith(".index.json")):
-                        os.remove(os.path.join(directory, f))
+
+        args.staging = parse_size(args.staging)
+        args.loaders = {}
+        tensors = layer_tensors(args.layers, args.hidden, args.intermediate)
+        own_dir = args.dir is None
+        directory = args.dir or tempfile.mkdtemp(prefix="ferry-bench-load-")
+        os.makedirs(directory, exist_ok=True)
+        try:
+            return _run(args, torch, tensors, directory)
+        finally:
+            args.loaders.clear()  # frees ferry's pinned staging
+            if not args.keep:
+                if own_dir:
+                    shutil.rmtree(directory, ignore_errors=True)
+                else:
+                    for f in os.listdir(directory):
+                        if f.startswith("model") and (f.endswith(".safetensors") or f.endswith(".index.json")):
+                            os.remove(os.path.join(directory, f))
 
 
 def _run(args, torch, tensors, directory) -> int:
@@ -424,11 +443,8 @@ def _run(args, torch, tensors, directory) -> int:
     os.sync()  # no writeback during the runs
     progress(f"wrote {len(paths)} file(s), {sum(os.path.getsize(x) for x in paths) / 1e9:.2f} GB, "
              f"in {time.perf_counter() - t0:.1f} s")
-    try:
-        from safetensors.torch import load_file
-    except ImportError as e:
-        print(f"ferry bench load: waived: the reference load needs safetensors ({e})")
-        return 0
+    from safetensors.torch import load_file
+
     ref = {}
     for x in paths:
         ref.update({k: v.cuda() for k, v in load_file(x).items()})  # the reference, on the GPU for comparison
@@ -484,7 +500,6 @@ def _run(args, torch, tensors, directory) -> int:
             results["transformers"] = transformers_case(torch, directory, args.transformers)
         except Exception as e:  # noqa: BLE001
             results["transformers"] = {"failed": f"{type(e).__name__}: {e}"}
-    args.loaders.clear()  # frees ferry's pinned staging
     print_report(results, nbytes)
     write_json(args.json, "load", results)
     return 0 if all(r.get("verified", True) for part in ("warm", "cold") for r in results[part].values()) else 1
@@ -536,6 +551,9 @@ def print_report(results: dict, nbytes: int) -> None:
     elif tr:
         print(f"transformers: {tr['failed']}")
 
+
+SUITE = LoadSuite()
+main = SUITE.main
 
 if __name__ == "__main__":
     sys.exit(main())
