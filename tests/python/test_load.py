@@ -247,6 +247,10 @@ def _random_tensors(torch, rng, count, names_prefix="t"):
     for i in range(count):
         dt = dtypes[i % len(dtypes)]
         shape = shapes[int(rng.integers(len(shapes)))]
+        if str(dt).startswith("torch.float4"):
+            # safetensors 0.8 refuses to write packed 4-bit tensors of some shapes (0-d,
+            # odd last dimensions: "does not end up at a byte boundary", H200 run).
+            shape = (2, 16)
         n = 1
         for s in shape:
             n *= s
