@@ -388,6 +388,74 @@ FERRY_API ferry_status_t ferry_managed_get_stats(const char* name, int device,
 FERRY_API ferry_status_t ferry_managed_trim(const char* name, int device, size_t* released);
 /* ---- end of managed memory allocators ------------------------------------- */
 
+/* ---- checkpoint loader ---------------------------------------------------- */
+/* Byte ranges of files to device memory: several reader threads pread (or
+ * O_DIRECT-read) into a small ring of pinned staging slots while the previous
+ * slots' DMAs run; host memory added is the staging size, never the file.
+ * Optionally (experimental) a share of page-cached bytes is DMA'd straight
+ * from a read-only file mapping registered with cudaHostRegisterReadOnly.
+ * ferry_loader_load is synchronous: it returns when every byte is in device
+ * memory; it starts after the work queued on `stream` before the call. One
+ * load at a time per loader. A failure (short file, read error, CUDA error)
+ * fails the whole load with a message naming the file and byte range; no
+ * thread stays busy and nothing stays registered; the destinations' contents
+ * are then undefined. */
+
+typedef struct ferry_loader* ferry_loader_t;
+
+typedef enum ferry_direct_io {
+  FERRY_DIRECT_IO_AUTO = 0,   /* O_DIRECT for files mostly not in the page cache */
+  FERRY_DIRECT_IO_NEVER = 1,
+  FERRY_DIRECT_IO_ALWAYS = 2  /* where the file system allows it */
+} ferry_direct_io_t;
+
+typedef struct ferry_loader_options {
+  size_t struct_size;           /* sizeof(ferry_loader_options_t): ferry_loader_options_init sets it */
+  size_t staging_bytes;         /* pinned slots in all; default FERRY_LOAD_STAGING (512 MiB) */
+  size_t slot_bytes;            /* one read; a multiple of 4 KiB; default FERRY_LOAD_SLOT (16 MiB) */
+  int threads;                  /* reader threads; 0 = one per core, at most 16 */
+  ferry_direct_io_t direct_io;
+  double mapped_share;          /* 0..1 of page-cached bytes DMA'd from registered mappings */
+  int progress;                 /* -1: when stderr is a terminal (default); 0: never; 1: always */
+  uint32_t reserved;            /* 0 (keeps the size a multiple of 8) */
+} ferry_loader_options_t;
+
+typedef struct ferry_load_range { /* an array element: never grows */
+  size_t file;      /* index into the files array */
+  uint64_t offset;  /* in the file */
+  uint64_t bytes;   /* 0: skipped */
+  void* dst;        /* device memory */
+} ferry_load_range_t;
+
+typedef struct ferry_load_stats {
+  size_t struct_size;     /* sizeof(ferry_load_stats_t), set by the caller */
+  uint64_t bytes;         /* delivered */
+  uint64_t read_bytes;    /* read from files (merged gaps, O_DIRECT alignment) */
+  uint64_t staged_bytes, mapped_bytes;
+  uint64_t reads, direct_reads, registrations;
+  double seconds, register_seconds, unregister_seconds;
+  size_t staging_bytes;   /* pinned memory the loader holds */
+} ferry_load_stats_t;
+
+/* Fills the members within out->struct_size with the defaults (from
+ * FERRY_LOAD_* options); ferry_loader_options_init (below) sets struct_size first. */
+FERRY_API ferry_status_t ferry_loader_options_defaults(ferry_loader_options_t* out);
+/* Fills *out with the defaults, struct_size included. */
+static inline ferry_status_t ferry_loader_options_init(ferry_loader_options_t* out) {
+  if (out) out->struct_size = sizeof *out;
+  return ferry_loader_options_defaults(out);
+}
+/* options may be NULL (defaults). Allocates and pins the staging slots. */
+FERRY_API ferry_status_t ferry_loader_create(const ferry_loader_options_t* options, int device,
+                                             ferry_loader_t* out);
+FERRY_API ferry_status_t ferry_loader_destroy(ferry_loader_t loader);
+/* stats may be NULL (else its struct_size set). Ranges must not overlap in
+ * device memory (two ranges may read the same file bytes). */
+FERRY_API ferry_status_t ferry_loader_load(ferry_loader_t loader, const char* const* files, size_t file_count,
+                                           const ferry_load_range_t* ranges, size_t range_count, void* stream,
+                                           ferry_load_stats_t* stats);
+/* ---- end of checkpoint loader --------------------------------------------- */
+
 #ifdef __cplusplus
 }
 #endif

@@ -208,6 +208,45 @@ def pinned_gbps(device: int, nbytes: int, reps: int) -> dict[str, float]:
         _ferry.cuda_free(dev)
 
 
+def aggregate_pinned_gbps(devices: list[int], nbytes: int, reps: int) -> dict[str, float]:
+    """{"h2d", "d2h"}: GB/s of pinned cudaMemcpyAsync to all `devices` at once (one
+    thread per GPU, each its own cudaHostAlloc buffer; total bytes over the longest
+    thread's time). The timing calls release the GIL, so the threads overlap."""
+    import threading
+
+    buffers = {}
+    for d in devices:
+        _ferry.cuda_warm_up(d)
+        buffers[d] = (_ferry.cuda_malloc(nbytes), _ferry.cuda_host_alloc(nbytes))
+    try:
+        out = {}
+        for direction in ("h2d", "d2h"):
+            times: dict[int, float] = {}
+            start = threading.Barrier(len(devices))
+
+            def run(d):
+                _ferry.cuda_warm_up(d)  # this thread's current device
+                dev, host = buffers[d]
+                dst, src = (dev, host) if direction == "h2d" else (host, dev)
+                start.wait()
+                times[d] = sum(_ferry.cuda_memcpy_async_ns(dst, src, nbytes, reps))
+
+            threads = [threading.Thread(target=run, args=(d,)) for d in devices]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if len(times) != len(devices):
+                raise RuntimeError("a GPU's copy thread failed")
+            out[direction] = len(devices) * nbytes * reps / (max(times.values()) / 1e9) / 1e9
+        return out
+    finally:
+        for d, (dev, host) in buffers.items():
+            _ferry.cuda_warm_up(d)
+            _ferry.cuda_free_host(host)
+            _ferry.cuda_free(dev)
+
+
 def pageable_gbps(device: int, nbytes: int, reps: int) -> dict[str, float]:
     """{"h2d_ferry", "h2d_cuda", "d2h_ferry", "d2h_cuda"}: GB/s of ferry's automatic copy
     and of cudaMemcpy on the same fresh mmap'd buffer of 4 KiB pages (touched first)."""

@@ -330,6 +330,41 @@ def _check_pinned_bandwidth_low(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
+GPU_PEER_MIN_SHARE = 0.85  # a GPU below this share of its best peer is flagged
+
+
+def _check_gpu_below_peers(facts: dict, m: dict) -> Optional[Verdict]:
+    gpus = list(_gpus(facts))
+    if len(gpus) < 2:
+        return None
+    evidence = []
+    links = {key: gpu.get("link_gbps") for key, gpu in gpus if isinstance(gpu.get("link_gbps"), (int, float))}
+    if len(links) >= 2:
+        best = max(links.values())
+        for key, gpu in gpus:
+            if key in links and links[key] < GPU_PEER_MIN_SHARE * best:
+                evidence.append(f"{_gpu_label(key, gpu)}: link {_gbps(links[key])} per direction, "
+                                f"the best GPU's {_gbps(best)}")
+    for name, direction in (("pinned_h2d_gbps", "host->device"), ("pinned_d2h_gbps", "device->host")):
+        rates = {key: _per_gpu(m, name, key) for key, _ in gpus}
+        rates = {k: v for k, v in rates.items() if v is not None}
+        if len(rates) < 2:
+            continue
+        best = max(rates.values())
+        for key, gpu in gpus:
+            if key in rates and rates[key] < GPU_PEER_MIN_SHARE * best:
+                evidence.append(f"{_gpu_label(key, gpu)}: pinned {direction} {_gbps(rates[key])} = "
+                                f"{_pct(rates[key], best)} of the best GPU's {_gbps(best)}")
+    if not evidence:
+        return None
+    return Verdict(
+        evidence,
+        "compare the slots and links (`nvidia-smi topo -m`, `nvidia-smi -q -d PCIE`): a GPU behind a switch, "
+        "on a narrower or slower link, or on the far NUMA node gets less; spread heavy transfers over the "
+        "faster GPUs or move the slow one to a CPU-attached x16 slot",
+    )
+
+
 def _check_thp_disabled(facts: dict, m: dict) -> Optional[Verdict]:
     thp = _dict(_host(facts).get("thp"), "host.thp")
     enabled = _sysfs_choice(thp.get("enabled"), "host.thp.enabled")
@@ -681,6 +716,9 @@ RULES: tuple[Rule, ...] = (
     Rule("pinned-bandwidth-low", "warning", "Pinned copies run well below the PCIe link's limit",
          "measured pinned host->device or device->host bandwidth is below 85% of the GPU's link",
          _check_pinned_bandwidth_low),
+    Rule("gpu-below-peers", "warning", "One GPU's link or pinned bandwidth falls below the other GPUs'",
+         "with several GPUs: a GPU's link speed or measured pinned bandwidth is below 85% of the best GPU's",
+         _check_gpu_below_peers),
     Rule("thp-disabled", "warning", "Transparent huge pages are disabled: pinning and first touch are slower",
          "transparent_hugepage/enabled is 'never', which slows pinning and first touch",
          _check_thp_disabled),

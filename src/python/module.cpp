@@ -27,6 +27,7 @@ void bind_pool_tensor(nanobind::module_& m);  // pool memory as DLPack tensors: 
 void bind_copy(nanobind::module_& m);
 void bind_channel(nanobind::module_& m);  // low-latency channel: channel_bindings.cpp
 void bind_managed(nanobind::module_& m);  // PyTorch allocators: managed_bindings.cpp
+void bind_load(nanobind::module_& m);     // checkpoint loader, safetensors: load_bindings.cpp
 }
 
 namespace nb = nanobind;
@@ -361,4 +362,5 @@ NB_MODULE(_ferry, m) {
   ferry::python::bind_copy(m);
   ferry::python::bind_channel(m);  // low-latency channel
   ferry::python::bind_managed(m);  // PyTorch allocators
+  ferry::python::bind_load(m);     // checkpoint loader
 }

@@ -240,6 +240,8 @@ def fake_gpus(monkeypatch):
     monkeypatch.setattr(measure, "small_copy_us", lambda dev, it: {"cuda_h2d": 9.8, "cuda_d2h": 9.5,
                                                                    "channel_h2d": 1.9, "channel_d2h": 2.4})
     monkeypatch.setattr(measure, "register_gbps", lambda dev, n, kind: {"4k": 2.0, "thp": 3.8}[kind])
+    monkeypatch.setattr(measure, "aggregate_pinned_gbps", lambda devs, n, reps: calls.append(("all", tuple(devs)))
+                        or {"h2d": 105.0, "d2h": 101.0})
     return calls
 
 
@@ -255,6 +257,7 @@ def test_run_fills_every_gpu_measurement(fake_gpus):
     assert "hugetlb" in report["skipped"][0]["why"]
     assert report["pool"] == {"chunk_reservations": 1}  # the pinned pool's stats
     assert ("pinned", 1, 256 << 20) in fake_gpus
+    assert ("all", (0, 1)) in fake_gpus and m["pinned_h2d_gbps_all_gpus"] == 105.0
     ids = [f["id"] for f in report["findings"]]
     assert "pageable-path-slow" in ids  # CUDA's 6.9 GB/s is below a quarter of 63 GB/s
     text = text_report.format_report(report)

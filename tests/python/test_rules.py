@@ -146,7 +146,20 @@ BAD = {
     "pageable-path-slow": ("warning", _set(("m", "pageable_h2d_gbps_cuda", "0"), 7.9)),
     "thp-defrag-never": ("info", _set(("f", "host", "thp", "defrag"), "never")),
     "memory-low-for-pool": ("warning", _set(("f", "host", "memory", "available_bytes"), 4 * GiB)),
+    "gpu-below-peers": ("warning", lambda f, m: _add_second_gpu(f, m, link=31.5, gen=4, pinned=27.5)),
 }
+
+
+def _add_second_gpu(f, m, link, gen, pinned):
+    """A second GPU on its own (not degraded) link, with pinned copies at `pinned` GB/s."""
+    gpu = dict(f["gpus"][0], index=1, pci_bus_id="00000000:65:00.0", link_gbps=link, max_link_gbps=link,
+               pcie={"gen": gen, "width": 16, "max_gen": gen, "max_width": 16})
+    f["gpus"].append(gpu)
+    f["cuda"]["device_count"] = 2
+    for d in ("h2d", "d2h"):
+        m[f"pinned_{d}_gbps"]["1"] = pinned
+        m[f"pageable_{d}_gbps_ferry"]["1"] = m[f"pageable_{d}_gbps_ferry"]["0"] / 2
+        m[f"pageable_{d}_gbps_cuda"]["1"] = m[f"pageable_{d}_gbps_cuda"]["0"]
 
 REQUIRED_IDS = {
     "pcie-link-degraded", "pinned-bandwidth-low", "thp-disabled", "gvisor-shmem-thp",
@@ -210,6 +223,20 @@ def test_rule_fires_on_bad_machine(rule_id):
 @pytest.mark.parametrize("rule_id", sorted(BAD))
 def test_rule_silent_on_good_machine(rule_id):
     assert [x for x in rules.evaluate(good_facts(), good_measurements()) if x.id == rule_id] == []
+
+
+def test_gpu_below_peers_quotes_the_slow_gpu_and_the_best():
+    f, m = bad("gpu-below-peers")
+    hit = only(rules.evaluate(f, m), "gpu-below-peers")
+    text = " ".join(hit.evidence)
+    assert "GPU 1" in text and "31.5 GB/s" in text and "63.0 GB/s" in text, text
+    assert "27.5 GB/s" in text and "55.4 GB/s" in text, text
+
+
+def test_two_equal_gpus_are_not_flagged():
+    f, m = good_facts(), good_measurements()
+    _add_second_gpu(f, m, link=63.0, gen=5, pinned=54.0)
+    assert not [x for x in rules.evaluate(f, m) if x.id == "gpu-below-peers"]
 
 
 def test_pinned_bandwidth_low_quotes_rate_link_and_share():

@@ -138,6 +138,35 @@ def _report_pinned(f: Figures, gpu: str) -> list:
     return rows
 
 
+# ---- all GPUs at once -------------------------------------------------------------------
+
+
+def _run_all_gpus(r, number: int) -> None:
+    if len(r.devices) < 2:
+        return  # one GPU: the pinned step already says it all
+    n = r.fit(r.plan.copy_bytes)
+    got = r.attempt(number, f"pinned bandwidth, all {len(r.devices)} GPUs at once ({fmt_bytes(n)} each)",
+                    list(ALL_GPUS.keys), measure.aggregate_pinned_gbps, list(r.devices), n, r.plan.reps)
+    for d, _ in DIRECTIONS:
+        if got:
+            r.m[f"pinned_{d}_gbps_all_gpus"] = got[d]
+
+
+def _report_all_gpus(f: Figures, gpu=None) -> list:
+    rows = []
+    for d, direction in DIRECTIONS:
+        total = number(f.m.get(f"pinned_{d}_gbps_all_gpus"))
+        alone = [number(v) for v in (f.m.get(f"pinned_{d}_gbps") or {}).values()]
+        alone = [v for v in alone if v is not None]
+        if total is None:
+            continue
+        text = fmt_gbps(total)
+        if alone:
+            text = join(text, f"{total / sum(alone):.0%} of the {len(alone)} GPUs' {fmt_gbps(sum(alone))} alone")
+        rows.append(Row(f"pinned {direction}, all GPUs at once", text))
+    return rows
+
+
 # ---- pageable copies ------------------------------------------------------------------
 
 
@@ -301,6 +330,11 @@ PINNED = Step(
     "pinned_{h2d,d2h}_gbps: cudaMemcpyAsync from cudaHostAlloc memory, GB/s (per GPU); "
     "pinned_{h2d,d2h}_share_of_link: the same as a fraction of the link limit (per GPU); copy_bytes",
     "gpu", _run_pinned, _report_pinned)
+ALL_GPUS = Step(
+    "pinned bandwidth, all GPUs at once", ("pinned_h2d_gbps_all_gpus", "pinned_d2h_gbps_all_gpus"),
+    "pinned_{h2d,d2h}_gbps_all_gpus: cudaMemcpyAsync from cudaHostAlloc memory to every GPU at once, one "
+    "thread each, total GB/s (two GPUs or more)",
+    "first-gpu", _run_all_gpus, _report_all_gpus)
 PAGEABLE = Step(
     "pageable copies, ferry vs CUDA", tuple(f"pageable_{d}_gbps_{w}" for d, _ in DIRECTIONS for w in ("cuda", "ferry")),
     "pageable_{h2d,d2h}_gbps_{cuda,ferry}: cudaMemcpy vs ferry's copy of the same fresh 4 KiB-page buffer, "
@@ -328,4 +362,4 @@ BY_SIZE = Step(
     '"pageable_{h2d,d2h}_gbps_{ferry,cuda}"}]}',
     "gpu", _run_by_size, _report_by_size, full_only=True)
 
-STEPS: tuple[Step, ...] = (MEMCPY, TOUCH_STEP, PINNED, PAGEABLE, ALLOC, LATENCY, REGISTRATION, BY_SIZE)
+STEPS: tuple[Step, ...] = (MEMCPY, TOUCH_STEP, PINNED, ALL_GPUS, PAGEABLE, ALLOC, LATENCY, REGISTRATION, BY_SIZE)
