@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 
-from . import _ferry
+from . import _args, _ferry
 from .errors import InvalidArgumentError
 
 _engines: dict[int, object] = {}
@@ -40,10 +40,11 @@ def _is_torch_tensor(obj) -> bool:
 
 def resolve(obj, nbytes: int | None, writable: bool) -> tuple[int, int, int | None]:
     """(address, nbytes, cuda device or None) of a copy argument."""
+    nbytes = _args.optional_size(nbytes)
     if isinstance(obj, int):
         if nbytes is None:
             raise InvalidArgumentError("an address given as an int needs nbytes")
-        return obj, nbytes, None
+        return _args.integer(obj, "address", 0, _args.MAX_U64), nbytes, None
     if _is_torch_tensor(obj):
         if not obj.is_contiguous():
             raise InvalidArgumentError("ferry copies need contiguous tensors (call .contiguous())")
@@ -150,6 +151,7 @@ def copy_async(dst, src, nbytes: int | None = None, *, stream=None, strategy: st
 
 def copy_batch_async(dsts, srcs, sizes, *, stream=None, device: int = 0) -> Copy:
     """Many copies (addresses or objects) in one call, e.g. KV-cache blocks."""
+    sizes = _args.sizes(sizes)
     ds = [resolve(x, n, True)[0] for x, n in zip(dsts, sizes)]
     ss = [resolve(x, n, False)[0] for x, n in zip(srcs, sizes)]
     native = engine(device).copy_batch_async(ds, ss, list(sizes), _stream_handle(stream), None)

@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "ferry/ferry.h"
 
@@ -66,5 +67,10 @@ class NoDevice : public CudaError {
 
 // "1.5 GiB", "4 KiB", "17 B": sizes in messages.
 std::string format_bytes(size_t bytes);
+
+// Text from outside (an environment value, a spec, a file line) as it can be
+// quoted in a message: bytes outside printable ASCII as \xNN, at most 200
+// characters (then "..."), so a message is never cut at a NUL or garbled.
+std::string printable(std::string_view text);
 
 }  // namespace ferry

@@ -130,4 +130,10 @@ int usable_cores() noexcept {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
+uint64_t physical_memory_bytes() noexcept {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+}
+
 }  // namespace ferry::os

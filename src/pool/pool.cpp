@@ -45,18 +45,7 @@ PageKind resolve_kind(HugeWant want, size_t size) {
 }
 
 const PoolOptions& validated(const PoolOptions& o) {
-  if (o.chunk_bytes == 0 || o.chunk_bytes % kChunkGranule != 0)
-    throw InvalidArgument("ferry pool: chunk_bytes=" + std::to_string(o.chunk_bytes) + " (" +
-                          format_bytes(o.chunk_bytes) + ") must be a nonzero multiple of 2 MiB");
-  if (o.chunk_bytes > kMaxRequest)
-    throw InvalidArgument("ferry pool: chunk_bytes=" + std::to_string(o.chunk_bytes) +
-                          " is beyond the 128 TiB address space");
-  if (o.touch_threads < 0)
-    throw InvalidArgument("ferry pool: touch_threads=" + std::to_string(o.touch_threads) +
-                          " must be >= 0 (0 = one per core, at most 16)");
-  if (o.release_delay_ms < 0)
-    throw InvalidArgument("ferry pool: release_delay_ms=" + std::to_string(o.release_delay_ms) +
-                          " must be >= 0 (0 = no background release)");
+  o.validate();
   return o;
 }
 

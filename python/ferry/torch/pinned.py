@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+from .. import _args
 from ..pool import PinnedPool
 from ._torch import torch_module as _torch
 
@@ -30,11 +31,9 @@ def default_pinned_pool(device: int = 0) -> PinnedPool:
 def empty_pinned(shape, dtype=None, pool: PinnedPool | None = None):
     """An uninitialized pinned CPU tensor of `shape` and `dtype` from `pool`
     (default: the process's pinned pool for device 0)."""
+    shape = _args.shape(shape)
     torch = _torch()
     dtype = dtype or torch.float32
-    if isinstance(shape, int):
-        shape = (shape,)
-    shape = tuple(int(s) for s in shape)
     itemsize = torch.empty((), dtype=dtype).element_size()
     numel = 1
     for s in shape:
