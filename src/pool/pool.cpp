@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/options.h"
 #include "pool/pool_impl.h"
 #include "pool/stats.h"
 
@@ -350,7 +351,9 @@ size_t Pool::Impl::trim(size_t keep_bytes) {
 }
 
 void Pool::Impl::run_releaser() {
-  const auto delay = std::chrono::milliseconds(options.release_delay_ms);
+  // validate() bounds the delay (a day), so now() +/- delay never overflows:
+  // an overflowed deadline lies in the past and turned this loop into a spin.
+  const auto delay = std::chrono::milliseconds(std::min(options.release_delay_ms, kMaxReleaseDelayMs));
   std::unique_lock lock(mu);
   while (!stopping) {
     release_cv.wait_for(lock, delay, [&] { return stopping; });
