@@ -6,7 +6,18 @@
  *  - on failure ferry_last_error() returns a thread-local message that says what
  *    went wrong and with which value; it stays valid until the next failing call
  *    on the same thread;
- *  - handles are opaque typed pointers; create/destroy come in pairs;
+ *  - handles are opaque typed pointers; create/destroy come in pairs. A call
+ *    on a destroyed handle (use after destroy, double destroy) or on a handle
+ *    of another kind returns FERRY_ERROR_INVALID_ARGUMENT saying so, as long as
+ *    fewer than 4096 handles were destroyed after it. Undefined: a pointer that
+ *    never was a ferry handle, a handle destroyed 4096 or more destroys ago, and
+ *    destroying a handle while another thread still uses it;
+ *  - fork(): pools, engines, copies and channels created before fork() refuse
+ *    every call in the child with FERRY_ERROR_NOT_SUPPORTED (their threads,
+ *    pinned memory and CUDA state belong to the parent); in the child,
+ *    ferry_pool_free does nothing and destroy releases nothing (the child's
+ *    copy of the memory goes with the child). New handles created in the child
+ *    work (CUDA ones as far as CUDA allows after fork). The parent is unaffected;
  *  - no CUDA header is needed to use this header (streams are void*).
  *
  * A changed signature becomes NAME_v2 and the old one stays; FERRY_API_VERSION

@@ -6,9 +6,10 @@
 #include "pool/pool.h"
 
 using ferry::capi::guarded;
+using ferry::capi::live;
 using ferry::capi::require;
 
-struct ferry_pool {
+struct ferry_pool : ferry::capi::HandleOf<ferry::capi::kPoolMagic> {
   std::unique_ptr<ferry::Pool> pool;
 };
 
@@ -100,16 +101,13 @@ ferry_status_t ferry_pinned_pool_create(const ferry_pool_options_t* options, int
 }
 
 ferry_status_t ferry_pool_destroy(ferry_pool_t pool) {
-  return guarded([&] {
-    require(pool, "pool");
-    delete pool;
-  });
+  return guarded([&] { ferry::capi::destroy(pool, "pool", [](ferry_pool& h) { h.pool.reset(); }); });
 }
 
 ferry_status_t ferry_pool_alloc(ferry_pool_t pool, size_t bytes, size_t alignment, ferry_huge_t huge,
                                 void** out) {
   return guarded([&] {
-    require(pool, "pool");
+    live(pool, "pool");
     require(out, "out");
     *out = nullptr;
     *out = pool->pool->allocate(bytes, alignment ? alignment : 256, to_cpp(huge));
@@ -118,7 +116,7 @@ ferry_status_t ferry_pool_alloc(ferry_pool_t pool, size_t bytes, size_t alignmen
 
 ferry_status_t ferry_pool_free(ferry_pool_t pool, void* ptr) {
   return guarded([&] {
-    require(pool, "pool");
+    live(pool, "pool");
     require(ptr, "ptr");
     pool->pool->deallocate(ptr);
   });
@@ -126,7 +124,7 @@ ferry_status_t ferry_pool_free(ferry_pool_t pool, void* ptr) {
 
 ferry_status_t ferry_pool_trim(ferry_pool_t pool, size_t keep_bytes, size_t* released) {
   return guarded([&] {
-    require(pool, "pool");
+    live(pool, "pool");
     size_t n = pool->pool->trim(keep_bytes);
     if (released) *released = n;
   });
@@ -134,14 +132,14 @@ ferry_status_t ferry_pool_trim(ferry_pool_t pool, size_t keep_bytes, size_t* rel
 
 ferry_status_t ferry_pool_wait_ready(ferry_pool_t pool) {
   return guarded([&] {
-    require(pool, "pool");
+    live(pool, "pool");
     pool->pool->wait_ready();
   });
 }
 
 ferry_status_t ferry_pool_get_stats(ferry_pool_t pool, ferry_pool_stats_t* out) {
   return guarded([&] {
-    require(pool, "pool");
+    live(pool, "pool");
     require(out, "out");
     ferry::PoolStats s = pool->pool->stats();
     *out = ferry_pool_stats_t{};
@@ -165,7 +163,7 @@ ferry_status_t ferry_pool_get_stats(ferry_pool_t pool, ferry_pool_stats_t* out) 
 
 ferry_status_t ferry_pool_get_note(ferry_pool_t pool, size_t index, const char** note) {
   return guarded([&] {
-    require(pool, "pool");
+    live(pool, "pool");
     require(note, "note");
     ferry::PoolStats s = pool->pool->stats();
     if (index >= s.notes.size())

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/fork.h"
 #include "core/options.h"
 
 namespace ferry {
@@ -52,6 +53,8 @@ struct State {
 
 State& state() {
   static State s;
+  static const bool held = (hold_across_fork(&s.mu), true);  // a forked child may inject faults
+  (void)held;
   return s;
 }
 

@@ -17,6 +17,7 @@
 
 #include "copy/plan.h"
 #include "core/error.h"
+#include "core/fork.h"
 #include "core/fault.h"
 #include "core/options.h"
 #include "core/worker_pool.h"
@@ -46,19 +47,22 @@ struct CopyState {
   std::mutex mu;
   std::exception_ptr error;              // guarded by mu
   std::vector<Completion> parts;         // a batch's pageable copies; set before it is returned
+  const uint64_t generation = fork_generation();
 
+  bool forked() const noexcept { return generation != fork_generation(); }
   void fail(std::exception_ptr e) noexcept {
     std::lock_guard lock(mu);
     if (!error) error = e;
     abort = true;
   }
   ~CopyState() {
-    if (done) cudaEventDestroy(done);
+    if (done && !forked()) cudaEventDestroy(done);
   }
 };
 
 void Completion::wait() {
   if (!state_) throw InvalidArgument("wait() on an empty Completion");
+  if (state_->forked()) throw NotSupported(forked_child_message("this ferry copy"));
   for (auto& part : state_->parts) {
     try {
       part.wait();
@@ -88,6 +92,7 @@ void Completion::wait() {
 
 bool Completion::query() {
   if (!state_) throw InvalidArgument("query() on an empty Completion");
+  if (state_->forked()) throw NotSupported(forked_child_message("this ferry copy"));
   for (auto& part : state_->parts)
     if (!part.query()) return false;
   if (!state_->host_tasks.finished()) return false;
@@ -199,6 +204,12 @@ struct CopyEngine::Impl {
   std::mutex pin_mu;                   // held while one copy registers and enqueues its pieces
   mutable std::mutex stats_mu;
   CopyEngineStats stats;  // guarded by stats_mu
+  const uint64_t generation = fork_generation();  // a forked child refuses it (core/fork.h)
+
+  bool forked() const noexcept { return generation != fork_generation(); }
+  void refuse_if_forked() const {
+    if (forked()) throw NotSupported(forked_child_message("this ferry copy engine"));
+  }
 
   Lane& lane(Direction d);
   // Chunks of a staged copy: small copies are cut finer so that every worker
@@ -540,6 +551,10 @@ CopyEngine::CopyEngine(CopyEngineOptions options) : impl_(std::make_unique<Impl>
 }
 
 CopyEngine::~CopyEngine() {
+  if (impl_->forked()) {  // no join, no CUDA call in a forked child
+    abandon_in_child(impl_);
+    return;
+  }
   Impl& m = *impl_;
   m.pinner.reset();   // joins after the queued pin jobs
   for (auto& w : m.workers) w.reset();  // joins after the queued chunk tasks
@@ -558,6 +573,7 @@ CopyEngine::~CopyEngine() {
 }
 
 void CopyEngine::warm_up() {
+  impl_->refuse_if_forked();
   impl_->lane(Direction::h2d);
   impl_->lane(Direction::d2h);
 }
@@ -599,6 +615,7 @@ Classified classify_pair(void* dst, const void* src, size_t bytes, PointerLookup
 }  // namespace
 
 Strategy CopyEngine::plan(void* dst, const void* src, size_t bytes, Strategy strategy) {
+  impl_->refuse_if_forked();
   Direction dir;
   return impl_->decide(dst, src, bytes, strategy, &dir);
 }
@@ -621,6 +638,7 @@ Strategy CopyEngine::Impl::decide(void* dst, const void* src, size_t bytes, Stra
 Completion CopyEngine::copy_async(void* dst, const void* src, size_t bytes, cudaStream_t stream,
                                   Strategy strategy) {
   Impl& m = *impl_;
+  m.refuse_if_forked();
   Direction dir;
   PointerLookup lookup;
   Strategy s = m.decide(dst, src, bytes, strategy, &dir, &lookup);  // validates everything first
@@ -661,6 +679,7 @@ Completion CopyEngine::copy_async(void* dst, const void* src, size_t bytes, cuda
 
 void CopyEngine::copy(void* dst, const void* src, size_t bytes, Strategy strategy) {
   Impl& m = *impl_;
+  m.refuse_if_forked();
   set_device(m.options.device);
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -678,6 +697,7 @@ void CopyEngine::copy(void* dst, const void* src, size_t bytes, Strategy strateg
 
 Completion CopyEngine::copy_batch_async(std::span<const CopyOp> ops, cudaStream_t stream, Strategy strategy) {
   Impl& m = *impl_;
+  m.refuse_if_forked();
   if (ops.empty()) throw InvalidArgument("empty batch");
   // Validate every op before anything is enqueued; one lookup asks the driver
   // once per allocation, not several times per op.
@@ -744,6 +764,7 @@ Completion CopyEngine::copy_batch_async(std::span<const CopyOp> ops, cudaStream_
 }
 
 CopyEngineStats CopyEngine::stats() const {
+  impl_->refuse_if_forked();
   std::lock_guard lock(impl_->stats_mu);
   return impl_->stats;
 }

@@ -512,9 +512,16 @@ Pool::Pool(PoolOptions options, std::shared_ptr<ChunkHooks> hooks)
   }
 }
 
-Pool::~Pool() { impl_->shutdown(); }
+Pool::~Pool() {
+  if (impl_->forked()) {
+    abandon_in_child(impl_);
+    return;
+  }
+  impl_->shutdown();
+}
 
 void* Pool::allocate(size_t bytes, size_t alignment, HugeWant huge) {
+  impl_->refuse_if_forked();
   if (bytes == 0) throw InvalidArgument("ferry pool: cannot allocate 0 bytes (the size must be at least 1)");
   if (bytes > kMaxRequest)
     throw InvalidArgument("ferry pool: a request of " + std::to_string(bytes) +
@@ -533,23 +540,37 @@ void* Pool::allocate(size_t bytes, size_t alignment, HugeWant huge) {
   return p;
 }
 
-void Pool::deallocate(void* p) { impl_->deallocate(reinterpret_cast<uintptr_t>(p)); }
+void Pool::deallocate(void* p) {
+  if (impl_->forked()) return;  // the child's copy of the memory goes with the child
+  impl_->deallocate(reinterpret_cast<uintptr_t>(p));
+}
 
-size_t Pool::trim(size_t keep_bytes) { return impl_->trim(keep_bytes); }
+size_t Pool::trim(size_t keep_bytes) {
+  impl_->refuse_if_forked();
+  return impl_->trim(keep_bytes);
+}
 
 size_t Pool::allocation_size(const void* p) const {
+  impl_->refuse_if_forked();
   std::lock_guard lock(impl_->mu);
   auto it = impl_->live.find(reinterpret_cast<uintptr_t>(p));
   return it == impl_->live.end() ? 0 : it->second.size;
 }
 
-void Pool::wait_ready() { impl_->wait_ready(); }
+void Pool::wait_ready() {
+  impl_->refuse_if_forked();
+  impl_->wait_ready();
+}
 
-PoolStats Pool::stats() const { return impl_->stats(); }
+PoolStats Pool::stats() const {
+  impl_->refuse_if_forked();
+  return impl_->stats();
+}
 
 const PoolOptions& Pool::options() const { return impl_->options; }
 
 Pool::SharedLocation Pool::shared_location(const void* p) const {
+  impl_->refuse_if_forked();
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   std::lock_guard lock(impl_->mu);
   auto it = impl_->chunks.upper_bound(a);

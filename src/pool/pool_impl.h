@@ -53,6 +53,11 @@
 // Threads: callers; the background releaser (release_delay_ms > 0); the
 // target pipeline's toucher and registrar (target_bytes > 0). ~Pool stops and
 // joins them all before it releases the chunks.
+//
+// fork(): in a forked child those threads do not exist and mu may be held by
+// one of them, so a pool created before the fork refuses every operation
+// there (NotSupported), deallocate does nothing, and ~Pool abandons the Impl
+// without joining, locking or unmapping anything (core/fork.h).
 #pragma once
 
 #include <chrono>
@@ -67,6 +72,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
+#include "core/fork.h"
 #include "pool/arena.h"
 #include "pool/pool.h"
 #include "pool/range_set.h"
@@ -153,12 +160,19 @@ struct Pool::Impl {
   uint64_t release_parts_locked(std::unique_lock<std::mutex>& lock, uint64_t max_bytes);
   void account_chunk_release_locked(const Chunk& c);
 
+  // Created before a fork() of this process: see "fork()" above.
+  bool forked() const noexcept { return generation != fork_generation(); }
+  void refuse_if_forked() const {
+    if (forked()) throw NotSupported(forked_child_message("this ferry pool"));
+  }
+
   void run_releaser();
   void run_target_toucher(size_t chunk_count);
   void run_target_registrar();
 
   const PoolOptions options;
   const std::shared_ptr<ChunkHooks> hooks;
+  const uint64_t generation = fork_generation();
   const PageKind target_kind;
   // Chunk size of the background target: bigger than chunk_bytes for big
   // targets (at most 8 chunks, at most 1 GiB each), so per-chunk costs (mmap,

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "cuda/copy_engine.h"
 #include "cuda/registration.h"
+#include "python/gil.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -55,7 +56,7 @@ void bind_copy(nb::module_& m) {
   nb::class_<cuda::Completion>(m, "Copy")
       .def("wait",
            [](cuda::Completion& c) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              c.wait();
            })
       .def("query", [](cuda::Completion& c) { return c.query(); })
@@ -68,21 +69,21 @@ void bind_copy(nb::module_& m) {
       .def("__init__",
            [](cuda::CopyEngine* e, int device) {
              auto o = cuda::CopyEngineOptions::from_environment(device);
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              new (e) cuda::CopyEngine(o);
            },
            "device"_a = 0)
       .def("copy",
            [](cuda::CopyEngine& e, uintptr_t dst, uintptr_t src, size_t n, nb::handle strategy) {
              Strategy s = strategy_of(strategy);
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              e.copy(ptr(dst), ptr(src), n, s);
            },
            "dst"_a, "src"_a, "nbytes"_a, "strategy"_a = nb::none())
       .def("copy_async",
            [](cuda::CopyEngine& e, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream, nb::handle strategy) {
              Strategy s = strategy_of(strategy);
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              return e.copy_async(ptr(dst), ptr(src), n, reinterpret_cast<cudaStream_t>(stream), s);
            },
            "dst"_a, "src"_a, "nbytes"_a, "stream"_a = 0, "strategy"_a = nb::none())
@@ -94,7 +95,7 @@ void bind_copy(nb::module_& m) {
              std::vector<cuda::CopyOp> ops(dsts.size());
              for (size_t i = 0; i < ops.size(); ++i) ops[i] = {ptr(dsts[i]), ptr(srcs[i]), sizes[i]};
              Strategy s = strategy_of(strategy);
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              return e.copy_batch_async(ops, reinterpret_cast<cudaStream_t>(stream), s);
            },
            "dsts"_a, "srcs"_a, "sizes"_a, "stream"_a = 0, "strategy"_a = nb::none())
@@ -105,7 +106,7 @@ void bind_copy(nb::module_& m) {
            "dst"_a, "src"_a, "nbytes"_a, "strategy"_a = nb::none())
       .def("warm_up",
            [](cuda::CopyEngine& e) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              e.warm_up();
            })
       .def("stats", [](const cuda::CopyEngine& e) { return stats_dict(e.stats()); })
@@ -114,7 +115,7 @@ void bind_copy(nb::module_& m) {
   nb::class_<cuda::Registration>(m, "Registration")
       .def("__init__",
            [](cuda::Registration* r, uintptr_t p, size_t n, int device) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              new (r) cuda::Registration(ptr(p), n, device);
            },
            "ptr"_a, "nbytes"_a, "device"_a = 0)

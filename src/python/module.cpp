@@ -21,6 +21,7 @@
 #include "pool/pool.h"
 #include "python/args.h"
 #include "python/handles.h"
+#include "python/gil.h"
 
 namespace ferry::python {
 void bind_bench(nanobind::module_& m);
@@ -240,6 +241,12 @@ nb::object cuda_info() {
 NB_MODULE(_ferry, m) {
   m.doc() = "ferry's native core (use the `ferry` package, not this module)";
 
+  // Exit with daemon threads inside ferry calls must not abort (python/gil.h).
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function(&ferry::python::wait_for_calls_at_exit));
+  // Daemon threads still hold pools and buffers when the interpreter ends;
+  // nanobind would report those as reference leaks of the bindings.
+  nb::set_leak_warnings(false);
+
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -290,7 +297,7 @@ NB_MODULE(_ferry, m) {
              ferry::PoolOptions o = pool_options(options);
              const int device = ferry::python::int_arg<int>(device_arg, "device", 0, INT32_MAX);
              new (h) PoolHandle();
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              if (pinned)
                h->pool = ferry::cuda::make_pinned_pool(o, device);
              else
@@ -306,7 +313,7 @@ NB_MODULE(_ferry, m) {
              auto b = std::make_unique<Buffer>();
              ferry::HugeWant want = huge_want(huge);
              {
-               nb::gil_scoped_release unlocked;
+               ferry::python::GilRelease unlocked;
                b->ptr = h.pool->allocate(bytes, alignment, want);
              }
              b->pool = h.pool;
@@ -319,13 +326,13 @@ NB_MODULE(_ferry, m) {
       .def("trim",
            [](PoolHandle& h, nb::handle keep_arg) {
              const size_t keep = ferry::python::size_arg(keep_arg, "keep_bytes");
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              return h.pool->trim(keep);
            },
            "keep_bytes"_a.none() = 0)
       .def("wait_ready",
            [](PoolHandle& h) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              h.pool->wait_ready();
            })
       .def("stats", [](PoolHandle& h) { return stats_dict(h.pool->stats()); })
