@@ -72,8 +72,10 @@ std::string parse_thp_setting(std::string_view text) {
   int brackets = 0;
   const auto all = words(text);
   for (std::string_view w : all) {
-    if (w.size() >= 2 && w.front() == '[' && w.back() == ']') {
-      selected = w.substr(1, w.size() - 2);
+    const std::string_view inner = w.size() >= 2 ? w.substr(1, w.size() - 2) : std::string_view();
+    if (w.size() >= 2 && w.front() == '[' && w.back() == ']' &&
+        inner.find_first_of("[]") == std::string_view::npos) {  // "[always]]" is garbage
+      selected = inner;
       ++brackets;
     } else if (w.find_first_of("[]") != std::string_view::npos) {
       return "";
