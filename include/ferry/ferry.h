@@ -175,9 +175,12 @@ FERRY_API ferry_status_t ferry_pool_get_note(ferry_pool_t pool, size_t index, co
  * memory, both directions. Pageable memory moves through pinned staging slots
  * (CPU copy overlapped with DMA) or is pinned in place piece by piece; pinned
  * memory goes straight to the DMA engine. An async copy is fully enqueued when
- * the call returns: the caller's stream is ordered after it. Pageable host
- * memory of an async copy must not be touched until the copy is done
- * (ferry_copy_wait returned or ferry_copy_query said done). */
+ * the call returns: the caller's stream is ordered after it. An async
+ * host->device copy below the profile's eager_async_below_bytes (64 MiB by
+ * default) has read its pageable source when the call returns; otherwise
+ * pageable host memory of an async copy must not be touched until the copy is
+ * done (ferry_copy_wait returned or ferry_copy_query said done). No call
+ * leaves the calling thread's current device changed. */
 
 typedef struct ferry_engine* ferry_engine_t;
 typedef struct ferry_copy_state* ferry_copy_t;
@@ -197,12 +200,30 @@ typedef enum ferry_strategy {
  * direction). Options come from FERRY_COPY_* and the machine profile. */
 FERRY_API ferry_status_t ferry_engine_create(int device, ferry_engine_t* out);
 FERRY_API ferry_status_t ferry_engine_destroy(ferry_engine_t engine);
-/* Synchronous copy. */
+/* Synchronous copy, ordered like cudaMemcpy (after work on the legacy default
+ * stream); returns when the bytes are in place. */
 FERRY_API ferry_status_t ferry_copy(ferry_engine_t engine, void* dst, const void* src, size_t bytes);
 /* Asynchronous copy on `stream` (a cudaStream_t, NULL = legacy stream). *out
  * must be released with ferry_copy_release. */
 FERRY_API ferry_status_t ferry_copy_async(ferry_engine_t engine, void* dst, const void* src, size_t bytes,
                                           void* stream, ferry_strategy_t strategy, ferry_copy_t* out);
+/* Many items in one call: any mix of pageable, registered and pinned host
+ * buffers with device buffers of the engine's device, both directions. Pinned
+ * items go to the DMA engines as one batch (small ones to a copy kernel on a
+ * few SMs); pageable items move through ONE staged run (item i+1 is staged
+ * while item i's DMA runs; small items share staging chunks). Every item is
+ * checked before any work starts: a bad one fails the call with
+ * FERRY_ERROR_INVALID_ARGUMENT and a message naming its index ("item 6 of
+ * 10: ..."). The async call returns once the host->device sources are staged
+ * (they may be reused at once); its device->host items are done when the copy
+ * is. strategy: FERRY_STRATEGY_AUTO, or one for every item. */
+FERRY_API ferry_status_t ferry_copy_many_async(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
+                                               const size_t* sizes, size_t count, void* stream,
+                                               ferry_strategy_t strategy, ferry_copy_t* out);
+/* The same, returning when every item is in place. */
+FERRY_API ferry_status_t ferry_copy_many(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
+                                         const size_t* sizes, size_t count, void* stream);
+/* ferry_copy_many_async with FERRY_STRATEGY_AUTO (the earlier name). */
 FERRY_API ferry_status_t ferry_copy_batch_async(ferry_engine_t engine, void* const* dsts,
                                                 const void* const* srcs, const size_t* sizes, size_t count,
                                                 void* stream, ferry_copy_t* out);

@@ -16,7 +16,16 @@ from .errors import (  # noqa: F401  (re-exported)
 )
 from . import _ferry
 from .pool import Buffer, PinnedPool, Pool  # noqa: F401
-from .copy import Copy, Registration, copy, copy_async, copy_batch_async, register  # noqa: F401
+from .copy import (  # noqa: F401
+    Copy,
+    Registration,
+    copy,
+    copy_async,
+    copy_batch_async,
+    copy_many,
+    copy_many_async,
+    register,
+)
 
 __version__ = _ferry.versions()["library"]
 

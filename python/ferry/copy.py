@@ -1,108 +1,48 @@
 """Copies between host memory (pageable or pinned) and GPU memory.
 
-``ferry.copy(dst, src)`` and ``ferry.copy_async(dst, src, stream=...)`` accept
-ints (addresses, with ``nbytes``), anything with the buffer protocol (bytes,
-bytearray, numpy arrays, ``ferry.Buffer``), objects with
-``__cuda_array_interface__`` (CuPy, Numba) and torch tensors. The engine picks a
-strategy per call (``Copy.strategy``): pinned host memory goes straight to the
-DMA engine; pageable memory is staged through pinned slots or pinned in place.
+``ferry.copy(dst, src)``, ``ferry.copy_async(dst, src, stream=...)`` and
+``ferry.copy_many(dsts, srcs)`` accept torch tensors, objects with
+``__cuda_array_interface__`` (CuPy, Numba), anything with the buffer protocol
+(bytes, bytearray, numpy arrays, ``ferry.Buffer``) and ints (addresses, with
+``nbytes`` / ``sizes``); ``copy_many`` also takes lists or int64 arrays of
+addresses. The engine picks a path per item (``Copy.strategy``): pinned host
+memory goes straight to the DMA engine; pageable memory is staged through
+pinned memory, the CPU copy of one chunk overlapping the DMA of the previous.
 
-Async contract: the host side of a pageable copy is read (or written) by
-ferry's threads after ``copy_async`` returns; do not touch it until
-``Copy.wait()`` returned or ``Copy.done`` is True. ``Copy`` keeps the Python
-objects alive until then. Work queued on ``stream`` after the call runs after
-the copy.
+Streams: ``stream`` is an int handle, a ``torch.cuda.Stream`` or None. None
+means torch's current stream of the tensor's device when a torch CUDA tensor
+is involved (like ``Tensor.copy_``), else the legacy default stream (like
+``cudaMemcpy``). The device is the CUDA tensor's, or the one the driver reports
+for a device pointer, or ``device=``.
+
+Async contract: an async host->device copy of pageable memory below 64 MiB has
+read its source when ``copy_async`` returns (it may be reused at once); other
+pageable copies are read (or written) by ferry's threads after the call
+returns, so do not touch them until ``Copy.wait()`` returned or ``Copy.done``
+is True. ``Copy`` keeps the Python objects alive until then. Work queued on
+the stream after the call runs after the copy.
 """
 
 from __future__ import annotations
 
-import threading
-
 from . import _args, _ferry
-from .errors import InvalidArgumentError
-
-_engines: dict[int, object] = {}
-_lock = threading.Lock()
 
 
 def engine(device: int = 0):
-    """The process's copy engine for `device` (created on first use)."""
-    with _lock:
-        e = _engines.get(device)
-        if e is None:
-            e = _engines[device] = _ferry.Engine(device)
-        return e
+    """The process's copy engine for `device` (made on first use, shared by
+    every call; its threads are shared by every device's engine)."""
+    return _ferry.engine(device)
 
 
-def _is_torch_tensor(obj) -> bool:
-    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
-
-
-def resolve(obj, nbytes: int | None, writable: bool) -> tuple[int, int, int | None]:
-    """(address, nbytes, cuda device or None) of a copy argument."""
-    nbytes = _args.optional_size(nbytes)
-    if isinstance(obj, int):
-        if nbytes is None:
-            raise InvalidArgumentError("an address given as an int needs nbytes")
-        return _args.integer(obj, "address", 0, _args.MAX_U64), nbytes, None
-    if _is_torch_tensor(obj):
-        if not obj.is_contiguous():
-            raise InvalidArgumentError("ferry copies need contiguous tensors (call .contiguous())")
-        n = obj.numel() * obj.element_size()
-        return obj.data_ptr(), n, (obj.device.index or 0) if obj.is_cuda else None
-    cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is not None:
-        if cai.get("strides") is not None:
-            raise InvalidArgumentError("ferry copies need C-contiguous arrays")
-        n = 1
-        for s in cai["shape"]:
-            n *= s
-        import numpy as np
-
-        return cai["data"][0], n * np.dtype(cai["typestr"]).itemsize, None
-    try:
-        addr, n, _ = _ferry.buffer_address(obj, writable)
-    except BufferError as e:
-        raise InvalidArgumentError(
-            f"{type(obj).__name__} is not a writable contiguous buffer" if writable else str(e)
-        ) from e
-    except TypeError:
-        raise InvalidArgumentError(
-            f"cannot copy {type(obj).__name__}: expected an int address, a buffer, "
-            "a __cuda_array_interface__ object or a torch tensor"
-        ) from None
-    return addr, n, None
-
-
-def _stream_handle(stream) -> int:
-    if stream is None:
-        return 0
-    if isinstance(stream, int):
-        return stream
-    handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
-    if handle is None:
-        raise InvalidArgumentError(f"stream must be an int handle or a torch.cuda.Stream, not {type(stream).__name__}")
-    return handle
-
-
-def _prepare(dst, src, nbytes):
-    if nbytes is None and isinstance(dst, int) and not isinstance(src, int):
-        nbytes = resolve(src, None, writable=False)[1]
-    if nbytes is None and isinstance(src, int) and not isinstance(dst, int):
-        nbytes = resolve(dst, None, writable=True)[1]
-    d, dn, ddev = resolve(dst, nbytes, writable=True)
-    s, sn, sdev = resolve(src, nbytes, writable=False)
-    n = nbytes if nbytes is not None else min(dn, sn)
-    if nbytes is None and dn != sn:
-        raise InvalidArgumentError(f"dst has {dn} bytes and src {sn}: pass nbytes to copy a prefix")
-    if n > dn or n > sn:
-        raise InvalidArgumentError(f"nbytes={n} is larger than dst ({dn} bytes) or src ({sn} bytes)")
-    device = ddev if ddev is not None else (sdev if sdev is not None else 0)
-    return d, s, n, device
+def resolve(obj, writable: bool = False) -> tuple[int, int | None, int | None]:
+    """(address, nbytes or None for an int, cuda device or None) of a copy argument."""
+    return _ferry.resolve_copy_arg(obj, writable)
 
 
 class Copy:
     """An asynchronous copy: wait(), done, strategy, event (a cudaEvent_t handle)."""
+
+    __slots__ = ("_native", "_keepalive")
 
     def __init__(self, native, keepalive):
         self._native = native
@@ -136,33 +76,56 @@ class Copy:
         return self._native.seconds
 
 
-def copy(dst, src, nbytes: int | None = None, *, strategy: str | None = None) -> None:
-    """Copy src to dst (one of them GPU memory) and wait for it."""
-    d, s, n, device = _prepare(dst, src, nbytes)
-    engine(device).copy(d, s, n, strategy)
+def copy(dst, src, nbytes: int | None = None, *, stream=None, strategy: str | None = None,
+         device: int | None = None) -> None:
+    """Copy src to dst (one of them GPU memory); returns when the bytes are in place."""
+    _ferry.copy(dst, src, nbytes, stream, strategy, device)
 
 
-def copy_async(dst, src, nbytes: int | None = None, *, stream=None, strategy: str | None = None) -> Copy:
-    """Enqueue a copy on `stream` (int handle, torch.cuda.Stream or None) and return its Copy."""
-    d, s, n, device = _prepare(dst, src, nbytes)
-    native = engine(device).copy_async(d, s, n, _stream_handle(stream), strategy)
-    return Copy(native, (dst, src))
+def copy_async(dst, src, nbytes: int | None = None, *, stream=None, strategy: str | None = None,
+               device: int | None = None) -> Copy:
+    """Enqueue a copy on `stream` and return its Copy."""
+    return Copy(_ferry.copy_async(dst, src, nbytes, stream, strategy, device), (dst, src))
 
 
-def copy_batch_async(dsts, srcs, sizes, *, stream=None, device: int = 0) -> Copy:
-    """Many copies (addresses or objects) in one call, e.g. KV-cache blocks."""
-    sizes = _args.sizes(sizes)
-    ds = [resolve(x, n, True)[0] for x, n in zip(dsts, sizes)]
-    ss = [resolve(x, n, False)[0] for x, n in zip(srcs, sizes)]
-    native = engine(device).copy_batch_async(ds, ss, list(sizes), _stream_handle(stream), None)
-    return Copy(native, (list(dsts), list(srcs)))
+def copy_many(dsts, srcs, sizes=None, *, stream=None, strategy: str | None = None,
+              device: int | None = None) -> None:
+    """Many copies in one call, e.g. a state_dict's tensors or a set of KV blocks.
+
+    Any mix of pageable, registered and pinned host buffers with GPU buffers of
+    one device, both directions. Pinned items go to the DMA engines as one
+    batch; pageable items move through one pipelined staged run (item i+1 is
+    staged while item i is on the link; small items share staging chunks).
+    `sizes` is needed for addresses given as ints (lists or int64 arrays), and
+    copies prefixes otherwise. Every item is checked before any work starts;
+    an error names the item's index. Returns when every item is in place."""
+    _ferry.copy_many(dsts, srcs, sizes, stream, strategy, device, True)
+
+
+def copy_many_async(dsts, srcs, sizes=None, *, stream=None, strategy: str | None = None,
+                    device: int | None = None) -> Copy:
+    """copy_many, returning a Copy. Host->device items have been read when the
+    call returns; device->host items are in place once the Copy is done."""
+    native = _ferry.copy_many(dsts, srcs, sizes, stream, strategy, device, False)
+    return Copy(native, (dsts, srcs))
+
+
+def copy_batch_async(dsts, srcs, sizes, *, stream=None, device: int | None = None) -> Copy:
+    """copy_many_async (the earlier name), for KV-cache blocks given as addresses."""
+    return copy_many_async(dsts, srcs, sizes, stream=stream, device=device)
 
 
 class Registration:
     """A host buffer pinned until unregister() (or the end of a with block)."""
 
     def __init__(self, obj, nbytes: int | None = None, device: int = 0):
-        addr, n, _ = resolve(obj, nbytes, writable=False)
+        addr, n, _ = resolve(obj, writable=False)
+        if nbytes is not None:
+            n = _args.size(nbytes)
+        if n is None:
+            from .errors import InvalidArgumentError
+
+            raise InvalidArgumentError("an address given as an int needs nbytes")
         self._native = _ferry.Registration(addr, n, device)
         self._obj = obj
 

@@ -2,6 +2,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <vector>
 
 #include "capi/guard.h"
 #include "cuda/copy_engine.h"
@@ -35,6 +36,16 @@ ferry::Strategy to_cpp(ferry_strategy_t s) {
   }
   throw ferry::InvalidArgument("strategy=" + std::to_string(static_cast<int>(s)) +
                                ": expected a ferry_strategy_t value");
+}
+
+std::vector<ferry::cuda::CopyOp> items_of(void* const* dsts, const void* const* srcs, const size_t* sizes,
+                                          size_t count) {
+  require(dsts, "dsts");
+  require(srcs, "srcs");
+  require(sizes, "sizes");
+  std::vector<ferry::cuda::CopyOp> ops(count);
+  for (size_t i = 0; i < count; ++i) ops[i] = {dsts[i], srcs[i], sizes[i]};
+  return ops;
 }
 
 }  // namespace
@@ -77,18 +88,28 @@ ferry_status_t ferry_copy_async(ferry_engine_t engine, void* dst, const void* sr
 
 ferry_status_t ferry_copy_batch_async(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
                                       const size_t* sizes, size_t count, void* stream, ferry_copy_t* out) {
+  return ferry_copy_many_async(engine, dsts, srcs, sizes, count, stream, FERRY_STRATEGY_AUTO, out);
+}
+
+ferry_status_t ferry_copy_many_async(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
+                                     const size_t* sizes, size_t count, void* stream, ferry_strategy_t strategy,
+                                     ferry_copy_t* out) {
   return guarded([&] {
     live(engine, "engine");
-    require(dsts, "dsts");
-    require(srcs, "srcs");
-    require(sizes, "sizes");
     require(out, "out");
     *out = nullptr;
-    std::vector<ferry::cuda::CopyOp> ops(count);
-    for (size_t i = 0; i < count; ++i) ops[i] = {dsts[i], srcs[i], sizes[i]};
+    auto ops = items_of(dsts, srcs, sizes, count);
     auto h = std::make_unique<ferry_copy_state>();
-    h->completion = engine->engine->copy_batch_async(ops, static_cast<cudaStream_t>(stream));
+    h->completion = engine->engine->copy_many_async(ops, static_cast<cudaStream_t>(stream), to_cpp(strategy));
     *out = h.release();
+  });
+}
+
+ferry_status_t ferry_copy_many(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
+                               const size_t* sizes, size_t count, void* stream) {
+  return guarded([&] {
+    live(engine, "engine");
+    engine->engine->copy_many(items_of(dsts, srcs, sizes, count), static_cast<cudaStream_t>(stream));
   });
 }
 

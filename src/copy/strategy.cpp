@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "copy/staging_plan.h"
 #include "core/error.h"
 #include "core/options.h"
 
@@ -51,7 +52,8 @@ MachineProfile MachineProfile::defaults() { return MachineProfile{}; }
 std::string format_profile(const MachineProfile& p) {
   std::ostringstream o;
   o << "# ferry machine profile (ferry bench copy --calibrate)\n"
-    << "cuda_below_bytes = " << p.cuda_below_bytes << "\n"
+    << "cuda_below_bytes_h2d = " << p.cuda_below_bytes[0] << "\n"
+    << "cuda_below_bytes_d2h = " << p.cuda_below_bytes[1] << "\n"
     << "staging_chunk_bytes = " << p.staging_chunk_bytes << "\n"
     << "staging_slots = " << p.staging_slots << "\n"
     << "workers = " << p.workers << "\n"
@@ -59,6 +61,10 @@ std::string format_profile(const MachineProfile& p) {
     << "hybrid_pinned_share_h2d = " << p.hybrid_pinned_share[0] << "\n"
     << "hybrid_pinned_share_d2h = " << p.hybrid_pinned_share[1] << "\n"
     << "pin_piece_bytes = " << p.pin_piece_bytes << "\n"
+    << "eager_chunk_bytes = " << p.eager_chunk_bytes << "\n"
+    << "eager_slots = " << p.eager_slots << "\n"
+    << "eager_areas = " << p.eager_areas << "\n"
+    << "eager_async_below_bytes = " << p.eager_async_below_bytes << "\n"
     << "batch_sm_below_bytes = " << p.batch_sm_below_bytes << "\n";
   return o.str();
 }
@@ -94,7 +100,9 @@ MachineProfile parse_profile(const std::string& text) {
       return static_cast<size_t>(v);
     };
     auto count_in = [&](int64_t lo, int64_t hi) { return static_cast<int>(parse_integer(value, where, lo, hi)); };
-    if (key == "cuda_below_bytes") p.cuda_below_bytes = parse_size(value, where);
+    if (key == "cuda_below_bytes") p.cuda_below_bytes[0] = p.cuda_below_bytes[1] = parse_size(value, where);
+    else if (key == "cuda_below_bytes_h2d") p.cuda_below_bytes[0] = parse_size(value, where);
+    else if (key == "cuda_below_bytes_d2h") p.cuda_below_bytes[1] = parse_size(value, where);
     else if (key == "staging_chunk_bytes") p.staging_chunk_bytes = bytes_in(4096, kMaxStagingChunkBytes);
     else if (key == "staging_slots") p.staging_slots = count_in(2, kMaxStagingSlots);
     else if (key == "workers") p.workers = count_in(0, kMaxThreads);
@@ -103,8 +111,14 @@ MachineProfile parse_profile(const std::string& text) {
     else if (key == "hybrid_pinned_share_d2h") p.hybrid_pinned_share[1] = share();
     else if (key == "pin_piece_bytes") p.pin_piece_bytes = bytes_in(2u << 20, kMaxPinPieceBytes);
     else if (key == "batch_sm_below_bytes") p.batch_sm_below_bytes = parse_size(value, where);
+    else if (key == "eager_chunk_bytes") p.eager_chunk_bytes = bytes_in(1, kMaxStagingChunkBytes);
+    else if (key == "eager_slots") p.eager_slots = count_in(1, 4096);
+    else if (key == "eager_areas") p.eager_areas = count_in(1, 64);
+    else if (key == "eager_async_below_bytes") p.eager_async_below_bytes = parse_size(value, where);
     else throw InvalidArgument(where + ": unknown key '" + key + "'");
   }
+  if (p.eager_chunk_bytes % kFragmentAlign)
+    throw InvalidArgument("profile: eager_chunk_bytes must be a multiple of " + std::to_string(kFragmentAlign));
   if (p.pin_piece_bytes % (2u << 20))
     throw InvalidArgument("profile: pin_piece_bytes must be a multiple of 2 MiB");
   return p;
@@ -118,7 +132,7 @@ Strategy choose_strategy(Direction dir, size_t bytes, HostBacking backing,
   if (requested == Strategy::direct) return Strategy::cuda;
   if (requested == Strategy::sm) return Strategy::staged;
   if (requested != Strategy::automatic) return requested;
-  if (bytes < profile.cuda_below_bytes) return Strategy::cuda;
+  if (bytes < profile.cuda_below_bytes[static_cast<int>(dir)]) return Strategy::cuda;
   // Pinning shmem THP in pieces splits its huge pages (the gVisor 2x loss):
   // stage those copies, never pin them.
   if (backing == HostBacking::shmem_thp) return Strategy::staged;

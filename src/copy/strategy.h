@@ -3,8 +3,12 @@
 //
 // Strategies:
 //   direct        host memory is pinned: one DMA (cudaMemcpyAsync) per copy;
-//   staged        pageable host memory through pinned staging slots, CPU copy of
-//                 chunk i+1 overlapping the DMA of chunk i (persistent workers);
+//   staged        pageable host memory through pinned staging memory, CPU copy of
+//                 chunk i+1 overlapping the DMA of chunk i: "eager" (the caller
+//                 issues each DMA once its chunk is staged: synchronous copies,
+//                 async host->device copies below eager_async_below_bytes) or
+//                 stream-ordered (everything enqueued at once, the GPU waits on
+//                 CPU flags: other async copies);
 //   pin_in_place  register the user's buffer in 2 MiB-aligned pieces ahead of the
 //                 DMA, unregister behind it;
 //   hybrid        staged and pin_in_place at once on different parts;
@@ -34,9 +38,21 @@ Strategy parse_strategy(const std::string& text);
 // What the engine knows about this machine; `ferry bench copy --calibrate`
 // measures it, defaults() are the figures of the H200 machine in DESIGN.md.
 struct MachineProfile {
-  // Smaller pageable copies use the CUDA path: `ferry bench copy --calibrate` on
-  // the H200 machine found staging faster only from 4 MiB (host->device).
-  size_t cuda_below_bytes = 4u << 20;
+  // Smaller pageable copies use the CUDA path, per direction (h2d, d2h). 0:
+  // none (the eager staged copy beats CUDA's own at every size on the H200
+  // machine). Profile keys cuda_below_bytes_h2d / _d2h; cuda_below_bytes sets both.
+  size_t cuda_below_bytes[2] = {0, 0};
+  // The eager staged copy's areas: chunks of eager_chunk_bytes (the largest
+  // DMA), eager_slots of them per area (32 MiB: small enough to stay in the
+  // CPU's caches), at most eager_areas areas (copies running at once).
+  size_t eager_chunk_bytes = 2u << 20;
+  int eager_slots = 16;
+  int eager_areas = 4;
+  // Async host->device copies at least this big take the stream-ordered
+  // pipeline, which returns before the copy is staged; smaller ones are
+  // staged before the call returns (their sources may be reused at once).
+  size_t eager_async_below_bytes = 64u << 20;
+  // The stream-ordered pipeline (async device->host, big async host->device):
   size_t staging_chunk_bytes = 4u << 20;    // bytes per staging slot (largest chunk)
   int staging_slots = 16;                   // slots per lane (chunks in flight)
   int workers = 0;                          // copy threads; 0 = cores, at most 16
@@ -55,7 +71,8 @@ struct MachineProfile {
 // "key = value" lines, '#' comments. parse throws InvalidArgument naming the
 // line and key; unknown keys are errors too (a stale profile must not be half read).
 // Ranges: staging_chunk_bytes 4 KiB .. 1 GiB, staging_slots 2 .. 256, workers
-// 0 .. 1024, pin_piece_bytes a multiple of 2 MiB up to 64 GiB, shares 0 .. 1.
+// 0 .. 1024, pin_piece_bytes a multiple of 2 MiB up to 64 GiB, shares 0 .. 1,
+// eager_chunk_bytes up to 1 GiB, eager_slots 1 .. 4096, eager_areas 1 .. 64.
 inline constexpr size_t kMaxStagingChunkBytes = size_t{1} << 30;
 inline constexpr int kMaxStagingSlots = 256;
 inline constexpr size_t kMaxPinPieceBytes = size_t{64} << 30;

@@ -21,10 +21,15 @@ const OptionSpec kOptions[] = {
     {"FERRY_CHUNK_SIZE", "64MiB",
      "bytes the arena reserves from the OS at a time (a multiple of 2 MiB)", OptionType::size,
      nullptr, 0, 0},
+    {"FERRY_COPY_SPIN_US", "100",
+     "how long idle copy threads keep looking for work before they sleep (a sleeping thread takes "
+     "15-35 us to wake in a VM), 0 .. 1000000; 0 = sleep at once",
+     OptionType::integer, nullptr, 0, 1'000'000},
     {"FERRY_COPY_STRATEGY", "auto",
      "force a copy strategy: auto, direct, staged, pin-in-place, hybrid, cuda, sm (sm: pinned memory only)",
      OptionType::choice, "auto|direct|staged|pin-in-place|hybrid|cuda|sm", 0, 0},
-    {"FERRY_COPY_WORKERS", "0", "copy engine threads, 0 .. 1024; 0 = one per core, at most 16",
+    {"FERRY_COPY_WORKERS", "0",
+     "copy threads shared by every device's engine, 0 .. 1024; 0 = one per core, at most 16",
      OptionType::integer, nullptr, 0, kMaxThreads},
     {"FERRY_FAULT_INJECT", "",
      "make chosen system or CUDA calls fail, for error-path tests: call:N[+][=ERRNO],... "

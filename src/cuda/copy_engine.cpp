@@ -1,6 +1,7 @@
 // copy_engine.cpp — the copy engine: pointer checks, strategy choice, the
-// staged pipeline (see the protocol in copy_engine.h), the direct and CUDA
-// paths, pin-in-place, and batches.
+// direct path, the eager staged path (cuda/eager_copy.h), the stream-ordered
+// pipeline (see the protocol in copy_engine.h), pin-in-place, and many items
+// in one call.
 #include "cuda/copy_engine.h"
 
 #include <cuda_runtime_api.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -15,7 +17,10 @@
 #include <sstream>
 #include <thread>
 
+#include "copy/copy_crew.h"
+#include "copy/host_copy.h"
 #include "copy/plan.h"
+#include "copy/staging_plan.h"
 #include "core/error.h"
 #include "core/fork.h"
 #include "core/fault.h"
@@ -23,10 +28,13 @@
 #include "core/worker_pool.h"
 #include "cuda/block_copy.h"
 #include "cuda/cuda_check.h"
-#include "cuda/device.h"
 #include "cuda/driver_entry.h"
+#include "cuda/eager_copy.h"
+#include "cuda/event_pool.h"
 #include "cuda/pinned_pool.h"
 #include "cuda/pointer_lookup.h"
+#include "cuda/scoped_device.h"
+#include "cuda/staging_area.h"
 #include "os/mapping.h"
 #include "os/sysfs.h"
 
@@ -56,7 +64,7 @@ struct CopyState {
     abort = true;
   }
   ~CopyState() {
-    if (done && !forked()) cudaEventDestroy(done);
+    if (done && !forked()) cudaEventDestroy(done);  // no CUDA call in a forked child
   }
 };
 
@@ -174,10 +182,12 @@ void store_flag(volatile uint64_t* flag, uint64_t value) {
 
 }  // namespace
 
-// ---- lanes -----------------------------------------------------------------------
+// ---- lanes (the stream-ordered pipeline) -------------------------------------------
 
-// One stream and its staging slots; one lane per direction so both DMA engines
-// run at once.
+// One stream and its staging slots. A lane is held by one copy while that copy
+// enqueues (LanePool hands it out), so its generations are in stream order
+// without a lock around CUDA calls; copies on the same lane follow each other
+// on its stream.
 struct Lane {
   Direction dir;
   cudaStream_t stream = nullptr;
@@ -186,22 +196,127 @@ struct Lane {
   volatile uint64_t* cpu_flags = nullptr;  // h2d: ready[s]; d2h: drained[s] (CPU writes)
   volatile uint64_t* gpu_flags = nullptr;  // h2d: done[s];  d2h: filled[s]  (GPU writes)
   void* flag_block = nullptr;
-  std::mutex mu;        // held while one copy's stream ops are enqueued
-  uint64_t next_gen = 1;  // guarded by mu
+  uint64_t next_gen = 1;  // the holder's
+};
+
+// Lanes per direction, made on demand (at most kMaxLanes each), lent to one
+// copy at a time. Locking: mu_ guards free_ and count_; CUDA calls (making a
+// lane) run outside it.
+class LanePool {
+ public:
+  static constexpr int kMaxLanes = 2;
+  LanePool(Pool& staging, const MachineProfile& profile, int device)
+      : staging_(staging), profile_(profile), device_(device) {}
+  ~LanePool();
+  Lane& acquire(Direction d);
+  void release(Lane& lane) noexcept;
+
+ private:
+  std::unique_ptr<Lane> make(Direction d);
+  Pool& staging_;
+  const MachineProfile& profile_;
+  const int device_;
+  std::mutex mu_;
+  std::condition_variable returned_;
+  std::vector<Lane*> free_[2];                // mu_
+  std::vector<std::unique_ptr<Lane>> all_;    // mu_
+  int count_[2] = {0, 0};                     // mu_: made or being made
+};
+
+std::unique_ptr<Lane> LanePool::make(Direction d) {
+  auto l = std::make_unique<Lane>();
+  l->dir = d;
+  const int n = std::max(2, profile_.staging_slots);
+  l->slot_bytes = profile_.staging_chunk_bytes;
+  try {
+    for (int i = 0; i < n; ++i)
+      l->slots.push_back(static_cast<unsigned char*>(staging_.allocate(l->slot_bytes, 4096, HugeWant::yes)));
+    check(cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check(cudaHostAlloc(&l->flag_block, 2 * n * sizeof(uint64_t), cudaHostAllocMapped | cudaHostAllocPortable),
+          "cudaHostAlloc (copy engine flags)");
+  } catch (...) {  // leave nothing behind; the next call tries again
+    for (auto* p : l->slots) staging_.deallocate(p);
+    if (l->stream) cudaStreamDestroy(l->stream);
+    throw;
+  }
+  std::memset(l->flag_block, 0, 2 * n * sizeof(uint64_t));
+  l->cpu_flags = static_cast<volatile uint64_t*>(l->flag_block);
+  l->gpu_flags = l->cpu_flags + n;
+  return l;
+}
+
+Lane& LanePool::acquire(Direction d) {
+  const int di = static_cast<int>(d);
+  std::unique_lock lock(mu_);
+  for (;;) {
+    if (!free_[di].empty()) {
+      Lane* l = free_[di].back();
+      free_[di].pop_back();
+      return *l;
+    }
+    if (count_[di] < kMaxLanes) {
+      ++count_[di];
+      lock.unlock();
+      std::unique_ptr<Lane> made;
+      try {
+        made = make(d);
+      } catch (...) {
+        lock.lock();
+        --count_[di];
+        throw;
+      }
+      lock.lock();
+      all_.push_back(std::move(made));
+      return *all_.back();
+    }
+    returned_.wait(lock);
+  }
+}
+
+void LanePool::release(Lane& lane) noexcept {
+  {
+    std::lock_guard lock(mu_);
+    free_[static_cast<int>(lane.dir)].push_back(&lane);
+  }
+  returned_.notify_one();
+}
+
+LanePool::~LanePool() {
+  for (auto& l : all_) {
+    cudaStreamSynchronize(l->stream);
+    cudaStreamDestroy(l->stream);
+    cudaFreeHost(l->flag_block);
+    for (auto* slot : l->slots) staging_.deallocate(slot);
+  }
+  cudaGetLastError();
+}
+
+// Holds a lane for a scope.
+class HeldLane {
+ public:
+  HeldLane(LanePool& pool, Direction d) : pool_(pool), lane_(pool.acquire(d)) {}
+  ~HeldLane() { pool_.release(lane_); }
+  HeldLane(const HeldLane&) = delete;
+  HeldLane& operator=(const HeldLane&) = delete;
+  Lane& operator*() const { return lane_; }
+
+ private:
+  LanePool& pool_;
+  Lane& lane_;
 };
 
 struct CopyEngine::Impl {
   CopyEngineOptions options;
-  std::unique_ptr<Pool> staging;  // pinned pool of the slots
-  // Staging workers, one pool per direction: a worker blocks until the GPU
-  // reaches a flag, so tasks waiting on one direction's stream never hold up
-  // the other direction's (see run_staged for the ordering they rely on).
+  std::unique_ptr<Pool> staging;  // pinned pool of the slots and areas
+  // Stream-ordered workers, one pool per direction: a worker blocks until the
+  // GPU reaches a flag, so tasks waiting on one direction's stream never hold
+  // up the other direction's. Started on the first stream-ordered copy.
+  std::once_flag workers_started;
   std::unique_ptr<WorkerPool> workers[2];
-  std::mutex lanes_mu;
-  std::unique_ptr<Lane> lanes[2];  // guarded by lanes_mu until created
+  std::unique_ptr<LanePool> lanes;
+  std::unique_ptr<AreaPool> areas;     // eager staged copies
+  EventPool events;                    // sync copies wait on one of these
   std::unique_ptr<WorkerPool> pinner;  // one thread that unregisters pieces behind their DMA
-  cudaStream_t pin_stream = nullptr;   // the DMAs of pinned-in-place pieces
-  std::mutex pin_mu;                   // held while one copy registers and enqueues its pieces
   mutable std::mutex stats_mu;
   CopyEngineStats stats;  // guarded by stats_mu
   const uint64_t generation = fork_generation();  // a forked child refuses it (core/fork.h)
@@ -210,63 +325,46 @@ struct CopyEngine::Impl {
   void refuse_if_forked() const {
     if (forked()) throw NotSupported(forked_child_message("this ferry copy engine"));
   }
-
-  Lane& lane(Direction d);
-  // Chunks of a staged copy: small copies are cut finer so that every worker
-  // has a chunk (64 MiB in 8 MiB chunks kept half the workers idle: 20 GB/s).
+  int worker_count() const {
+    int w = options.workers > 0 ? options.workers : options.profile.workers;
+    return w > 0 ? w : std::min(os::usable_cores(), 16);
+  }
+  WorkerPool& workers_for(Direction d) {
+    std::call_once(workers_started, [&] {
+      for (auto& w : workers) w = std::make_unique<WorkerPool>(worker_count());
+    });
+    return *workers[static_cast<int>(d)];
+  }
+  // Chunks of a stream-ordered copy: small copies are cut finer so that every
+  // worker has a chunk (64 MiB in 8 MiB chunks kept half the workers idle).
   size_t staged_chunk_bytes(size_t bytes) const {
-    const size_t per_worker = bytes / (2 * static_cast<size_t>(workers[0]->size()));
+    const size_t per_worker = bytes / (2 * static_cast<size_t>(worker_count()));
     const size_t chunk = std::max<size_t>(256u << 10, (per_worker + 4095) & ~size_t{4095});
     return std::min(chunk, options.profile.staging_chunk_bytes);
   }
-  // lookup: the caller's (a batch's) pointer answers; nullptr: a fresh one.
   Strategy decide(void* dst, const void* src, size_t bytes, Strategy strategy, Direction* dir,
-                  PointerLookup* lookup = nullptr);
-  void count(Strategy s, size_t bytes, size_t chunks, size_t pieces);
+                  PointerLookup& lookup);
+  void count(Strategy s, size_t bytes, size_t chunks, size_t pieces, size_t eager);
   std::shared_ptr<CopyState> begin(Strategy s, size_t bytes);
-  void finish_on(const std::shared_ptr<CopyState>& st, cudaStream_t record_on, cudaStream_t caller);
 
-  void run_direct(CopyState& st, void* dst, const void* src, size_t n, cudaStream_t stream);
-  void run_staged(const std::shared_ptr<CopyState>& st, Direction dir, void* dst, const void* src,
-                  const std::vector<Piece>& pieces, cudaStream_t caller);
+  // DMAs of pinned memory on `stream`, waited for.
+  void dma_and_wait(void* dst, const void* src, size_t n, cudaStream_t stream);
+  // One eager staged run on an area of its own.
+  void run_eager_items(Direction dir, std::span<const EagerItem> items, cudaStream_t stream, bool wait);
+  void run_streamed(const std::shared_ptr<CopyState>& st, Direction dir, void* dst, const void* src,
+                    const std::vector<Piece>& pieces, cudaStream_t caller);
   void run_pin_in_place(const std::shared_ptr<CopyState>& st, Direction dir, void* dst, const void* src,
                         size_t n, double pinned_share, cudaStream_t caller);
 };
 
-Lane& CopyEngine::Impl::lane(Direction d) {
-  std::lock_guard lock(lanes_mu);
-  auto& slot = lanes[static_cast<int>(d)];
-  if (slot) return *slot;
-  auto l = std::make_unique<Lane>();
-  l->dir = d;
-  const int n = std::max(2, options.profile.staging_slots);
-  l->slot_bytes = options.profile.staging_chunk_bytes;
-  try {
-    set_device(options.device);
-    for (int i = 0; i < n; ++i)
-      l->slots.push_back(static_cast<unsigned char*>(staging->allocate(l->slot_bytes, 4096, HugeWant::yes)));
-    check(cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    check(cudaHostAlloc(&l->flag_block, 2 * n * sizeof(uint64_t), cudaHostAllocMapped | cudaHostAllocPortable),
-          "cudaHostAlloc (copy engine flags)");
-  } catch (...) {  // leave nothing behind; the next call tries again
-    for (auto* p : l->slots) staging->deallocate(p);
-    if (l->stream) cudaStreamDestroy(l->stream);
-    throw;
-  }
-  std::memset(l->flag_block, 0, 2 * n * sizeof(uint64_t));
-  l->cpu_flags = static_cast<volatile uint64_t*>(l->flag_block);
-  l->gpu_flags = l->cpu_flags + n;
-  slot = std::move(l);
-  return *slot;
-}
-
-void CopyEngine::Impl::count(Strategy s, size_t bytes, size_t chunks, size_t pieces) {
+void CopyEngine::Impl::count(Strategy s, size_t bytes, size_t chunks, size_t pieces, size_t eager) {
   std::lock_guard lock(stats_mu);
   ++stats.copies;
   stats.bytes += bytes;
   ++stats.by_strategy[static_cast<int>(s)];
   stats.chunks += chunks;
   stats.pinned_pieces += pieces;
+  stats.eager_runs += eager;
 }
 
 std::shared_ptr<CopyState> CopyEngine::Impl::begin(Strategy s, size_t bytes) {
@@ -277,24 +375,33 @@ std::shared_ptr<CopyState> CopyEngine::Impl::begin(Strategy s, size_t bytes) {
   return st;
 }
 
-// Records the copy's event on `record_on` and orders the caller's stream after it.
-void CopyEngine::Impl::finish_on(const std::shared_ptr<CopyState>& st, cudaStream_t record_on,
-                                 cudaStream_t caller) {
-  check(cudaEventRecord(st->done, record_on), "cudaEventRecord");
-  if (record_on != caller) check(cudaStreamWaitEvent(caller, st->done, 0), "cudaStreamWaitEvent");
-}
-
-void CopyEngine::Impl::run_direct(CopyState& st, void* dst, const void* src, size_t n, cudaStream_t stream) {
+void CopyEngine::Impl::dma_and_wait(void* dst, const void* src, size_t n, cudaStream_t stream) {
+  PooledEvent done(events);
   check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
-  (void)st;
+  check(cudaEventRecord(done.get(), stream), "cudaEventRecord");
+  check(cudaEventSynchronize(done.get()), "cudaEventSynchronize (copy)");
 }
 
-// Enqueues the staged pipeline for `pieces` of the copy (each at most one slot)
-// and submits the worker tasks. The caller's stream work before this call is
-// waited for; the copy's event is recorded on the lane when all is done.
+void CopyEngine::Impl::run_eager_items(Direction dir, std::span<const EagerItem> items, cudaStream_t stream,
+                                       bool wait) {
+  StagingArea* area = areas->acquire();
+  bool pending = true;  // on error, assume the area's slots may still be read
+  try {
+    pending = run_eager(dir, items, *area, copy_crew(), stream, wait);
+  } catch (...) {
+    areas->release(area, true);
+    throw;
+  }
+  areas->release(area, pending);
+}
+
+// The stream-ordered pipeline for `pieces` of one copy (each at most one
+// slot). The caller's stream work before this call is waited for; the copy's
+// event is recorded on the lane when all is done, and the caller's stream
+// waits on it.
 namespace {
 
-// The host side of one staged piece: h2d fills the slot once the GPU has
+// The host side of one streamed piece: h2d fills the slot once the GPU has
 // drained it (generation gen - slots), d2h empties it once the GPU has filled it.
 void stage_piece(CopyState& st, Lane& ln, Direction dir, void* dst, const void* src, uint64_t gen,
                  uint64_t last_gen, Piece piece) {
@@ -305,12 +412,12 @@ void stage_piece(CopyState& st, Lane& ln, Direction dir, void* dst, const void* 
       if (gen > nslots && !wait_flag(&ln.gpu_flags[s], gen - nslots, st)) throw std::runtime_error("aborted");
       if (!st.abort) {
         if (fault_injected(FaultPoint::touch)) throw OsError("staging copy (injected fault)", EFAULT);
-        std::memcpy(ln.slots[s], static_cast<const char*>(src) + piece.offset, piece.bytes);
+        copy_to_staging(ln.slots[s], static_cast<const char*>(src) + piece.offset, piece.bytes);
       }
       store_flag(&ln.cpu_flags[s], gen);
     } else {
       if (!wait_flag(&ln.gpu_flags[s], gen, st)) throw std::runtime_error("aborted");
-      if (!st.abort) std::memcpy(static_cast<char*>(dst) + piece.offset, ln.slots[s], piece.bytes);
+      if (!st.abort) copy_from_staging(static_cast<char*>(dst) + piece.offset, ln.slots[s], piece.bytes);
       store_flag(&ln.cpu_flags[s], gen);
     }
     st.host_tasks.done();
@@ -325,82 +432,71 @@ void stage_piece(CopyState& st, Lane& ln, Direction dir, void* dst, const void* 
 
 }  // namespace
 
-void CopyEngine::Impl::run_staged(const std::shared_ptr<CopyState>& st, Direction dir, void* dst,
-                                  const void* src, const std::vector<Piece>& pieces, cudaStream_t caller) {
-  Lane& ln = lane(dir);
+void CopyEngine::Impl::run_streamed(const std::shared_ptr<CopyState>& st, Direction dir, void* dst,
+                                    const void* src, const std::vector<Piece>& pieces, cudaStream_t caller) {
+  WorkerPool& pool = workers_for(dir);
+  HeldLane held(*lanes, dir);
+  Lane& ln = *held;
   const uint64_t nslots = ln.slots.size();
-  cudaEvent_t caller_ready = nullptr;
-  check(cudaEventCreateWithFlags(&caller_ready, cudaEventDisableTiming), "cudaEventCreate");
-  {
-    std::lock_guard lock(ln.mu);
-    const uint64_t first_gen = ln.next_gen;
-    const uint64_t last_gen = first_gen + pieces.size() - 1;  // first_gen - 1 when there are none
-    try {
-      check(cudaEventRecord(caller_ready, caller), "cudaEventRecord (caller's stream)");
-      check(cudaStreamWaitEvent(ln.stream, caller_ready, 0), "cudaStreamWaitEvent");
-      // Each piece's task goes to the workers before its stream operations:
-      // the lane stream must never wait on a flag whose task is not yet
-      // submitted. Otherwise a device-synchronizing call in another thread
-      // (cudaFree) takes the driver's lock and waits for the stream, the
-      // stream waits for the task, and this thread, which would submit it,
-      // waits for the lock (6 threads copying both ways hung so on the H200).
-      // Under the lane's lock the workers' FIFO holds this lane's pieces in
-      // generation order, so a task only ever waits on earlier ones.
-      for (const Piece& piece : pieces) {
-        const uint64_t gen = ln.next_gen++;
-        const uint64_t s = gen % nslots;
-        unsigned char* slot = ln.slots[s];
-        st->host_tasks.add(1);
-        workers[static_cast<int>(dir)]->submit([st, &ln, dir, dst, src, gen, last_gen, piece] {
-          stage_piece(*st, ln, dir, dst, src, gen, last_gen, piece);
-        });
-        if (dir == Direction::h2d) {
-          stream_wait_geq(ln.stream, &ln.cpu_flags[s], gen);
-          check(cudaMemcpyAsync(static_cast<char*>(dst) + piece.offset, slot, piece.bytes, cudaMemcpyDefault,
-                                ln.stream),
-                "cudaMemcpyAsync (staged H2D)");
-          stream_write(ln.stream, &ln.gpu_flags[s], gen);
-        } else {
-          if (gen > nslots) stream_wait_geq(ln.stream, &ln.cpu_flags[s], gen - nslots);
-          check(cudaMemcpyAsync(slot, static_cast<const char*>(src) + piece.offset, piece.bytes,
-                                cudaMemcpyDefault, ln.stream),
-                "cudaMemcpyAsync (staged D2H)");
-          stream_write(ln.stream, &ln.gpu_flags[s], gen);
-        }
+  PooledEvent caller_ready(events);
+  const uint64_t first_gen = ln.next_gen;
+  const uint64_t last_gen = first_gen + pieces.size() - 1;  // first_gen - 1 when there are none
+  try {
+    check(cudaEventRecord(caller_ready.get(), caller), "cudaEventRecord (caller's stream)");
+    check(cudaStreamWaitEvent(ln.stream, caller_ready.get(), 0), "cudaStreamWaitEvent");
+    // Each piece's task goes to the workers before its stream operations
+    // (the rule in copy_engine.h). The lane is this copy's while it enqueues,
+    // so the workers' FIFO holds its pieces in generation order and a task
+    // only ever waits on earlier ones.
+    for (const Piece& piece : pieces) {
+      const uint64_t gen = ln.next_gen++;
+      const uint64_t s = gen % nslots;
+      unsigned char* slot = ln.slots[s];
+      st->host_tasks.add(1);
+      pool.submit([st, &ln, dir, dst, src, gen, last_gen, piece] {
+        stage_piece(*st, ln, dir, dst, src, gen, last_gen, piece);
+      });
+      if (dir == Direction::h2d) {
+        stream_wait_geq(ln.stream, &ln.cpu_flags[s], gen);
+        check(cudaMemcpyAsync(static_cast<char*>(dst) + piece.offset, slot, piece.bytes, cudaMemcpyDefault,
+                              ln.stream),
+              "cudaMemcpyAsync (staged H2D)");
+        stream_write(ln.stream, &ln.gpu_flags[s], gen);
+      } else {
+        if (gen > nslots) stream_wait_geq(ln.stream, &ln.cpu_flags[s], gen - nslots);
+        check(cudaMemcpyAsync(slot, static_cast<const char*>(src) + piece.offset, piece.bytes,
+                              cudaMemcpyDefault, ln.stream),
+              "cudaMemcpyAsync (staged D2H)");
+        stream_write(ln.stream, &ln.gpu_flags[s], gen);
       }
-      if (dir == Direction::d2h && !pieces.empty())  // the event also covers the copies out of the slots
-        for (uint64_t g = last_gen; g >= first_gen && g + nslots > last_gen; --g)
-          stream_wait_geq(ln.stream, &ln.cpu_flags[g % nslots], g);
-      check(cudaEventRecord(st->done, ln.stream), "cudaEventRecord");
-      check(cudaStreamWaitEvent(caller, st->done, 0), "cudaStreamWaitEvent (caller's stream)");
-    } catch (...) {
-      // Stop the tasks already submitted (they touch the caller's buffers,
-      // which the caller may free once we throw), release what the lane stream
-      // waits on, and wait for those tasks to leave.
-      st->abort = true;
-      for (uint64_t g = first_gen; g < ln.next_gen; ++g) store_flag(&ln.cpu_flags[g % nslots], ln.next_gen);
-      try {
-        st->host_tasks.wait();
-      } catch (...) {  // their "aborted" errors: the caller gets the enqueue's error
-      }
-      cudaEventDestroy(caller_ready);
-      throw;
     }
+    if (dir == Direction::d2h && !pieces.empty())  // the event also covers the copies out of the slots
+      for (uint64_t g = last_gen; g >= first_gen && g + nslots > last_gen; --g)
+        stream_wait_geq(ln.stream, &ln.cpu_flags[g % nslots], g);
+    check(cudaEventRecord(st->done, ln.stream), "cudaEventRecord");
+    check(cudaStreamWaitEvent(caller, st->done, 0), "cudaStreamWaitEvent (caller's stream)");
+  } catch (...) {
+    // Stop the tasks already submitted (they touch the caller's buffers,
+    // which the caller may free once we throw), release what the lane stream
+    // waits on, and wait for those tasks to leave.
+    st->abort = true;
+    for (uint64_t g = first_gen; g < ln.next_gen; ++g) store_flag(&ln.cpu_flags[g % nslots], ln.next_gen);
+    try {
+      st->host_tasks.wait();
+    } catch (...) {  // their "aborted" errors: the caller gets the enqueue's error
+    }
+    throw;
   }
-  cudaEventDestroy(caller_ready);  // safe: destruction waits for nothing, the wait is enqueued
 }
 
 // Pin-in-place: the calling thread registers the aligned body of the host
-// buffer piece by piece, each DMA enqueued on the pin stream as soon as its
-// piece is pinned (registration of piece i+1 overlaps the DMA of piece i), and
-// the engine's pinner thread unregisters each piece once its DMA ended. Head,
-// tail and the share of the body not pinned go through staging at the same
-// time, as a part of this copy with its own event.
-//
-// No GPU stream ever waits on a flag that is set after a cudaHostUnregister:
-// cudaHostUnregister waits for the device's outstanding work, so such a wait
-// deadlocks (seen on the H200). The copy's event is recorded on the pin stream
-// after the last pinned DMA and the staged part's event, both already recorded.
+// buffer piece by piece, each DMA enqueued on the caller's stream as soon as
+// its piece is pinned (registration of piece i+1 overlaps the DMA of piece i),
+// and the engine's pinner thread unregisters each piece once its DMA ended.
+// Head, tail and the share of the body not pinned go through the
+// stream-ordered pipeline at the same time, as a part of this copy with its
+// own event. The copy's event is recorded on the caller's stream after the
+// last pinned DMA and the staged part's event.
 void CopyEngine::Impl::run_pin_in_place(const std::shared_ptr<CopyState>& st, Direction dir, void* dst,
                                         const void* src, size_t n, double pinned_share, cudaStream_t caller) {
   const void* host = dir == Direction::h2d ? src : dst;
@@ -417,22 +513,16 @@ void CopyEngine::Impl::run_pin_in_place(const std::shared_ptr<CopyState>& st, Di
       staged_chunks.push_back({p.offset + c.offset, c.bytes});
   }
   if (plan.body.empty()) {
-    run_staged(st, dir, dst, src, staged_chunks, caller);
+    run_streamed(st, dir, dst, src, staged_chunks, caller);
     return;
   }
   std::shared_ptr<CopyState> staged_part;
   if (!staged_chunks.empty()) {
     staged_part = begin(Strategy::staged, staged_bytes);
-    run_staged(staged_part, dir, dst, src, staged_chunks, caller);
+    run_streamed(staged_part, dir, dst, src, staged_chunks, caller);
     st->parts.push_back(Completion(staged_part));
   }
 
-  std::lock_guard lock(pin_mu);  // one pin-in-place copy at a time on the pin stream
-  cudaEvent_t caller_ready = nullptr;
-  check(cudaEventCreateWithFlags(&caller_ready, cudaEventDisableTiming), "cudaEventCreate");
-  cudaEventRecord(caller_ready, caller);
-  cudaStreamWaitEvent(pin_stream, caller_ready, 0);
-  cudaEventDestroy(caller_ready);
   auto unpinned = std::make_shared<TaskGroup>();  // this copy's unregister jobs, for the error path
   std::exception_ptr error;
   size_t pieces = 0;
@@ -453,9 +543,9 @@ void CopyEngine::Impl::run_pin_in_place(const std::shared_ptr<CopyState>& st, Di
     cudaEvent_t dma_done = nullptr;
     cudaError_t err = cudaEventCreateWithFlags(&dma_done, cudaEventDisableTiming);
     if (err == cudaSuccess)
-      err = dir == Direction::h2d ? cudaMemcpyAsync(d, h, piece.bytes, cudaMemcpyDefault, pin_stream)
-                                  : cudaMemcpyAsync(h, d, piece.bytes, cudaMemcpyDefault, pin_stream);
-    if (err == cudaSuccess) err = cudaEventRecord(dma_done, pin_stream);
+      err = dir == Direction::h2d ? cudaMemcpyAsync(d, h, piece.bytes, cudaMemcpyDefault, caller)
+                                  : cudaMemcpyAsync(h, d, piece.bytes, cudaMemcpyDefault, caller);
+    if (err == cudaSuccess) err = cudaEventRecord(dma_done, caller);
     if (err != cudaSuccess) {
       try {
         check(err, "cudaMemcpyAsync (pinned in place)");
@@ -466,8 +556,8 @@ void CopyEngine::Impl::run_pin_in_place(const std::shared_ptr<CopyState>& st, Di
     // Unpin behind the DMA, on the pinner thread.
     unpinned->add(1);
     st->host_tasks.add(1);
-    pinner->submit([this, st, h, dma_done, unpinned] {
-      cudaSetDevice(options.device);
+    pinner->submit([device = options.device, st, h, dma_done, unpinned] {
+      cudaSetDevice(device);  // the pinner thread's own device: it serves this engine only
       if (dma_done) {
         cudaEventSynchronize(dma_done);
         cudaEventDestroy(dma_done);
@@ -483,9 +573,8 @@ void CopyEngine::Impl::run_pin_in_place(const std::shared_ptr<CopyState>& st, Di
     std::lock_guard s_lock(stats_mu);
     stats.pinned_pieces += pieces;
   }
-  if (staged_part) cudaStreamWaitEvent(pin_stream, staged_part->done, 0);
-  cudaError_t err = cudaEventRecord(st->done, pin_stream);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(caller, st->done, 0);
+  cudaError_t err = staged_part ? cudaStreamWaitEvent(caller, staged_part->done, 0) : cudaSuccess;
+  if (err == cudaSuccess) err = cudaEventRecord(st->done, caller);
   if (!error && err != cudaSuccess) {
     try {
       check(err, "cudaEventRecord (pin in place)");
@@ -534,20 +623,26 @@ CopyEngineOptions CopyEngineOptions::from_environment(int device) {
 CopyEngine::CopyEngine(CopyEngineOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = options;
-  if (m.options.profile.staging_chunk_bytes == 0 || m.options.profile.staging_slots < 2)
+  const MachineProfile& p = m.options.profile;
+  if (p.staging_chunk_bytes == 0 || p.staging_slots < 2)
     throw InvalidArgument("copy engine profile: staging_chunk_bytes must be > 0 and staging_slots >= 2");
-  set_device(options.device);  // throws NoDevice / InvalidArgument
+  if (p.eager_chunk_bytes == 0 || p.eager_chunk_bytes % kFragmentAlign || p.eager_slots < 1 || p.eager_areas < 1)
+    throw InvalidArgument("copy engine profile: eager_chunk_bytes must be a multiple of 256 and eager_slots, "
+                          "eager_areas >= 1");
+  ScopedDevice on(options.device);  // throws NoDevice / InvalidArgument
   if (!stream_memops_supported(options.device))
     throw NotSupported("device " + std::to_string(options.device) +
                        " does not support 64-bit stream memory operations, which the copy engine needs");
-  int workers = options.workers > 0 ? options.workers : options.profile.workers;
-  if (workers <= 0) workers = std::min(os::usable_cores(), 16);
+  copy_crew();  // starts the shared crew now (and checks its options)
   PoolOptions staging;
   staging.chunk_bytes = 64u << 20;
   m.staging = make_pinned_pool(staging, options.device);
-  for (auto& w : m.workers) w = std::make_unique<WorkerPool>(workers);
+  m.lanes = std::make_unique<LanePool>(*m.staging, m.options.profile, options.device);
+  StagingGeometry g;
+  g.chunk_bytes = p.eager_chunk_bytes;
+  g.slots = static_cast<uint32_t>(p.eager_slots);
+  m.areas = std::make_unique<AreaPool>(*m.staging, g, p.eager_areas);
   m.pinner = std::make_unique<WorkerPool>(1);
-  check(cudaStreamCreateWithFlags(&m.pin_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
 }
 
 CopyEngine::~CopyEngine() {
@@ -556,26 +651,21 @@ CopyEngine::~CopyEngine() {
     return;
   }
   Impl& m = *impl_;
-  m.pinner.reset();   // joins after the queued pin jobs
-  for (auto& w : m.workers) w.reset();  // joins after the queued chunk tasks
-  for (auto& l : m.lanes) {
-    if (!l) continue;
-    cudaStreamSynchronize(l->stream);
-    cudaStreamDestroy(l->stream);
-    cudaFreeHost(l->flag_block);
-    for (auto* slot : l->slots) m.staging->deallocate(slot);
-  }
-  if (m.pin_stream) {
-    cudaStreamSynchronize(m.pin_stream);
-    cudaStreamDestroy(m.pin_stream);
+  try {
+    ScopedDevice on(m.options.device);
+    m.pinner.reset();   // joins after the queued pin jobs
+    for (auto& w : m.workers) w.reset();  // joins after the queued chunk tasks
+    m.lanes.reset();    // synchronizes each lane's stream
+    m.areas.reset();    // waits for each slot's last DMA
+  } catch (...) {  // no device to switch to: nothing of ours can still run on it
   }
   cudaGetLastError();
 }
 
 void CopyEngine::warm_up() {
   impl_->refuse_if_forked();
-  impl_->lane(Direction::h2d);
-  impl_->lane(Direction::d2h);
+  ScopedDevice on(impl_->options.device);
+  impl_->areas->release(impl_->areas->acquire(), false);
 }
 
 namespace {
@@ -587,7 +677,13 @@ struct Classified {
   const void* host;
 };
 
-Classified classify_pair(void* dst, const void* src, size_t bytes, PointerLookup& lookup) {
+void check_device_owner(const PointerInfo& info, int device, const void* p, const char* role) {
+  if (info.kind == Memory::device && info.device >= 0 && info.device != device)
+    throw InvalidArgument(std::string(role) + " " + hex(p) + " is memory of device " + std::to_string(info.device) +
+                          ", but this engine copies for device " + std::to_string(device));
+}
+
+Classified classify_pair(void* dst, const void* src, size_t bytes, PointerLookup& lookup, int device) {
   if (!dst || !src) throw InvalidArgument(std::string(!dst ? "dst" : "src") + " must not be NULL");
   if (bytes == 0) throw InvalidArgument("copy of 0 bytes");
   const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
@@ -596,8 +692,14 @@ Classified classify_pair(void* dst, const void* src, size_t bytes, PointerLookup
     throw InvalidArgument("source " + hex(src) + " and destination " + hex(dst) + " overlap (" +
                           format_bytes(bytes) + ")");
   Memory md = lookup.classify(dst, bytes), ms = lookup.classify(src, bytes);
-  if (md == Memory::device) check_device_range(lookup, dst, bytes, "destination");
-  if (ms == Memory::device) check_device_range(lookup, src, bytes, "source");
+  if (md == Memory::device) {
+    check_device_owner(lookup.find(dst), device, dst, "destination");
+    check_device_range(lookup, dst, bytes, "destination");
+  }
+  if (ms == Memory::device) {
+    check_device_owner(lookup.find(src), device, src, "source");
+    check_device_range(lookup, src, bytes, "source");
+  }
   if (md == Memory::device && ms == Memory::device) return {Direction::h2d, false, true, nullptr};
   if (md != Memory::device && ms != Memory::device)
     throw InvalidArgument("neither " + hex(src) + " nor " + hex(dst) +
@@ -615,48 +717,52 @@ Classified classify_pair(void* dst, const void* src, size_t bytes, PointerLookup
 }  // namespace
 
 Strategy CopyEngine::plan(void* dst, const void* src, size_t bytes, Strategy strategy) {
-  impl_->refuse_if_forked();
   Direction dir;
-  return impl_->decide(dst, src, bytes, strategy, &dir);
+  PointerLookup lookup;
+  return impl_->decide(dst, src, bytes, strategy, &dir, lookup);
 }
 
 Strategy CopyEngine::Impl::decide(void* dst, const void* src, size_t bytes, Strategy strategy, Direction* dir,
-                                  PointerLookup* lookup) {
-  PointerLookup local;
-  Classified c = classify_pair(dst, src, bytes, lookup ? *lookup : local);
+                                  PointerLookup& lookup) {
+  refuse_if_forked();  // every copy call decides first
+  Classified c = classify_pair(dst, src, bytes, lookup, options.device);
   *dir = c.dir;
   if (c.device_to_device) return Strategy::direct;
-  const MachineProfile& prof = options.profile;
   Strategy requested = strategy != Strategy::automatic ? strategy : options.strategy;
   // The page backing is not read here: /proc/self/smaps costs 15-20 ms in a
   // process with many mappings (measured on the H200 machine), as much as the
   // copy of 1 GiB itself. Callers that know it pass it to choose_strategy.
   HostBacking backing = c.host_pinned ? HostBacking::pinned : HostBacking::unknown;
-  return choose_strategy(c.dir, bytes, backing, prof, requested);
+  return choose_strategy(c.dir, bytes, backing, options.profile, requested);
 }
 
 Completion CopyEngine::copy_async(void* dst, const void* src, size_t bytes, cudaStream_t stream,
                                   Strategy strategy) {
   Impl& m = *impl_;
-  m.refuse_if_forked();
   Direction dir;
   PointerLookup lookup;
-  Strategy s = m.decide(dst, src, bytes, strategy, &dir, &lookup);  // validates everything first
+  Strategy s = m.decide(dst, src, bytes, strategy, &dir, lookup);  // validates everything first
+  ScopedDevice on(m.options.device);
   auto st = m.begin(s, bytes);
-  check(cudaSetDevice(m.options.device), "cudaSetDevice");
-  size_t chunks = 0;
+  size_t chunks = 0, eager = 0;
   switch (s) {
     case Strategy::direct:
     case Strategy::cuda:
-      m.run_direct(*st, dst, src, bytes, stream);
-      m.finish_on(st, stream, stream);
+      check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
+      check(cudaEventRecord(st->done, stream), "cudaEventRecord");
       break;
-    case Strategy::staged: {
-      auto pieces = split_even(bytes, m.staged_chunk_bytes(bytes));
-      chunks = pieces.size();
-      m.run_staged(st, dir, dst, src, pieces, stream);
+    case Strategy::staged:
+      if (dir == Direction::h2d && bytes < m.options.profile.eager_async_below_bytes) {
+        EagerItem item{dst, src, bytes};
+        m.run_eager_items(dir, {&item, 1}, stream, /*wait=*/false);
+        check(cudaEventRecord(st->done, stream), "cudaEventRecord");
+        eager = 1;
+      } else {
+        auto pieces = split_even(bytes, m.staged_chunk_bytes(bytes));
+        chunks = pieces.size();
+        m.run_streamed(st, dir, dst, src, pieces, stream);
+      }
       break;
-    }
     case Strategy::pin_in_place:
       m.run_pin_in_place(st, dir, dst, src, bytes, 1.0, stream);
       break;
@@ -667,48 +773,81 @@ Completion CopyEngine::copy_async(void* dst, const void* src, size_t bytes, cuda
     case Strategy::sm: {
       BlockCopy op{lookup.device_view(dst), lookup.device_view(src), bytes};
       launch_block_copies(&op, 1, stream);
-      m.finish_on(st, stream, stream);
+      check(cudaEventRecord(st->done, stream), "cudaEventRecord");
       break;
     }
     case Strategy::automatic:
       throw InvalidArgument("internal: strategy not chosen");
   }
-  m.count(s, bytes, chunks, 0);
+  m.count(s, bytes, chunks, 0, eager);
   return Completion(st);
 }
 
-void CopyEngine::copy(void* dst, const void* src, size_t bytes, Strategy strategy) {
+void CopyEngine::copy(void* dst, const void* src, size_t bytes, Strategy strategy, cudaStream_t stream) {
   Impl& m = *impl_;
-  m.refuse_if_forked();
-  set_device(m.options.device);
-  cudaStream_t stream = nullptr;
-  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  try {
-    Completion c = copy_async(dst, src, bytes, stream, strategy);
-    c.wait();
-  } catch (...) {
-    cudaStreamSynchronize(stream);
-    cudaStreamDestroy(stream);
-    cudaGetLastError();
-    throw;
+  Direction dir;
+  PointerLookup lookup;
+  Strategy s = m.decide(dst, src, bytes, strategy, &dir, lookup);
+  ScopedDevice on(m.options.device);
+  switch (s) {
+    case Strategy::direct:
+    case Strategy::cuda:
+      m.dma_and_wait(dst, src, bytes, stream);
+      break;
+    case Strategy::staged: {
+      EagerItem item{dst, src, bytes};
+      m.run_eager_items(dir, {&item, 1}, stream, /*wait=*/true);
+      m.count(s, bytes, 0, 0, 1);
+      return;
+    }
+    default:
+      copy_async(dst, src, bytes, stream, s).wait();  // counted there
+      return;
   }
-  check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  m.count(s, bytes, 0, 0, 0);
 }
 
-Completion CopyEngine::copy_batch_async(std::span<const CopyOp> ops, cudaStream_t stream, Strategy strategy) {
+// ---- many items ---------------------------------------------------------------------
+
+namespace {
+
+// The items of one copy_many call, sorted by the path that moves them.
+struct ManyPlan {
+  std::vector<void*> dsts;  // direct: one cudaMemcpyBatchAsync
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  std::vector<BlockCopy> kernel_ops;   // sm: the block-copy kernel
+  std::vector<EagerItem> eager[2];     // staged, by direction: one eager run each
+  std::vector<size_t> streamed;        // indices: one stream-ordered copy each
+  size_t total = 0, largest = 0;
+  Strategy main = Strategy::direct;    // the path of the largest item
+};
+
+}  // namespace
+
+Completion CopyEngine::copy_many_async(std::span<const CopyOp> ops, cudaStream_t stream, Strategy strategy) {
+  return impl_copy_many(ops, stream, strategy, /*wait=*/false);
+}
+
+void CopyEngine::copy_many(std::span<const CopyOp> ops, cudaStream_t stream, Strategy strategy) {
+  impl_copy_many(ops, stream, strategy, /*wait=*/true).wait();
+}
+
+Completion CopyEngine::impl_copy_many(std::span<const CopyOp> ops, cudaStream_t stream, Strategy strategy,
+                                      bool wait) {
   Impl& m = *impl_;
   m.refuse_if_forked();
-  if (ops.empty()) throw InvalidArgument("empty batch");
-  // Validate every op before anything is enqueued; one lookup asks the driver
-  // once per allocation, not several times per op.
+  if (ops.empty()) throw InvalidArgument("copy_many: no items");
+  // Validate every item before anything is enqueued; one lookup asks the
+  // driver once per allocation, not several times per item.
   PointerLookup lookup;
   std::vector<Strategy> chosen(ops.size());
+  std::vector<Direction> dirs(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     try {
-      Direction dir;
-      chosen[i] = m.decide(ops[i].dst, ops[i].src, ops[i].bytes, strategy, &dir, &lookup);
+      chosen[i] = m.decide(ops[i].dst, ops[i].src, ops[i].bytes, strategy, &dirs[i], lookup);
     } catch (const InvalidArgument& e) {
-      throw InvalidArgument("batch op " + std::to_string(i) + ": " + e.what());
+      throw InvalidArgument("item " + std::to_string(i) + " of " + std::to_string(ops.size()) + ": " + e.what());
     }
   }
   // Small pinned blocks go to the SM kernel unless a strategy was asked for.
@@ -720,46 +859,66 @@ Completion CopyEngine::copy_batch_async(std::span<const CopyOp> ops, cudaStream_
       for (auto& c : chosen)
         if (c == Strategy::direct) c = Strategy::sm;
   }
-  std::vector<void*> dsts;
-  std::vector<const void*> srcs;
-  std::vector<size_t> sizes;
-  std::vector<BlockCopy> kernel_ops;
-  std::vector<Completion> pageable;
-  size_t total = 0, largest = 0;
-  Strategy main = Strategy::direct;
+  ManyPlan p;
   for (size_t i = 0; i < ops.size(); ++i) {
-    total += ops[i].bytes;
-    if (ops[i].bytes > largest) largest = ops[i].bytes, main = chosen[i];
-    if (chosen[i] == Strategy::sm) {
-      kernel_ops.push_back({lookup.device_view(ops[i].dst), lookup.device_view(ops[i].src), ops[i].bytes});
-    } else if (chosen[i] == Strategy::direct) {
-      dsts.push_back(ops[i].dst);
-      srcs.push_back(ops[i].src);
-      sizes.push_back(ops[i].bytes);
-    } else {
-      pageable.push_back(copy_async(ops[i].dst, ops[i].src, ops[i].bytes, stream, chosen[i]));
-    }
+    const CopyOp& op = ops[i];
+    p.total += op.bytes;
+    if (op.bytes > p.largest) p.largest = op.bytes, p.main = chosen[i];
+    const bool streamed_d2h = !wait && dirs[i] == Direction::d2h;
+    if (chosen[i] == Strategy::sm)
+      p.kernel_ops.push_back({lookup.device_view(op.dst), lookup.device_view(op.src), op.bytes});
+    else if (chosen[i] == Strategy::direct)
+      p.dsts.push_back(op.dst), p.srcs.push_back(op.src), p.sizes.push_back(op.bytes);
+    else if (chosen[i] == Strategy::staged && !streamed_d2h)
+      p.eager[static_cast<int>(dirs[i])].push_back({op.dst, op.src, op.bytes});
+    else
+      p.streamed.push_back(i);
   }
-  auto st = m.begin(main, total);
-  check(cudaSetDevice(m.options.device), "cudaSetDevice");
-  if (!dsts.empty()) {
+  ScopedDevice on(m.options.device);
+  auto st = m.begin(p.main, p.total);
+  if (!p.dsts.empty()) {
     if (stream == nullptr) {  // the batch API refuses the legacy stream: one call each
-      for (size_t i = 0; i < dsts.size(); ++i)
-        check(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, stream), "cudaMemcpyAsync (batch)");
+      for (size_t i = 0; i < p.dsts.size(); ++i)
+        check(cudaMemcpyAsync(p.dsts[i], p.srcs[i], p.sizes[i], cudaMemcpyDefault, stream), "cudaMemcpyAsync (batch)");
     } else {
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
       size_t attr_index = 0;
-      check(cudaMemcpyBatchAsync(dsts.data(), const_cast<const void**>(srcs.data()), sizes.data(), dsts.size(),
-                                 &attr, &attr_index, 1, stream),
+      check(cudaMemcpyBatchAsync(p.dsts.data(), const_cast<const void**>(p.srcs.data()), p.sizes.data(),
+                                 p.dsts.size(), &attr, &attr_index, 1, stream),
             "cudaMemcpyBatchAsync");
     }
   }
-  if (!kernel_ops.empty()) launch_block_copies(kernel_ops.data(), kernel_ops.size(), stream);
-  // Pageable ops recorded their own events, which the caller's stream already
-  // waits on; the batch's event follows them on that stream.
-  m.finish_on(st, stream, stream);
-  st->parts = std::move(pageable);
+  if (!p.kernel_ops.empty()) launch_block_copies(p.kernel_ops.data(), p.kernel_ops.size(), stream);
+  // Host->device first: its DMAs queue behind the pinned ones while the CPU
+  // stages; device->host (synchronous calls) after.
+  size_t eager_runs = 0;
+  for (int d : {0, 1}) {
+    if (p.eager[d].empty()) continue;
+    m.run_eager_items(static_cast<Direction>(d), p.eager[d], stream, wait);
+    ++eager_runs;
+  }
+  std::vector<Completion> parts;
+  try {
+    for (size_t i : p.streamed)
+      parts.push_back(copy_async(ops[i].dst, ops[i].src, ops[i].bytes, stream, chosen[i]));
+    // Streamed items recorded their own events, which the caller's stream
+    // already waits on; the call's event follows them on that stream.
+    check(cudaEventRecord(st->done, stream), "cudaEventRecord");
+  } catch (...) {
+    // Nothing of this call may touch the caller's buffers once it throws.
+    for (auto& c : parts) {
+      try {
+        c.wait();
+      } catch (...) {
+      }
+    }
+    cudaStreamSynchronize(stream);
+    cudaGetLastError();
+    throw;
+  }
+  st->parts = std::move(parts);
+  m.count(p.main, p.total, 0, 0, eager_runs);
   return Completion(st);
 }
 

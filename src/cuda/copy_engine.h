@@ -1,44 +1,76 @@
 // copy_engine.h — copies between any host memory (pageable or pinned) and
-// device memory, in both directions, at close to the pinned DMA rate.
+// device memory, in both directions, at close to the pinned DMA rate, one
+// buffer or many per call.
 //
-// One call picks a strategy (copy/strategy.h) and enqueues the WHOLE copy on
-// the engine's lane stream before it returns, so the caller's stream can be
-// ordered after it with an ordinary event:
+// Paths (copy/strategy.h picks one per item):
+//   direct   pinned host memory (or device<->device): DMAs on the caller's stream.
+//   staged, eager (cuda/eager_copy.h): synchronous copies, and async
+//            host->device copies below profile.eager_async_below_bytes. The
+//            caller's thread stages chunks (with the crew, copy/copy_crew.h)
+//            and issues each chunk's DMA on the caller's stream once it is
+//            staged; no GPU stream waits for a CPU thread.
+//   staged, stream-ordered: other async copies. The WHOLE copy is enqueued on a
+//            lane stream before the call returns, so the caller's stream is
+//            ordered after it with an ordinary event; CPU workers and the GPU
+//            hand off chunks through flags in mapped memory:
 //
-//   staged H2D, chunk i (slot s = gen % slots):
+//   H2D, chunk i (slot s = gen % slots):
 //     worker:  wait done[s] >= gen - slots (the slot's previous DMA ended),
 //              memcpy user -> slot, release-store ready[s] = gen
 //     stream:  wait ready[s] >= gen; DMA slot -> device; write done[s] = gen
-//   staged D2H, chunk i:
+//   D2H, chunk i:
 //     stream:  wait drained[s] >= gen - slots; DMA device -> slot; write filled[s] = gen
 //     worker:  wait filled[s] >= gen; memcpy slot -> user; release-store drained[s] = gen
 //   then:      stream waits until every chunk of this copy is drained,
 //              records the copy's event; the caller's stream waits on it.
 //
-// Pin-in-place (and the pinned share of hybrid) registers pieces in the calling
-// thread, so that call returns once every piece is registered and its DMA
-// enqueued; the engine's pinner thread unregisters pieces behind their DMAs. No
-// GPU stream waits on a flag set after a cudaHostUnregister, which waits for
-// the device's outstanding work (a deadlock otherwise).
+//            Flags live in mapped pinned memory; the GPU reads and writes them
+//            with stream memory operations, the CPU with acquire loads and
+//            release stores only. Generations grow forever per lane.
+//   pin-in-place (and the pinned share of hybrid): the calling thread registers
+//            pieces, each DMA enqueued as soon as its piece is pinned; the
+//            pinner thread unregisters pieces behind their DMAs.
 //
-// Flags live in mapped pinned memory; the GPU reads and writes them with stream
-// memory operations, the CPU with acquire loads and release stores only (the
-// GPU has no host-native atomics). Generations grow forever per lane, so a lane
-// is shared safely by consecutive copies.
+// Rules the paths keep (each broke once on the H200):
+//   - Submit a piece's worker task BEFORE any stream operation waits on its
+//     flag. Otherwise a device-synchronizing call in another thread (cudaFree)
+//     takes the driver's lock and waits for the stream, the stream waits for
+//     the task, and the thread that would submit it waits for the lock.
+//   - No GPU stream waits on a flag set after a cudaHostUnregister, which waits
+//     for the device's outstanding work.
+//   - No CUDA call while holding an engine mutex that a CUDA call's completion
+//     could need (see Locking).
 //
-// Async contract for pageable memory: the engine's threads read the source
-// (H2D) or write the destination (D2H) after copy_async returns; the caller
-// may touch that host memory again once the Completion is done (wait() returned
-// or query() is true). Device memory follows stream order on the caller's stream.
+// Async contract for pageable memory: an eager host->device copy has read its
+// sources when the call returns; otherwise the engine's threads read the
+// source (H2D) or write the destination (D2H) after copy_async returns, and the
+// caller may touch that host memory again once the Completion is done.
+// Device memory follows stream order on the caller's stream. A synchronous
+// copy() runs on `stream` (default: the legacy default stream, like
+// cudaMemcpy) and returns when the bytes are in place.
 //
-// Errors: bad pointers, size 0, overlap and host<->host are refused before any
-// work is enqueued. A failure mid-copy (a CUDA error, an injected fault) aborts
-// the copy: its pending flags are released so that no stream and no worker
-// stays blocked, and wait() throws the first error. The destination is then
-// undefined.
+// Errors: bad pointers, size 0, overlap, host<->host and device memory of
+// another device are refused before any work is enqueued (a batch names the
+// item). A failure mid-copy (a CUDA error, an injected fault) aborts the copy:
+// its pending flags are released so that no stream and no worker stays
+// blocked, and wait() throws the first error. The destination is then undefined.
 //
-// Locking: each lane's mutex is held while one copy's stream operations are
-// enqueued (so generations are in stream order); no lock is held while waiting.
+// No call leaves the caller's current device changed.
+//
+// Locking (Impl in copy_engine.cpp; lock order top to bottom, each a leaf
+// except Lane::mu):
+//   Lane::mu       a lane's next_gen and the order of its stream operations:
+//                  held while one stream-ordered copy enqueues (CUDA calls
+//                  inside: they never wait for a CPU thread, because every
+//                  task they will wait on is already submitted).
+//   Impl::pin_mu   the pin stream: held while one pin-in-place copy registers
+//                  and enqueues its pieces (cudaHostRegister inside; the pinner
+//                  thread's unregisters take no engine lock).
+//   Impl::lanes_mu lanes[] until created (creation's CUDA calls run under it
+//                  once per lane, before any copy can use the lane).
+//   Impl::stats_mu stats.
+//   AreaPool::mu_, EventPool::mu_, Crew::mu_, WorkerPool::mu_, TaskGroup::mu_:
+//                  leaves, never held across a CUDA call.
 #pragma once
 
 #include <cstddef>
@@ -91,8 +123,9 @@ struct CopyEngineOptions {
 struct CopyEngineStats {
   uint64_t copies = 0, bytes = 0;
   uint64_t by_strategy[kStrategyCount] = {};  // copies, indexed by Strategy
-  uint64_t chunks = 0;
+  uint64_t chunks = 0;           // stream-ordered chunks
   uint64_t pinned_pieces = 0;    // pin-in-place registrations
+  uint64_t eager_runs = 0;       // eager staged runs (one per call)
 };
 
 class CopyEngine {
@@ -106,13 +139,27 @@ class CopyEngine {
   // nullptr (the legacy default stream).
   Completion copy_async(void* dst, const void* src, size_t bytes, cudaStream_t stream,
                         Strategy strategy = Strategy::automatic);
-  void copy(void* dst, const void* src, size_t bytes, Strategy strategy = Strategy::automatic);
+  // Returns when the bytes are in place; ordered on `stream` like an async copy.
+  void copy(void* dst, const void* src, size_t bytes, Strategy strategy = Strategy::automatic,
+            cudaStream_t stream = nullptr);
 
-  // Many copies in one call; pinned<->device ops go to the copy engines as one
-  // cudaMemcpyBatchAsync (or, with Strategy::sm, to a copy kernel on a few
-  // SMs), pageable ones through copy_async's strategies.
+  // Many items in one call, any mix of pageable, registered and pinned host
+  // memory with device memory, both directions: pinned items go to the copy
+  // engines as one cudaMemcpyBatchAsync (small ones, averaging below
+  // profile.batch_sm_below_bytes, to a copy kernel on a few SMs), pageable
+  // items through ONE eager staged run (item i+1 is staged while item i moves;
+  // small items share chunks). An async call returns once the host->device
+  // sources are staged; device->host items of an async call take the
+  // stream-ordered pipeline, one copy each. Errors name the item's index.
+  Completion copy_many_async(std::span<const CopyOp> ops, cudaStream_t stream,
+                             Strategy strategy = Strategy::automatic);
+  void copy_many(std::span<const CopyOp> ops, cudaStream_t stream = nullptr,
+                 Strategy strategy = Strategy::automatic);
+  // The former name of copy_many_async.
   Completion copy_batch_async(std::span<const CopyOp> ops, cudaStream_t stream,
-                              Strategy strategy = Strategy::automatic);
+                              Strategy strategy = Strategy::automatic) {
+    return copy_many_async(ops, stream, strategy);
+  }
 
   // Creates the lanes and staging memory now (else on first use).
   void warm_up();
@@ -126,6 +173,7 @@ class CopyEngine {
   struct Impl;
 
  private:
+  Completion impl_copy_many(std::span<const CopyOp> ops, cudaStream_t stream, Strategy strategy, bool wait);
   std::unique_ptr<Impl> impl_;
 };
 

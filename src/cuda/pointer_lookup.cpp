@@ -10,21 +10,23 @@ PointerInfo PointerLookup::find(const void* p) {
   if (const auto* r = cache_.find(a)) return r->value;
   CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
                                       CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                                      CU_POINTER_ATTRIBUTE_DEVICE_POINTER};
+                                      CU_POINTER_ATTRIBUTE_DEVICE_POINTER, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
   unsigned int memory_type = 0;
   unsigned int managed = 0;  // the driver writes a bool or an int: zeroed either way
   CUdeviceptr start = 0, device = 0;
   size_t size = 0;
-  void* data[] = {&memory_type, &managed, &start, &size, &device};
+  int ordinal = -1;
+  void* data[] = {&memory_type, &managed, &start, &size, &device, &ordinal};
   ++queries_;
   PointerInfo info;  // pageable unless the driver says otherwise
   info.start = info.device_start = a;
   // Unknown host memory is not an error here (all attributes come back 0); an
   // error is treated as the runtime's error was: not CUDA memory.
-  if (driver_pointer_attributes()(5, attributes, data, a) != CUDA_SUCCESS) return info;
-  if (managed || memory_type == CU_MEMORYTYPE_DEVICE)
+  if (driver_pointer_attributes()(6, attributes, data, a) != CUDA_SUCCESS) return info;
+  if (managed || memory_type == CU_MEMORYTYPE_DEVICE) {
     info.kind = Memory::device;
-  else if (memory_type == CU_MEMORYTYPE_HOST)
+    if (!managed) info.device = ordinal;
+  } else if (memory_type == CU_MEMORYTYPE_HOST)
     info.kind = Memory::pinned_host;
   else
     return info;

@@ -28,6 +28,7 @@ struct PointerInfo {
   uintptr_t start = 0;         // the allocation is [start, start + size)
   size_t size = 0;             // 0: no range reported; start is the pointer asked about
   uintptr_t device_start = 0;  // the device address of start (pinned host: its mapping)
+  int device = -1;             // device memory: the device that holds it; -1: host or managed
 };
 
 class PointerLookup {

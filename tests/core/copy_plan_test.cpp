@@ -81,7 +81,14 @@ TEST(PinPlan, HybridSplitMovesTheRestToStaging) {
 TEST(Strategy, Choice) {
   MachineProfile prof = MachineProfile::defaults();
   EXPECT_EQ(choose_strategy(Direction::h2d, 1, HostBacking::pinned, prof), Strategy::direct);
+  // Built-in defaults: staging at every size (the eager path beats CUDA's own).
+  EXPECT_EQ(choose_strategy(Direction::h2d, 1, HostBacking::small_pages, prof), Strategy::staged);
+  EXPECT_EQ(choose_strategy(Direction::h2d, 4096, HostBacking::small_pages, prof), Strategy::staged);
+  // A calibrated profile may send small copies to CUDA's path.
+  prof.cuda_below_bytes[0] = 4u << 20;
   EXPECT_EQ(choose_strategy(Direction::h2d, 4096, HostBacking::small_pages, prof), Strategy::cuda);
+  EXPECT_EQ(choose_strategy(Direction::d2h, 4096, HostBacking::small_pages, prof), Strategy::staged);
+  prof.cuda_below_bytes[1] = 2u << 20;
   EXPECT_EQ(choose_strategy(Direction::h2d, 1u << 30, HostBacking::small_pages, prof), Strategy::staged);
   prof.hybrid_pinned_share[1] = 0.4;
   EXPECT_EQ(choose_strategy(Direction::d2h, 1u << 30, HostBacking::thp, prof), Strategy::hybrid);
@@ -118,15 +125,31 @@ TEST(Profile, RoundTripsAndRejectsBadLines) {
   p.hybrid_pinned_share[0] = 0.375;
   p.workers = 12;
   p.batch_sm_below_bytes = 64u << 10;
+  p.cuda_below_bytes[1] = 96u << 10;
+  p.eager_chunk_bytes = 1 * MiB;
+  p.eager_slots = 24;
+  p.eager_areas = 3;
+  p.eager_async_below_bytes = 32 * MiB;
   MachineProfile q = parse_profile(format_profile(p));
   EXPECT_EQ(q.batch_sm_below_bytes, 64u << 10);
+  EXPECT_EQ(q.cuda_below_bytes[0], 0u);
+  EXPECT_EQ(q.cuda_below_bytes[1], 96u << 10);
+  EXPECT_EQ(q.eager_chunk_bytes, 1 * MiB);
+  EXPECT_EQ(q.eager_slots, 24);
+  EXPECT_EQ(q.eager_areas, 3);
+  EXPECT_EQ(q.eager_async_below_bytes, 32 * MiB);
+  // The older key sets both directions.
+  MachineProfile old = parse_profile("cuda_below_bytes = 4MiB");
+  EXPECT_EQ(old.cuda_below_bytes[0], 4 * MiB);
+  EXPECT_EQ(old.cuda_below_bytes[1], 4 * MiB);
   EXPECT_EQ(q.staging_chunk_bytes, 4 * MiB);
   EXPECT_DOUBLE_EQ(q.hybrid_pinned_share[0], 0.375);
   EXPECT_EQ(q.workers, 12);
   EXPECT_EQ(parse_profile("# only a comment\n\n").staging_slots, MachineProfile{}.staging_slots);
   EXPECT_EQ(parse_profile("staging_chunk_bytes = 16MiB").staging_chunk_bytes, 16 * MiB);
   for (const char* bad : {"nonsense", "colour = red", "hybrid_pinned_share_h2d = 1.5",
-                          "staging_slots = 0", "pin_piece_bytes = 3MiB", "workers = many"}) {
+                          "staging_slots = 0", "pin_piece_bytes = 3MiB", "workers = many", "eager_slots = 0",
+                          "eager_chunk_bytes = 1000", "eager_areas = 0"}) {
     EXPECT_THROW(parse_profile(bad), InvalidArgument) << bad;
   }
   try {

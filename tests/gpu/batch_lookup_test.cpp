@@ -164,7 +164,7 @@ TEST(BatchLookup, OneOpPastItsDeviceAllocationRefusesTheBatch) {
       ADD_FAILURE() << "the batch was accepted";
     } catch (const InvalidArgument& e) {
       const std::string m = e.what();
-      EXPECT_NE(m.find("batch op " + std::to_string(bad) + ": destination"), std::string::npos) << m;
+      EXPECT_NE(m.find("item " + std::to_string(bad) + " of " + std::to_string(up.size()) + ": destination"), std::string::npos) << m;
       EXPECT_NE(m.find("the device allocation holds 100 B"), std::string::npos) << m;
     }
   }

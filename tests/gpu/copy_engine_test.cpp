@@ -18,49 +18,14 @@
 #include "core/fault.h"
 #include "cuda/copy_engine.h"
 #include "cuda/registration.h"
+#include "test_buffers.h"
 
 namespace ferry::cuda {
 namespace {
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
 
-constexpr size_t MiB = 1u << 20;
-
-// Host memory from mmap: pageable, 2 MiB aligned, optionally THP or memfd.
-struct HostBuffer {
-  enum Kind { small, thp, memfd };
-  unsigned char* p = nullptr;
-  size_t n = 0;
-  HostBuffer(size_t bytes, Kind kind = small) : n((bytes + 2 * MiB - 1) / (2 * MiB) * (2 * MiB) + 2 * MiB) {
-    if (kind == memfd) {
-      int fd = memfd_create("ferry-test", MFD_CLOEXEC);
-      EXPECT_EQ(ftruncate(fd, n), 0);
-      p = static_cast<unsigned char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-      close(fd);
-    } else {
-      p = static_cast<unsigned char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-      madvise(p, n, kind == thp ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-    }
-    EXPECT_NE(p, MAP_FAILED);
-  }
-  ~HostBuffer() { munmap(p, n); }
-};
-
-struct DeviceBuffer {
-  unsigned char* p = nullptr;
-  explicit DeviceBuffer(size_t n) { EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), n), cudaSuccess); }
-  ~DeviceBuffer() { cudaFree(p); }
-};
-
-void fill_random(unsigned char* p, size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t v = rng();
-    std::memcpy(p + i, &v, 8);
-  }
-  for (; i < n; ++i) p[i] = static_cast<unsigned char>(rng());
-}
+using namespace ferry::cuda::testing;
 
 CopyEngine& engine() {
   static CopyEngine e([] {
@@ -69,13 +34,6 @@ CopyEngine& engine() {
     return o;
   }());
   return e;
-}
-
-bool registered(const void* p) {
-  cudaPointerAttributes a{};
-  bool r = cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeHost;
-  cudaGetLastError();
-  return r;
 }
 
 // H2D from `host` (+hoff) to device (+doff), then D2H into a poisoned second
@@ -186,8 +144,8 @@ TEST(CopyEngine, ConcurrentThreadsBothDirections) {
 // the driver's lock and waits for the device to go idle, while staged copies
 // in other threads are being enqueued. Nothing a lane stream waits on may
 // depend on a CUDA call still to come (run_staged submits each piece's task
-// before its stream waits on it). Written after the H200 session's last run:
-// not yet run on a GPU.
+// before its stream waits on it); synchronous copies now take the eager path,
+// where no GPU stream waits for a CPU thread at all.
 TEST(CopyEngine, StagedCopiesSurviveDeviceSynchronizingCallsInAnotherThread) {
   std::atomic<bool> copying{true};
   std::atomic<int> syncs{0};
@@ -205,6 +163,47 @@ TEST(CopyEngine, StagedCopiesSurviveDeviceSynchronizingCallsInAnotherThread) {
   syncer.join();
   EXPECT_EQ(failures, 0);
   EXPECT_GT(syncs.load(), 0);
+}
+
+// The same with the stream-ordered pipeline, where GPU streams do wait on CPU
+// flags: async device->host copies in four threads while another thread
+// calls cudaFree and cudaDeviceSynchronize.
+TEST(CopyEngine, StreamOrderedCopiesSurviveDeviceSynchronizingCallsInAnotherThread) {
+  std::atomic<bool> copying{true};
+  std::thread syncer([&] {
+    while (copying.load()) {
+      void* p = nullptr;
+      if (cudaMalloc(&p, 3 * MiB) == cudaSuccess) cudaFree(p);
+      cudaDeviceSynchronize();
+    }
+  });
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      const size_t n = 9 * MiB + 3 * t + 1;
+      HostBuffer a(n), b(n);
+      DeviceBuffer d(n);
+      cudaStream_t s;
+      if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return void(++failures);
+      for (int i = 0; i < 8; ++i) {
+        fill_random(a.p, n, 3000 + t * 10 + i);
+        std::memset(b.p, 0x11, n);
+        try {
+          engine().copy(d.p, a.p, n, Strategy::automatic, s);
+          engine().copy_async(b.p, d.p, n, s, Strategy::staged).wait();
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << e.what();
+          ++failures;
+        }
+        if (std::memcmp(a.p, b.p, n) != 0) ++failures;
+      }
+      cudaStreamDestroy(s);
+    });
+  for (auto& t : threads) t.join();
+  copying = false;
+  syncer.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 TEST(CopyEngine, AsyncIsOrderedOnTheCallersStream) {
@@ -351,6 +350,25 @@ TEST(CopyEngine, WorkerFaultFailsTheCopyAndLeavesNothingStuck) {
   std::vector<unsigned char> back(n);
   CUDA_OK(cudaMemcpy(back.data(), dev.p, n, cudaMemcpyDeviceToHost));
   EXPECT_EQ(std::memcmp(back.data(), host.p, n), 0);
+}
+
+TEST(CopyEngine, WorkerFaultInTheStreamOrderedPipelineLeavesNothingStuck) {
+  // Async host->device copies from eager_async_below_bytes (64 MiB) up take
+  // the stream-ordered pipeline, whose workers wait on GPU flags.
+  const size_t n = 80 * MiB + 5;
+  HostBuffer host(n);
+  DeviceBuffer dev(n);
+  fill_random(host.p, n, 15);
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  set_fault_injection("touch:4");
+  EXPECT_THROW(engine().copy_async(dev.p, host.p, n, s, Strategy::staged).wait(), Error);
+  set_fault_injection("");
+  engine().copy_async(dev.p, host.p, n, s, Strategy::staged).wait();
+  std::vector<unsigned char> back(n);
+  CUDA_OK(cudaMemcpy(back.data(), dev.p, n, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(std::memcmp(back.data(), host.p, n), 0);
+  CUDA_OK(cudaStreamDestroy(s));
 }
 
 TEST(CopyEngine, RegisterFaultInPinInPlaceLeavesNoPageRegistered) {

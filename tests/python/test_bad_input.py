@@ -83,7 +83,7 @@ CASES = [
     ("copy(nbytes=1.5)", lambda: ferry.copy(bytearray(64), bytes(64), 1.5), InvalidArgumentError, "nbytes=1.5"),
     ("copy_async(nbytes=-8)", lambda: ferry.copy_async(bytearray(64), bytes(64), -8), InvalidArgumentError,
      "nbytes=-8"),
-    ("copy(address=-4096)", lambda: ferry.copy(-4096, bytes(64), 64), InvalidArgumentError, "address=-4096"),
+    ("copy(address=-4096)", lambda: ferry.copy(-4096, bytes(64), 64), InvalidArgumentError, "dst=-4096"),
     ("register(nbytes=-1)", lambda: ferry.register(bytearray(64), -1), InvalidArgumentError, "nbytes=-1"),
     ("copy_batch_async(sizes=[64, -1])",
      lambda: ferry.copy_batch_async([bytearray(64)] * 2, [bytes(64)] * 2, [64, -1]), InvalidArgumentError,

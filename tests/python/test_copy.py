@@ -101,3 +101,120 @@ def test_torch_pageable_and_pinned_tensors(gpu):
     g = p.to("cuda", non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(g.cpu(), p)
+
+
+# ---- many items in one call ------------------------------------------------------------
+
+
+def test_copy_many_mixed_objects_both_directions(gpu):
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    pool = ferry.PinnedPool(device=0)
+    sizes = [1, 7, 4096, 65537, 3 * MiB + 1, 17 * MiB + 3, 1000]
+    srcs, devs, backs = [], [], []
+    for i, n in enumerate(sizes):
+        if i % 3 == 0:
+            src = rng.integers(0, 256, n + 1, dtype=np.uint8)[1:]  # pageable, misaligned
+        elif i % 3 == 1:
+            src = pool.alloc(n)
+            np.frombuffer(memoryview(src), dtype=np.uint8)[:] = rng.integers(0, 256, n, dtype=np.uint8)
+        else:
+            src = torch.from_numpy(rng.integers(0, 256, n, dtype=np.uint8))
+        srcs.append(src)
+        devs.append(torch.full((n,), 0xCD, dtype=torch.uint8, device="cuda"))
+        backs.append(np.full(n, 0xEE, dtype=np.uint8))
+    ferry.copy_many(devs, srcs)
+    ferry.copy_many(backs, devs)
+    for i, (src, back) in enumerate(zip(srcs, backs)):
+        expect = np.frombuffer(memoryview(src), dtype=np.uint8) if not hasattr(src, "numpy") else src.numpy()
+        assert np.array_equal(expect, back), i
+
+
+def test_copy_many_with_arrays_of_addresses(gpu):
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    blk, count = 64 << 10, 257
+    host = ferry.PinnedPool(device=0).alloc(blk * count * 2)
+    view = np.frombuffer(memoryview(host), dtype=np.uint8)
+    view[:] = np.random.default_rng(3).integers(0, 256, view.size, dtype=np.uint8)
+    dev = torch.full((blk * count * 2,), 0x11, dtype=torch.uint8, device="cuda")
+    order = np.random.default_rng(4).permutation(count * 2)[:count]
+    srcs = (host.ptr + order * blk).astype(np.int64)
+    dsts = np.int64(dev.data_ptr()) + np.arange(count, dtype=np.int64) * blk
+    ferry.copy_many(dsts, srcs, np.full(count, blk, dtype=np.int64))
+    got = dev[: blk * count].cpu().numpy().reshape(count, blk)
+    for k, j in enumerate(order):
+        assert np.array_equal(got[k], view[j * blk:(j + 1) * blk]), k
+    # Lists of ints work the same, and async.
+    back = ferry.PinnedPool(device=0).alloc(blk * count)
+    ferry.copy_many_async([back.ptr + k * blk for k in range(count)], dsts.tolist(), [blk] * count).wait()
+    assert np.array_equal(np.frombuffer(memoryview(back), dtype=np.uint8), got.reshape(-1))
+
+
+def test_copy_many_names_the_bad_item_and_the_engine_works_on(gpu):
+    torch = pytest.importorskip("torch")
+    devs = [torch.zeros(1000, device="cuda") for _ in range(5)]
+    srcs = [torch.randn(1000) for _ in range(5)]
+    srcs[3] = torch.randn(999)
+    with pytest.raises(ferry.InvalidArgumentError, match="item 3"):
+        ferry.copy_many(devs, srcs)
+    with pytest.raises(ferry.InvalidArgumentError, match="sizes"):
+        ferry.copy_many([devs[0].data_ptr()], [srcs[0].data_ptr()])
+    with pytest.raises(ferry.InvalidArgumentError, match="dsts\\[1\\]"):
+        ferry.copy_many([devs[0], "nope"], srcs[:2])
+    srcs[3] = torch.randn(1000)
+    ferry.copy_many(devs, srcs)
+    assert all(torch.equal(d.cpu(), s) for d, s in zip(devs, srcs))
+
+
+def test_copy_follows_torchs_current_stream(gpu):
+    torch = pytest.importorskip("torch")
+    side = torch.cuda.Stream()
+    dev = torch.zeros(8 << 20, dtype=torch.uint8, device="cuda")
+    host = torch.empty(8 << 20, dtype=torch.uint8)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the fill
+        dev.fill_(7)
+        ferry.copy(host, dev)  # must run after the fill, on `side`
+    assert int(host.min()) == 7 and int(host.max()) == 7
+
+
+def test_to_device_and_back_keep_a_nested_structure(gpu):
+    torch = pytest.importorskip("torch")
+    import collections
+
+    import ferry.torch as ft
+
+    Pair = collections.namedtuple("Pair", "a b")
+    sd = collections.OrderedDict()
+    sd["w"] = torch.randn(4096, 333)
+    sd["norm"] = torch.randn(4096, dtype=torch.bfloat16)
+    sd["step"] = torch.tensor(7)                          # 0-d
+    sd["empty"] = torch.empty(0, 5)
+    sd["idx"] = torch.randint(-5, 5, (1001,), dtype=torch.int64)
+    sd["t"] = torch.randn(64, 96).t()                     # not contiguous
+    sd._metadata = {"": {"version": 1}}
+    batch = {"state": sd, "items": [torch.randn(3), (torch.ones(2, dtype=torch.uint8), "label", 5)],
+             "pair": Pair(torch.randn(7), None)}
+    on_gpu = ft.to_device(batch)
+    assert type(on_gpu["state"]) is collections.OrderedDict
+    assert on_gpu["state"]._metadata == sd._metadata
+    assert list(on_gpu["state"].keys()) == list(sd.keys())
+    assert isinstance(on_gpu["pair"], Pair) and on_gpu["pair"].b is None
+    assert on_gpu["items"][1][1:] == ("label", 5)
+    for k, v in sd.items():
+        g = on_gpu["state"][k]
+        assert g.is_cuda and g.shape == v.shape and g.dtype == v.dtype, k
+        assert torch.equal(g.cpu(), v), k
+    back = ft.to_host(on_gpu)
+    for k, v in sd.items():
+        assert not back["state"][k].is_cuda and torch.equal(back["state"][k], v), k
+    assert torch.equal(back["items"][1][0], torch.ones(2, dtype=torch.uint8))
+    # Into existing (pinned) tensors.
+    out = {k: ft.empty_pinned(v.shape, v.dtype) for k, v in sd.items()}
+    filled = ft.to_host(on_gpu["state"], out=out)
+    assert all(filled[k] is out[k] and torch.equal(out[k], v) for k, v in sd.items())
+    with pytest.raises(ferry.InvalidArgumentError, match="out tensor"):
+        ft.to_host(on_gpu["state"], out={k: torch.empty(1) for k in sd})

@@ -1,7 +1,18 @@
-"""Copies of CPU tensors (pageable or pinned) to and from the GPU by ferry's engine."""
+"""Tensors, and any nesting of dicts, lists and tuples of them (a state_dict, a
+batch), to and from the GPU by ferry's engine in ONE call: every tensor of the
+structure moves through one pipelined copy (``ferry.copy_many``), so the CPU
+copy of one tensor overlaps the DMA of the one before and small tensors share
+staging chunks.
+
+The structure comes back with the same keys, order, container types
+(dict subclasses such as OrderedDict, lists, tuples, named tuples), shapes,
+dtypes and strides of contiguous tensors; leaves that are not tensors are
+returned as they are.
+"""
 
 from __future__ import annotations
 
+import copy
 import threading
 
 from ._torch import torch_module as _torch
@@ -16,42 +27,155 @@ def _keep_until_done(c) -> None:
         _pending.append(c)
 
 
-def to_device(t, device=None, non_blocking: bool = False):
-    """t (a CPU tensor, pageable or pinned) on the GPU, moved by ferry's engine.
+def _flatten(obj, torch, leaves: list):
+    """A template of obj: each tensor replaced by its index in `leaves`,
+    containers kept with their templated items."""
+    if isinstance(obj, torch.Tensor):
+        leaves.append(obj)
+        return _Leaf(len(leaves) - 1)
+    if isinstance(obj, dict):
+        return _Node(obj, [(k, _flatten(v, torch, leaves)) for k, v in obj.items()])
+    if isinstance(obj, (list, tuple)):
+        return _Node(obj, [_flatten(v, torch, leaves) for v in obj])
+    return _Leaf(None, obj)
 
-    non_blocking=True returns at once; the copy is ordered on the device's
-    current stream and the source must not be modified until it is done
-    (ferry keeps it alive)."""
+
+class _Leaf:
+    __slots__ = ("index", "value")
+
+    def __init__(self, index, value=None):
+        self.index, self.value = index, value
+
+
+class _Node:
+    __slots__ = ("container", "items")
+
+    def __init__(self, container, items):
+        self.container, self.items = container, items
+
+
+def _build(template, out: list):
+    if isinstance(template, _Leaf):
+        return out[template.index] if template.index is not None else template.value
+    c = template.container
+    if isinstance(c, dict):
+        # A shallow copy keeps the dict's type and attributes (a state_dict's
+        # _metadata, a defaultdict's factory); its values are replaced.
+        d = copy.copy(c)
+        for k, v in template.items:
+            d[k] = _build(v, out)
+        return d
+    values = [_build(v, out) for v in template.items]
+    if isinstance(c, list):
+        lst = copy.copy(c)
+        lst[:] = values
+        return lst
+    if hasattr(c, "_fields"):  # a named tuple
+        return type(c)(*values)
+    return type(c)(values)
+
+
+def _device(torch, device):
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    d = torch.device(device)
+    if d.type != "cuda":
+        from ..errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"to_device: device must be a CUDA device, not {device!r}")
+    return d if d.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def to_device(obj, device=None, non_blocking: bool = False):
+    """obj (a CPU tensor, pageable or pinned, or any nesting of dicts, lists and
+    tuples of them) on the GPU, moved by ferry's engine in one call.
+
+    Tensors already on `device` are returned as they are (as ``Tensor.to``
+    does); CUDA tensors on another device are moved by PyTorch. The copy is
+    ordered on the device's current stream. non_blocking=True returns once the
+    sources have been read (ferry keeps them alive until the copy is done);
+    the results are ready for work queued on that stream."""
     torch = _torch()
-    from ..copy import copy_async
+    from ..copy import copy_many, copy_many_async
 
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    if t.is_cuda:
-        return t.to(device, non_blocking=non_blocking)
-    src = t.contiguous()
-    out = torch.empty(src.shape, dtype=src.dtype, device=device)
-    if src.numel() == 0:
-        return out
-    c = copy_async(out, src, stream=torch.cuda.current_stream(device))
-    if non_blocking:
-        _keep_until_done(c)
-    else:
-        c.wait()
-    return out
+    dev = _device(torch, device)
+    leaves: list = []
+    template = _flatten(obj, torch, leaves)
+    out: list = [None] * len(leaves)
+    dsts, srcs = [], []
+    for i, t in enumerate(leaves):
+        if t.is_cuda:
+            out[i] = t.to(dev, non_blocking=non_blocking)
+            continue
+        src = t if t.is_contiguous() else t.contiguous()
+        out[i] = torch.empty(src.shape, dtype=src.dtype, device=dev)
+        if src.numel():
+            dsts.append(out[i])
+            srcs.append(src)
+    if dsts:
+        stream = torch.cuda.current_stream(dev)
+        if non_blocking:
+            _keep_until_done(copy_many_async(dsts, srcs, stream=stream))
+        else:
+            copy_many(dsts, srcs, stream=stream)
+    return _build(template, out)
 
 
-def to_host(t, out=None):
-    """A CPU copy of the CUDA tensor t (into `out` if given), moved by ferry's engine."""
+def to_host(obj, out=None, non_blocking: bool = False):
+    """A CPU copy of obj (a CUDA tensor or any nesting of dicts, lists and
+    tuples of them), moved by ferry's engine in one call.
+
+    `out`: a structure of the same shape whose tensors (CPU tensors of the same
+    shapes and dtypes, e.g. pinned buffers from ferry.torch.empty_pinned) are
+    filled in place and returned; else new (pageable) tensors are made. CPU
+    tensors in obj are returned as they are, or copied into `out`.
+    non_blocking=True returns before the copy is done: read the results after
+    torch.cuda.current_stream().synchronize() (or the returned structure's
+    tensors only after that)."""
     torch = _torch()
-    from ..copy import copy_async
+    from ..copy import copy_many, copy_many_async
+    from ..errors import InvalidArgumentError
 
-    if not t.is_cuda:
-        raise ValueError("to_host expects a CUDA tensor")
-    src = t.contiguous()
-    if out is None:
-        out = torch.empty(src.shape, dtype=src.dtype)
-    elif out.shape != src.shape or out.dtype != src.dtype or out.is_cuda:
-        raise ValueError("out must be a CPU tensor of the same shape and dtype")
-    if src.numel():
-        copy_async(out, src, stream=torch.cuda.current_stream(src.device)).wait()
-    return out
+    leaves: list = []
+    template = _flatten(obj, torch, leaves)
+    targets: list = [None] * len(leaves)
+    if out is not None:
+        out_leaves: list = []
+        _flatten(out, torch, out_leaves)
+        if len(out_leaves) != len(leaves):
+            raise InvalidArgumentError(f"to_host: out holds {len(out_leaves)} tensors, obj {len(leaves)}")
+        for i, (t, o) in enumerate(zip(leaves, out_leaves)):
+            if o.is_cuda or o.shape != t.shape or o.dtype != t.dtype or not o.is_contiguous():
+                raise InvalidArgumentError(
+                    f"to_host: out tensor {i} must be a contiguous CPU tensor of shape {tuple(t.shape)} and "
+                    f"dtype {t.dtype}, not {o.device} {tuple(o.shape)} {o.dtype}")
+            targets[i] = o
+    dsts, srcs = [], []
+    device = None
+    for i, t in enumerate(leaves):
+        if not t.is_cuda:
+            if targets[i] is None:
+                targets[i] = t
+            else:
+                targets[i].copy_(t)
+            continue
+        src = t if t.is_contiguous() else t.contiguous()
+        if device is not None and src.device != device:
+            # One call serves one device: the others go by themselves.
+            target = targets[i] if targets[i] is not None else torch.empty(src.shape, dtype=src.dtype)
+            copy_many([target], [src])
+            targets[i] = target
+            continue
+        device = src.device
+        if targets[i] is None:
+            targets[i] = torch.empty(src.shape, dtype=src.dtype)
+        if src.numel():
+            dsts.append(targets[i])
+            srcs.append(src)
+    if dsts:
+        stream = torch.cuda.current_stream(device)
+        if non_blocking:
+            _keep_until_done(copy_many_async(dsts, srcs, stream=stream))
+        else:
+            copy_many(dsts, srcs, stream=stream)
+    return _build(template, targets)
