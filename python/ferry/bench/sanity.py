@@ -254,8 +254,10 @@ src = bytearray(os.urandom(n))
 
 def check_fork_child_refuses_inherited_engine():
     _need_gpu()
-    _fork_case(_GPU_BUFFERS + "ferry.copy(dev, src)", "ferry.copy(dev, src)",
-               "back = bytearray(n); ferry.copy(back, dev); assert back == src; _ferry.cuda_free(dev)")
+    # device=0: the engine refuses before any CUDA call (an int address alone
+    # would first be looked up in the driver, which CUDA does not allow after fork).
+    _fork_case(_GPU_BUFFERS + "ferry.copy(dev, src, device=0)", "ferry.copy(dev, src, device=0)",
+               "back = bytearray(n); ferry.copy(back, dev, device=0); assert back == src; _ferry.cuda_free(dev)")
 
 
 def check_fork_child_refuses_inherited_channel():
