@@ -1,7 +1,9 @@
 // child.h — gdrcopy_sanity style: run a test case in a forked child and look
 // at how it ended (exit code, signal, or hung past a deadline: then it is
 // killed). The child reports what went wrong through a pipe and must end with
-// child_exit() (_exit: no atexit handlers of the test binary run in it).
+// return from its body (run_in_child then calls _exit: no atexit handler of the
+// test binary runs in it). FERRYTEST_HANG_GDB=1 prints a hung child's stacks
+// (gdb) before it is killed.
 #pragma once
 
 #include <poll.h>
@@ -26,6 +28,29 @@
 #ifndef FERRYTEST_TSAN
 #define FERRYTEST_TSAN 0
 #endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#define FERRYTEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FERRYTEST_ASAN 1
+#endif
+#endif
+#ifndef FERRYTEST_ASAN
+#define FERRYTEST_ASAN 0
+#endif
+
+// GCC 12's AddressSanitizer does not lock its allocator across fork(): a child
+// forked while another thread is inside malloc hangs in its first malloc
+// (seen in SizeClassAllocator64::GetFromAllocator). glibc's malloc, which the
+// plain build uses, is fork-safe, and ThreadSanitizer locks its own. Cases that
+// fork while threads allocate skip under ASan, saying so.
+#define FERRYTEST_SKIP_IF_ASAN_FORK()                                                              \
+  do {                                                                                             \
+    if (FERRYTEST_ASAN)                                                                            \
+      GTEST_SKIP() << "AddressSanitizer's allocator is not fork-safe (a child of a threaded process " \
+                      "can hang in malloc); the plain and TSan builds run this case";              \
+  } while (0)
 
 namespace ferrytest {
 
@@ -81,6 +106,11 @@ inline ChildEnd run_in_child(const std::function<int(const std::function<void(co
     const pid_t done = ::waitpid(pid, &status, WNOHANG);
     if (done == pid) break;
     if (std::chrono::steady_clock::now() > until) {
+      if (const char* gdb = std::getenv("FERRYTEST_HANG_GDB")) {  // e.g. =1: print the hung child's stacks
+        (void)gdb;
+        const std::string cmd = "gdb -q -batch -p " + std::to_string(pid) + " -ex 'thread apply all bt' >&2";
+        (void)!std::system(cmd.c_str());
+      }
       ::kill(pid, SIGKILL);
       ::waitpid(pid, &status, 0);
       end.hung = true;

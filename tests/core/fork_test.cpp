@@ -79,6 +79,7 @@ int check_inherited(std::unique_ptr<Pool>& pool, void* p, const std::vector<unsi
 }
 
 TEST(Fork, InheritedPoolWithReleaserRefusesAndTheChildExits) {
+  FERRYTEST_SKIP_IF_ASAN_FORK();
   auto pool = std::make_unique<Pool>(small_pool(50));
   const auto data = random_bytes(3 * MiB + 5, 1);
   void* p = pool->allocate(data.size());
@@ -100,6 +101,7 @@ TEST(Fork, InheritedPoolWithReleaserRefusesAndTheChildExits) {
 }
 
 TEST(Fork, InheritedPoolWithATargetPipelineRefusesAndTheChildExits) {
+  FERRYTEST_SKIP_IF_ASAN_FORK();
   PoolOptions o = small_pool();
   o.target_bytes = 16 * MiB;
   auto pool = std::make_unique<Pool>(o);  // the toucher and registrar may be running at the fork
@@ -116,6 +118,7 @@ TEST(Fork, InheritedPoolWithATargetPipelineRefusesAndTheChildExits) {
 }
 
 TEST(Fork, TheChildCreatesAndUsesItsOwnPool) {
+  FERRYTEST_SKIP_IF_ASAN_FORK();
   auto inherited = std::make_unique<Pool>(small_pool(20));
   void* kept = inherited->allocate(1000);
   const ferrytest::ChildEnd end = ferrytest::run_in_child([&](const Say& say) {
@@ -147,6 +150,7 @@ TEST(Fork, TheChildCreatesAndUsesItsOwnPool) {
 }
 
 TEST(Fork, ForkWhileOtherThreadsUseThePool) {
+  FERRYTEST_SKIP_IF_ASAN_FORK();
   // Threads inside the pool (its lock held, chunks half mapped) at the fork:
   // the child still refuses cleanly and can make a pool of its own.
   Pool pool(small_pool(1));
