@@ -23,6 +23,26 @@
  * A changed signature becomes NAME_v2 and the old one stays; FERRY_API_VERSION
  * is the version this header describes, ferry_get_api_version() the one the
  * loaded library implements.
+ *
+ * Structs grow without breaking callers (API 1.1 on). Every struct passed by
+ * pointer (options in; stats and versions out) starts with `size_t
+ * struct_size`:
+ *  - set it to sizeof the struct before the call; the *_options_init calls do
+ *    it for options (they fill the defaults and struct_size);
+ *  - the library reads and writes only the members within struct_size: an
+ *    options struct from an older (smaller) header gets the defaults for the
+ *    members it lacks, a stats struct from an older header gets the members it
+ *    has and nothing is written beyond it; on return from a call that fills a
+ *    struct, struct_size is the number of bytes the library filled;
+ *  - members of a newer header that the loaded library does not know are
+ *    ignored in options and left untouched in outputs (compare
+ *    ferry_get_api_version() to know which members it has);
+ *  - struct_size must be a multiple of 8 from 8 to 4096, else
+ *    FERRY_ERROR_INVALID_ARGUMENT (so an unset struct_size is caught).
+ * Growing a struct: append members only (never reorder, retype or remove
+ * one), keep its size a multiple of 8 with no tail padding (pad explicitly
+ * with a `reserved` member that must be 0), and bump FERRY_API_MINOR. Structs
+ * nested in others (ferry_counter_t, ferry_pool_kind_stats_t) never change.
  */
 #ifndef FERRY_FERRY_H
 #define FERRY_FERRY_H
@@ -35,7 +55,7 @@ extern "C" {
 #endif
 
 #define FERRY_API_MAJOR 1
-#define FERRY_API_MINOR 0
+#define FERRY_API_MINOR 1 /* 1.1: struct_size in every struct, ferry_managed_kind_t */
 #define FERRY_API_VERSION ((FERRY_API_MAJOR << 16) | FERRY_API_MINOR)
 
 #if defined(__GNUC__)
@@ -63,6 +83,7 @@ FERRY_API const char* ferry_status_name(ferry_status_t status);
 /* ---- versions ---------------------------------------------------------- */
 
 typedef struct ferry_versions {
+  size_t struct_size;        /* sizeof(ferry_versions_t), set by the caller */
   int api_major, api_minor;  /* C API implemented by the loaded library */
   char library[32];          /* e.g. "0.1.0" */
   int cuda_runtime;          /* e.g. 13000; the runtime ferry was built with */
@@ -70,6 +91,7 @@ typedef struct ferry_versions {
 } ferry_versions_t;
 
 FERRY_API ferry_status_t ferry_get_api_version(int* major, int* minor);
+/* out->struct_size must be set (see the top of this file). */
 FERRY_API ferry_status_t ferry_get_versions(ferry_versions_t* out);
 
 /* ---- options ----------------------------------------------------------- */
@@ -119,6 +141,7 @@ typedef enum ferry_huge_policy {
 } ferry_huge_policy_t;
 
 typedef struct ferry_pool_options {
+  size_t struct_size;          /* sizeof(ferry_pool_options_t): ferry_pool_options_init sets it */
   size_t chunk_bytes;          /* multiple of 2 MiB; default FERRY_CHUNK_SIZE (64 MiB) */
   int memfd;                   /* 1: back chunks by memfd (shareable); default 0 */
   ferry_huge_policy_t huge_pages;
@@ -142,6 +165,7 @@ typedef struct ferry_pool_kind_stats {
 } ferry_pool_kind_stats_t;
 
 typedef struct ferry_pool_stats {
+  size_t struct_size; /* sizeof(ferry_pool_stats_t), set by the caller */
   ferry_pool_kind_stats_t small, huge;
   uint64_t allocations, frees, recycles, chunk_reservations, chunk_releases, fallbacks;
   uint64_t touch_ns, register_ns;
@@ -149,8 +173,14 @@ typedef struct ferry_pool_stats {
   size_t note_count; /* fallbacks remembered; read them with ferry_pool_get_note */
 } ferry_pool_stats_t;
 
-/* Fills *out with the defaults (from FERRY_* options). */
-FERRY_API ferry_status_t ferry_pool_options_init(ferry_pool_options_t* out);
+/* Fills the members within out->struct_size with the defaults (from FERRY_*
+ * options). ferry_pool_options_init (below) sets struct_size first. */
+FERRY_API ferry_status_t ferry_pool_options_defaults(ferry_pool_options_t* out);
+/* Fills *out with the defaults, struct_size included. */
+static inline ferry_status_t ferry_pool_options_init(ferry_pool_options_t* out) {
+  if (out) out->struct_size = sizeof *out;
+  return ferry_pool_options_defaults(out);
+}
 /* options may be NULL (defaults). A value out of its range above:
  * FERRY_ERROR_INVALID_ARGUMENT naming the field and quoting the value. */
 FERRY_API ferry_status_t ferry_pool_create(const ferry_pool_options_t* options, ferry_pool_t* out);
@@ -166,6 +196,7 @@ FERRY_API ferry_status_t ferry_pool_free(ferry_pool_t pool, void* ptr);
 FERRY_API ferry_status_t ferry_pool_trim(ferry_pool_t pool, size_t keep_bytes, size_t* released);
 /* Waits until options.target_bytes are reserved and ready. */
 FERRY_API ferry_status_t ferry_pool_wait_ready(ferry_pool_t pool);
+/* out->struct_size must be set (see the top of this file). */
 FERRY_API ferry_status_t ferry_pool_get_stats(ferry_pool_t pool, ferry_pool_stats_t* out);
 /* The i-th remembered fallback note; valid until the next call on this thread. */
 FERRY_API ferry_status_t ferry_pool_get_note(ferry_pool_t pool, size_t index, const char** note);
@@ -256,22 +287,32 @@ FERRY_API ferry_status_t ferry_unregister(ferry_registration_t registration);
 typedef struct ferry_channel* ferry_channel_t;
 
 typedef struct ferry_channel_options {
+  size_t struct_size;  /* sizeof(ferry_channel_options_t): ferry_channel_options_init sets it */
   uint32_t idle_us;    /* the kernel leaves after this idle time; default 200, 1 .. 10^7 */
   uint32_t slots;      /* requests in flight at once; default 8, 1 .. 64 */
   uint32_t timeout_ms; /* a request not done by then fails; default 5000 */
   uint32_t spin_us;    /* callers spin this long, then yield and sleep; default 20 */
   int use_gdrcopy;     /* 1: writes through GDRCopy mappings; FERRY_ERROR_NOT_SUPPORTED
                           (with the reason) where GDRCopy is not available */
+  uint32_t reserved;   /* 0 (keeps the size a multiple of 8) */
 } ferry_channel_options_t;
 
 typedef struct ferry_channel_stats {
+  size_t struct_size;      /* sizeof(ferry_channel_stats_t), set by the caller */
   uint64_t requests;       /* completed requests */
   uint64_t launches;       /* kernel launches (first request, then relaunches after idle) */
   uint64_t idle_exits;     /* kernels that left because they were idle */
   uint64_t gdrcopy_writes; /* writes done through a GDRCopy mapping */
 } ferry_channel_stats_t;
 
-FERRY_API ferry_status_t ferry_channel_options_init(ferry_channel_options_t* out);
+/* Fills the members within out->struct_size with the defaults;
+ * ferry_channel_options_init (below) sets struct_size first. */
+FERRY_API ferry_status_t ferry_channel_options_defaults(ferry_channel_options_t* out);
+/* Fills *out with the defaults, struct_size included. */
+static inline ferry_status_t ferry_channel_options_init(ferry_channel_options_t* out) {
+  if (out) out->struct_size = sizeof *out;
+  return ferry_channel_options_defaults(out);
+}
 /* options may be NULL (defaults). FERRY_ERROR_NO_DEVICE without driver or device. */
 FERRY_API ferry_status_t ferry_channel_create(int device, const ferry_channel_options_t* options,
                                               ferry_channel_t* out);
@@ -293,6 +334,7 @@ FERRY_API ferry_status_t ferry_channel_wait(ferry_channel_t channel, const uint3
                                             uint32_t value, uint64_t timeout_us, int* reached);
 /* Round trip of an empty request, in microseconds. */
 FERRY_API ferry_status_t ferry_channel_ping(ferry_channel_t channel, double* round_trip_us);
+/* out->struct_size must be set (see the top of this file). */
 FERRY_API ferry_status_t ferry_channel_get_stats(ferry_channel_t channel,
                                                  ferry_channel_stats_t* out);
 /* Whether GDRCopy (libgdrapi.so.2 and /dev/gdrdrv) can be used here; *reason
@@ -327,7 +369,21 @@ FERRY_API ferry_status_t ferry_gdrcopy_available(int* available, const char** re
  * takes none. Unknown names, keys and values: FERRY_ERROR_INVALID_ARGUMENT
  * with the value quoted. Configuration applies to later allocations. */
 
+/* The allocators as an enum; every call below takes the name
+ * (ferry_managed_kind_name gives it). */
+typedef enum ferry_managed_kind {
+  FERRY_MANAGED_DEVICE = 0,      /* "device" */
+  FERRY_MANAGED_MANAGED = 1,     /* "managed" */
+  FERRY_MANAGED_MANAGED_POOL = 2 /* "managed_pool" */
+} ferry_managed_kind_t;
+
+/* "device", "managed" or "managed_pool"; NULL for a value not in the enum. */
+FERRY_API const char* ferry_managed_kind_name(ferry_managed_kind_t kind);
+/* The kind of a name; FERRY_ERROR_INVALID_ARGUMENT (quoting it) for others. */
+FERRY_API ferry_status_t ferry_managed_kind_from_name(const char* name, ferry_managed_kind_t* out);
+
 typedef struct ferry_managed_stats {
+  size_t struct_size;                 /* sizeof(ferry_managed_stats_t), set by the caller */
   uint64_t allocated, allocated_peak; /* bytes in live allocations (pool: block sizes) */
   uint64_t requested;                 /* bytes asked for by live allocations */
   uint64_t reserved, reserved_peak;   /* bytes obtained from CUDA */
@@ -339,13 +395,82 @@ typedef struct ferry_managed_stats {
 } ferry_managed_stats_t;
 
 FERRY_API ferry_status_t ferry_managed_configure(const char* name, const char* options);
-/* device -1: the sum over all devices. */
+/* device -1: the sum over all devices. out->struct_size must be set (see the
+ * top of this file). */
 FERRY_API ferry_status_t ferry_managed_get_stats(const char* name, int device,
                                                  ferry_managed_stats_t* out);
 /* managed_pool: gives back to CUDA every chunk with no live block and no
  * pending work (others release at free and report 0). released may be NULL. */
 FERRY_API ferry_status_t ferry_managed_trim(const char* name, int device, size_t* released);
 /* ---- end of managed memory allocators ------------------------------------- */
+
+/* ---- checkpoint loader ---------------------------------------------------- */
+/* Byte ranges of files to device memory: several reader threads pread (or
+ * O_DIRECT-read) into a small ring of pinned staging slots while the previous
+ * slots' DMAs run; host memory added is the staging size, never the file.
+ * Optionally (experimental) a share of page-cached bytes is DMA'd straight
+ * from a read-only file mapping registered with cudaHostRegisterReadOnly.
+ * ferry_loader_load is synchronous: it returns when every byte is in device
+ * memory; it starts after the work queued on `stream` before the call. One
+ * load at a time per loader. A failure (short file, read error, CUDA error)
+ * fails the whole load with a message naming the file and byte range; no
+ * thread stays busy and nothing stays registered; the destinations' contents
+ * are then undefined. */
+
+typedef struct ferry_loader* ferry_loader_t;
+
+typedef enum ferry_direct_io {
+  FERRY_DIRECT_IO_AUTO = 0,   /* O_DIRECT for files mostly not in the page cache */
+  FERRY_DIRECT_IO_NEVER = 1,
+  FERRY_DIRECT_IO_ALWAYS = 2  /* where the file system allows it */
+} ferry_direct_io_t;
+
+typedef struct ferry_loader_options {
+  size_t struct_size;           /* sizeof(ferry_loader_options_t): ferry_loader_options_init sets it */
+  size_t staging_bytes;         /* pinned slots in all; default FERRY_LOAD_STAGING (512 MiB) */
+  size_t slot_bytes;            /* one read; a multiple of 4 KiB; default FERRY_LOAD_SLOT (16 MiB) */
+  int threads;                  /* reader threads; 0 = one per core, at most 16 */
+  ferry_direct_io_t direct_io;
+  double mapped_share;          /* 0..1 of page-cached bytes DMA'd from registered mappings */
+  int progress;                 /* -1: when stderr is a terminal (default); 0: never; 1: always */
+  uint32_t reserved;            /* 0 (keeps the size a multiple of 8) */
+} ferry_loader_options_t;
+
+typedef struct ferry_load_range { /* an array element: never grows */
+  size_t file;      /* index into the files array */
+  uint64_t offset;  /* in the file */
+  uint64_t bytes;   /* 0: skipped */
+  void* dst;        /* device memory */
+} ferry_load_range_t;
+
+typedef struct ferry_load_stats {
+  size_t struct_size;     /* sizeof(ferry_load_stats_t), set by the caller */
+  uint64_t bytes;         /* delivered */
+  uint64_t read_bytes;    /* read from files (merged gaps, O_DIRECT alignment) */
+  uint64_t staged_bytes, mapped_bytes;
+  uint64_t reads, direct_reads, registrations;
+  double seconds, register_seconds, unregister_seconds;
+  size_t staging_bytes;   /* pinned memory the loader holds */
+} ferry_load_stats_t;
+
+/* Fills the members within out->struct_size with the defaults (from
+ * FERRY_LOAD_* options); ferry_loader_options_init (below) sets struct_size first. */
+FERRY_API ferry_status_t ferry_loader_options_defaults(ferry_loader_options_t* out);
+/* Fills *out with the defaults, struct_size included. */
+static inline ferry_status_t ferry_loader_options_init(ferry_loader_options_t* out) {
+  if (out) out->struct_size = sizeof *out;
+  return ferry_loader_options_defaults(out);
+}
+/* options may be NULL (defaults). Allocates and pins the staging slots. */
+FERRY_API ferry_status_t ferry_loader_create(const ferry_loader_options_t* options, int device,
+                                             ferry_loader_t* out);
+FERRY_API ferry_status_t ferry_loader_destroy(ferry_loader_t loader);
+/* stats may be NULL (else its struct_size set). Ranges must not overlap in
+ * device memory (two ranges may read the same file bytes). */
+FERRY_API ferry_status_t ferry_loader_load(ferry_loader_t loader, const char* const* files, size_t file_count,
+                                           const ferry_load_range_t* ranges, size_t range_count, void* stream,
+                                           ferry_load_stats_t* stats);
+/* ---- end of checkpoint loader --------------------------------------------- */
 
 #ifdef __cplusplus
 }

@@ -24,6 +24,7 @@ back writes here (``Channel(use_gdrcopy=True)``), and why not.
 from __future__ import annotations
 
 from . import _args, _ferry
+from ._resolve import device_address
 from .errors import InvalidArgumentError
 
 MAX_PAYLOAD = _ferry.CHANNEL_MAX_PAYLOAD
@@ -33,38 +34,6 @@ def gdrcopy_status() -> tuple[bool, str]:
     """(available, reason): whether GDRCopy can back channel writes, and why not."""
     available, reason = _ferry.gdrcopy_status()
     return bool(available), str(reason)
-
-
-def _cai_nbytes(cai: dict) -> int:
-    if cai.get("strides") is not None:
-        raise InvalidArgumentError("the channel needs C-contiguous device arrays")
-    n = 1
-    for s in cai["shape"]:
-        n *= s
-    return n * int(cai["typestr"][2:])  # e.g. "<f4": 4 bytes per element
-
-
-def _device_address(obj, what: str) -> tuple[int, int | None]:
-    """(address, nbytes or None when unknown) of a device-side argument."""
-    if isinstance(obj, int) and not isinstance(obj, bool):
-        return obj, None
-    data_ptr = getattr(obj, "data_ptr", None)
-    if callable(data_ptr):
-        if getattr(obj, "is_cuda", True) is False:
-            raise InvalidArgumentError(f"{what} is a CPU tensor: the channel reads and writes GPU memory")
-        if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
-            raise InvalidArgumentError(f"{what} must be contiguous (call .contiguous())")
-        nbytes = None
-        if hasattr(obj, "numel") and hasattr(obj, "element_size"):
-            nbytes = obj.numel() * obj.element_size()
-        return int(data_ptr()), nbytes
-    cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is not None:
-        return int(cai["data"][0]), _cai_nbytes(cai)
-    raise InvalidArgumentError(
-        f"{what}: expected an int address, a torch CUDA tensor or an object with "
-        f"__cuda_array_interface__, not {type(obj).__name__}"
-    )
 
 
 def _check_fits(what: str, n: int, capacity: int | None) -> None:
@@ -99,14 +68,14 @@ class Channel:
 
     def write(self, dev_ptr, data) -> None:
         """Copy `data` (bytes or any contiguous buffer) to device memory at dev_ptr."""
-        address, capacity = _device_address(dev_ptr, "dev_ptr")
+        address, capacity = device_address(dev_ptr, "dev_ptr")
         if capacity is not None:
             _check_fits("dev_ptr", memoryview(data).nbytes, capacity)
         self._native.write(address, data)
 
     def read(self, dev_ptr, n: int | None = None) -> bytes:
         """n bytes of device memory at dev_ptr (n defaults to a tensor's size)."""
-        address, capacity = _device_address(dev_ptr, "dev_ptr")
+        address, capacity = device_address(dev_ptr, "dev_ptr")
         n = _args.optional_size(n, "n")
         if n is None:
             if capacity is None:
@@ -117,14 +86,14 @@ class Channel:
 
     def read_into(self, dev_ptr, out) -> None:
         """Fill the writable contiguous buffer `out` from device memory at dev_ptr."""
-        address, capacity = _device_address(dev_ptr, "dev_ptr")
+        address, capacity = device_address(dev_ptr, "dev_ptr")
         if capacity is not None:
             _check_fits("dev_ptr", memoryview(out).nbytes, capacity)
         self._native.read_into(address, out)
 
     def fill(self, dev_ptr, value: int, n: int | None = None) -> None:
         """Set n bytes at dev_ptr to `value` (0..255; n defaults to a tensor's size)."""
-        address, capacity = _device_address(dev_ptr, "dev_ptr")
+        address, capacity = device_address(dev_ptr, "dev_ptr")
         n = _args.optional_size(n, "n")
         if n is None:
             if capacity is None:
@@ -135,14 +104,14 @@ class Channel:
 
     def signal(self, dev_flag, value: int) -> None:
         """Store a 32-bit value to a device flag with release semantics (system scope)."""
-        address, _ = _device_address(dev_flag, "dev_flag")
+        address, _ = device_address(dev_flag, "dev_flag")
         self._native.signal(address, value)
 
     def wait(self, dev_flag, value: int, timeout_ms: float = 1000.0) -> bool:
         """Have the kernel wait until the 32-bit device flag >= value; False on timeout.
 
         The wait holds the whole channel: other requests queue behind it."""
-        address, _ = _device_address(dev_flag, "dev_flag")
+        address, _ = device_address(dev_flag, "dev_flag")
         if timeout_ms < 0:
             raise InvalidArgumentError(f"timeout_ms={timeout_ms}: expected >= 0")
         return self._native.wait(address, value, int(timeout_ms * 1000))
@@ -158,7 +127,7 @@ class Channel:
     def time_ns(self, op: str, dev_ptr=0, nbytes: int = 0, iterations: int = 1000) -> list:
         """Nanoseconds of each of `iterations` requests timed in C++ (for benchmarks):
         op is "write", "read", "fill" (nbytes at dev_ptr) or "ping"."""
-        address, capacity = _device_address(dev_ptr, "dev_ptr")
+        address, capacity = device_address(dev_ptr, "dev_ptr")
         nbytes = _args.size(nbytes, "nbytes")
         _check_fits("dev_ptr", nbytes, capacity)
         return self._native.time_ns(op, address, nbytes, _args.u32(iterations, "iterations", 1, (1 << 31) - 1))

@@ -1,57 +1,91 @@
-"""The `ferry` command: doctor, options, --version."""
+"""The `ferry` command: doctor, bench, options, --version.
+
+The top of the package: it imports the rest, and nothing in ferry imports it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from . import _ferry
 from .errors import FerryError, InvalidArgumentError
-
-
-def _cuda_version(v: int) -> str:
-    return f"{v // 1000}.{(v % 1000) // 10}" if v else "none"
+from .facts.parsers import cuda_version_string
 
 
 def version_text() -> str:
     v = _ferry.versions()
     return (
         f"ferry {v['library']} (C API {v['api']}, "
-        f"CUDA runtime {_cuda_version(v['cuda_runtime'])}, "
-        f"CUDA driver {_cuda_version(v['cuda_driver'])})"
+        f"CUDA runtime {cuda_version_string(v['cuda_runtime']) or 'none'}, "
+        f"CUDA driver {cuda_version_string(v['cuda_driver']) or 'none'})"
     )
 
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+# ---- ferry bench ---------------------------------------------------------------------
 
 
-def parse_size(text: str) -> int:
-    """'64M' -> 67108864; '4096' -> 4096; units K, M, G, T (binary), optional 'iB'/'B'."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    num, unit = (t[:-1], t[-1]) if t and t[-1] in _UNITS and t[-1] != "" else (t, "")
-    try:
-        value = int(num) * _UNITS[unit]
-    except (ValueError, KeyError):
-        raise InvalidArgumentError(f"'{text}' is not a size (expected e.g. 4096, 64M, 1G)") from None
-    if value <= 0:
-        raise InvalidArgumentError(f"'{text}': size must be positive")
-    return value
+def bench_description() -> str:
+    from . import bench
 
-
-def parse_size_list(text: str) -> list[int]:
-    return [parse_size(x) for x in text.split(",") if x.strip()]
+    return ("Benchmarks: ferry beside its baseline (CUDA, PyTorch) in one run, with the ratio; "
+            "`ferry bench SUITE --help` shows a suite's options.\n\nsuites:\n" + bench.listing())
 
 
 def cmd_bench(args) -> int:
-    import importlib
+    from . import bench
 
-    from .bench import SUITES
+    if args.suite is None:
+        print(bench_description())
+        return 0
+    found = bench.suites()
+    if args.suite not in found:
+        raise InvalidArgumentError(f"unknown bench suite '{args.suite}' (suites: {', '.join(found)})")
+    return found[args.suite].main(args.rest)
 
-    if args.suite not in SUITES:
-        raise InvalidArgumentError(
-            f"unknown bench suite '{args.suite}' (suites: {', '.join(sorted(SUITES))})"
-        )
-    return importlib.import_module(SUITES[args.suite]).main(args.rest)
+
+# ---- ferry doctor --------------------------------------------------------------------
+
+
+def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object (no progress)")
+    speed = parser.add_mutually_exclusive_group()
+    speed.add_argument("--quick", action="store_true", help="smaller sizes, at most 15 s")
+    speed.add_argument("--full", action="store_true", help="more sizes and threads, no time limit")
+    parser.add_argument("--html", metavar="FILE",
+                        help="also write the report as one self-contained HTML page with plots to FILE "
+                             "(plots need matplotlib)")
+
+
+def cmd_doctor(args) -> int:
+    from . import doctor
+    from .doctor import html_report, text_report
+
+    mode = "full" if args.full else "quick" if args.quick else "default"
+    if args.html:
+        problem = html_report.unwritable(args.html)  # before measuring, not after
+        if problem:
+            print(f"ferry doctor: error: cannot write the HTML report: {problem}", file=sys.stderr)
+            return 2
+    report = doctor.run(mode, quiet=args.json)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, sort_keys=False, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(text_report.format_report(report))
+    if args.html:
+        sys.stdout.flush()
+        try:
+            written = html_report.write(report, args.html)
+        except OSError as e:
+            print(f"ferry doctor: error: cannot write the HTML report to {args.html}: {e}", file=sys.stderr)
+            return 1
+        print(f"ferry doctor: HTML report written to {written}", file=sys.stderr, flush=True)
+    return 0
+
+
+# ---- ferry options -------------------------------------------------------------------
 
 
 def cmd_options(args) -> int:
@@ -66,12 +100,6 @@ def cmd_options(args) -> int:
     return 0
 
 
-def cmd_doctor(args) -> int:
-    from . import doctor
-
-    return doctor.main(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ferry",
@@ -81,18 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     d = sub.add_parser("doctor", help="facts, measurements and findings for this machine")
-    from .doctor import add_arguments
-
-    add_arguments(d)
+    add_doctor_arguments(d)
     d.set_defaults(func=cmd_doctor)
 
-    b = sub.add_parser(
-        "bench",
-        help="benchmarks: ferry beside its baseline (`ferry bench SUITE --help`)",
-        add_help=False,
-    )
-    b.add_argument("suite", help="pool")
-    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b = sub.add_parser("bench", help="benchmarks: ferry beside its baseline (`ferry bench` lists the suites)",
+                       description=bench_description(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("suite", nargs="?", help="the suite to run (listed above)")
+    b.add_argument("rest", nargs=argparse.REMAINDER, help="the suite's options")
     b.set_defaults(func=cmd_bench)
 
     o = sub.add_parser("options", help="list the FERRY_* options with defaults")

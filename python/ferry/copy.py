@@ -26,17 +26,13 @@ the stream after the call runs after the copy.
 from __future__ import annotations
 
 from . import _args, _ferry
+from ._resolve import resolve
 
 
 def engine(device: int = 0):
     """The process's copy engine for `device` (made on first use, shared by
     every call; its threads are shared by every device's engine)."""
     return _ferry.engine(device)
-
-
-def resolve(obj, writable: bool = False) -> tuple[int, int | None, int | None]:
-    """(address, nbytes or None for an int, cuda device or None) of a copy argument."""
-    return _ferry.resolve_copy_arg(obj, writable)
 
 
 class Copy:

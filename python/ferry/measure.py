@@ -10,23 +10,27 @@ on this machine (its message says why), anything else when it broke.
 measurement as skipped instead of stopping. The GPU functions need a CUDA device
 (`gpu_absent_reason()` says why there is none) and free what they allocate.
 No function here imports torch.
+
+Also the tools every measurement shares, the doctor's and the bench suites':
+`HostBuffer` (touched pageable memory of a chosen backing), `gbps` (the rate of
+the median timing), `median` / `percentile`, and `gpu_absent_reason` (the one
+"is there a GPU" check).
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import math
+import mmap
 import os
+import statistics
 import time
 from typing import Any, Callable
 
 from . import _ferry
-from .bench.copy import HostBuffer
-from .bench.copy import gbps as _median_gbps
-from .bench.report import median
 from .pool import PinnedPool, Pool
-
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-HUGETLB_PAGE = 2 * MiB
+from .units import HUGE_PAGE, KiB, MiB
 
 
 class Skipped(Exception):
@@ -43,16 +47,39 @@ def guarded(fn: Callable, *args, **kwargs) -> tuple[Any, str | None]:
         return None, f"{type(e).__name__}: {e}"
 
 
+def median(values: list[float]) -> float:
+    """The median, NaN for no values."""
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The p-th percentile (nearest rank), NaN for no values."""
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    k = min(len(v) - 1, max(0, round(p / 100 * (len(v) - 1))))
+    return v[k]
+
+
 def gbps(nbytes: int, ns: list[int]) -> float:
-    """GB/s of nbytes moved in the median of the timings `ns` (nanoseconds)."""
-    rate = _median_gbps(nbytes, ns)
+    """GB/s of nbytes moved in the median of the timings `ns` (nanoseconds); NaN when
+    there is no usable timing (the bench tables print it as '-')."""
+    m = median(ns)
+    return nbytes / m if m == m and m > 0 else float("nan")  # bytes per ns == GB/s
+
+
+def _usable_gbps(nbytes: int, ns: list[int]) -> float:
+    """gbps(), or RuntimeError when there is no usable timing (the doctor lists it)."""
+    rate = gbps(nbytes, ns)
     if not (rate > 0 and math.isfinite(rate)):
         raise RuntimeError(f"no usable timing of {nbytes} bytes: {list(ns)[:5]} ns")
     return rate
 
 
 def gpu_absent_reason(cuda_info: dict | None) -> str | None:
-    """Why GPU measurements cannot run here, or None when there is a device."""
+    """Why GPU work cannot run here ("no CUDA driver ...", "no CUDA device ..."), or
+    None when there is a device; cuda_info is what ferry.cuda_info() returned. The one
+    such check: the doctor, the bench suites and the tests' `gpu` fixture ask it."""
     if cuda_info is None:
         return "no CUDA driver (libcuda.so.1 not found)"
     if not cuda_info.get("devices"):
@@ -82,12 +109,64 @@ def thread_counts(cpus: int, most: int | None = 16) -> list[int]:
     return counts
 
 
+class HostBuffer:
+    """Touched pageable host memory of one backing; .addr is its address, .map its mmap.
+
+    backing: "4k" (anonymous, MADV_NOHUGEPAGE), "thp" (anonymous, MADV_HUGEPAGE),
+    "memfd" (shmem) or "memfd-thp" (shmem, MADV_HUGEPAGE: huge only where
+    transparent_hugepage/shmem_enabled allows). The mapping is nbytes rounded up to
+    2 MiB; every page is written (random bytes) so a copy measures the copy, not faults."""
+
+    BACKINGS = ("4k", "thp", "memfd", "memfd-thp")
+
+    def __init__(self, nbytes: int, backing: str):
+        if backing not in self.BACKINGS:
+            raise ValueError(f"backing {backing!r}: expected one of {', '.join(self.BACKINGS)}")
+        self.nbytes = nbytes
+        size = (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
+        if backing.startswith("memfd"):
+            fd = os.memfd_create("ferry-host-buffer")
+            try:
+                os.ftruncate(fd, size)
+                self.map = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+            if backing == "memfd-thp":
+                self.map.madvise(mmap.MADV_HUGEPAGE)
+        else:
+            self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self.map.madvise(mmap.MADV_HUGEPAGE if backing == "thp" else mmap.MADV_NOHUGEPAGE)
+        pattern = os.urandom(MiB)
+        for off in range(0, size, MiB):
+            self.map[off : off + min(MiB, size - off)] = pattern[: min(MiB, size - off)]
+        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+
+    def huge_bytes(self) -> int:
+        """Bytes of this mapping backed by huge pages, from /proc/self/smaps."""
+        start, total, inside = self.addr, 0, False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                if "-" in line.split(" ", 1)[0]:
+                    lo = int(line.split("-", 1)[0], 16)
+                    inside = lo <= start < int(line.split("-", 1)[1].split(" ", 1)[0], 16)
+                elif inside and line.split(":")[0] in ("AnonHugePages", "ShmemPmdMapped", "FilePmdMapped"):
+                    total += int(line.split()[1]) * KiB
+        return total
+
+    def close(self) -> None:
+        gc.collect()  # drop ctypes views of the map first
+        try:
+            self.map.close()
+        except BufferError:
+            pass
+
+
 # ---- host ----------------------------------------------------------------------
 
 
 def memcpy_gbps_by_threads(nbytes: int, counts: list[int], reps: int = 3) -> dict[str, float]:
     """{"threads": GB/s} of a host memcpy of nbytes split over that many threads."""
-    return {str(t): gbps(nbytes, _ferry.host_memcpy_ns(nbytes, t, reps)) for t in counts}
+    return {str(t): _usable_gbps(nbytes, _ferry.host_memcpy_ns(nbytes, t, reps)) for t in counts}
 
 
 def first_touch(nbytes: int, huge: bool, threads: int) -> tuple[float, dict]:
@@ -120,13 +199,52 @@ def pinned_gbps(device: int, nbytes: int, reps: int) -> dict[str, float]:
         host = _ferry.cuda_host_alloc(nbytes)
         try:
             return {
-                "h2d": gbps(nbytes, _ferry.cuda_memcpy_async_ns(dev, host, nbytes, reps)),
-                "d2h": gbps(nbytes, _ferry.cuda_memcpy_async_ns(host, dev, nbytes, reps)),
+                "h2d": _usable_gbps(nbytes, _ferry.cuda_memcpy_async_ns(dev, host, nbytes, reps)),
+                "d2h": _usable_gbps(nbytes, _ferry.cuda_memcpy_async_ns(host, dev, nbytes, reps)),
             }
         finally:
             _ferry.cuda_free_host(host)
     finally:
         _ferry.cuda_free(dev)
+
+
+def aggregate_pinned_gbps(devices: list[int], nbytes: int, reps: int) -> dict[str, float]:
+    """{"h2d", "d2h"}: GB/s of pinned cudaMemcpyAsync to all `devices` at once (one
+    thread per GPU, each its own cudaHostAlloc buffer; total bytes over the longest
+    thread's time). The timing calls release the GIL, so the threads overlap."""
+    import threading
+
+    buffers = {}
+    for d in devices:
+        _ferry.cuda_warm_up(d)
+        buffers[d] = (_ferry.cuda_malloc(nbytes), _ferry.cuda_host_alloc(nbytes))
+    try:
+        out = {}
+        for direction in ("h2d", "d2h"):
+            times: dict[int, float] = {}
+            start = threading.Barrier(len(devices))
+
+            def run(d):
+                _ferry.cuda_warm_up(d)  # this thread's current device
+                dev, host = buffers[d]
+                dst, src = (dev, host) if direction == "h2d" else (host, dev)
+                start.wait()
+                times[d] = sum(_ferry.cuda_memcpy_async_ns(dst, src, nbytes, reps))
+
+            threads = [threading.Thread(target=run, args=(d,)) for d in devices]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if len(times) != len(devices):
+                raise RuntimeError("a GPU's copy thread failed")
+            out[direction] = len(devices) * nbytes * reps / (max(times.values()) / 1e9) / 1e9
+        return out
+    finally:
+        for d, (dev, host) in buffers.items():
+            _ferry.cuda_warm_up(d)
+            _ferry.cuda_free_host(host)
+            _ferry.cuda_free(dev)
 
 
 def pageable_gbps(device: int, nbytes: int, reps: int) -> dict[str, float]:
@@ -144,8 +262,8 @@ def pageable_gbps(device: int, nbytes: int, reps: int) -> dict[str, float]:
         out = {}
         for d in ("h2d", "d2h"):
             dst, src = (dev, buf.addr) if d == "h2d" else (buf.addr, dev)
-            out[f"{d}_ferry"] = gbps(nbytes, _ferry.copy_ns(eng, dst, src, nbytes, "auto", reps))
-            out[f"{d}_cuda"] = gbps(nbytes, _ferry.cuda_memcpy_ns(dst, src, nbytes, reps))
+            out[f"{d}_ferry"] = _usable_gbps(nbytes, _ferry.copy_ns(eng, dst, src, nbytes, "auto", reps))
+            out[f"{d}_cuda"] = _usable_gbps(nbytes, _ferry.cuda_memcpy_ns(dst, src, nbytes, reps))
         return out
     finally:
         if buf is not None:
@@ -199,17 +317,19 @@ _REGISTER_KINDS = {  # kind: (pool options, the chunk backing that proves it was
 def hugetlb_free_bytes(host: dict) -> int:
     """Bytes of free 2 MiB hugetlb pages, from the host facts (0 when unknown)."""
     for entry in host.get("hugetlb") or []:
-        if entry.get("page_size_bytes") == HUGETLB_PAGE:
-            return (entry.get("free") or 0) * HUGETLB_PAGE
+        if entry.get("page_size_bytes") == HUGE_PAGE:
+            return (entry.get("free") or 0) * HUGE_PAGE
     return 0
 
 
 def register_gbps(device: int, nbytes: int, kind: str) -> float:
     """GB/s of cudaHostRegister of a PinnedPool's target of nbytes backed by `kind`
-    ("4k", "thp" or "hugetlb" 2 MiB pages; chunks of at most 512 MiB)."""
+    ("4k", "thp" or "hugetlb" 2 MiB pages; the target is one chunk)."""
     options, proof = _REGISTER_KINDS[kind]
+    # register_lead_bytes=nbytes: registered after the whole touch, so the
+    # time is the registration's alone (by default it overlaps the touch).
     pool = PinnedPool(device=device, target_bytes=nbytes, chunk_bytes=min(nbytes, 512 * MiB),
-                      zero_recycled=False, **options)
+                      zero_recycled=False, register_lead_bytes=nbytes, **options)
     try:
         pool.wait_ready()
         stats = pool.stats()

@@ -2,11 +2,14 @@
 
 What this file holds:
   - `Finding`: one piece of advice (id, severity, title, evidence, fix).
-  - `Rule`: a check with a stable id, a default severity, a title and a one-line doc.
+  - `Rule`: a check with a stable id, a default severity, a title and a one-line doc;
+    its check returns a `Verdict` (evidence, fix, and a severity only where the
+    evidence raises or lowers the rule's), and the Finding takes id, title and
+    severity from the rule: RULES is the one place they are written.
   - `RULES`: the table of every rule, in one place (at the bottom of the file).
   - `evaluate(facts, measurements)`: runs every rule, returns findings sorted by
     severity (critical, warning, info) then id.
-  - `format_findings(findings)`: renders them as a summary table plus details.
+The doctor's report shows them (ferry/doctor/report.py).
 
 Invariants:
   - Pure Python standard library; no CUDA, no I/O. Facts and measurements are plain
@@ -24,9 +27,13 @@ Invariants:
 from __future__ import annotations
 
 import math
-import textwrap
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+from .units import GiB, KiB, MiB, link_limit
+from .units import fmt_bytes as _fmt_bytes
+from .units import fmt_gbps as _gbps
+from .units import percent as _pct
 
 from .facts.parsers import cpulist_ids, thp_setting
 
@@ -35,17 +42,13 @@ __all__ = [
     "Finding",
     "Rule",
     "RULES",
+    "Verdict",
     "evaluate",
-    "format_findings",
     "parse_cpulist",
 ]
 
 SEVERITIES = ("critical", "warning", "info")
 _SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
-
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
 
 # Thresholds, each with the reason beside it.
 PINNED_MIN_SHARE = 0.85  # pinned copies reach 85-90% of the link on a healthy PCIe path
@@ -77,15 +80,25 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """What a rule's check found: the evidence (figures with units), the fix, and a
+    severity only where the evidence changes the rule's default."""
+
+    evidence: list[str]
+    fix: str
+    severity: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class Rule:
-    """A check. `check(facts, measurements)` returns a Finding or None (nothing to say,
-    or not enough known to say it)."""
+    """A check. `check(facts, measurements)` returns a Verdict or None (nothing to say,
+    or not enough known to say it); the Finding takes id, severity and title from here."""
 
     id: str
     severity: str  # default severity; a check may raise or lower it with the evidence
-    title: str
+    title: str  # what the finding says, the same every time it fires
     doc: str  # one line: what the rule checks
-    check: Callable[[dict, dict], Optional[Finding]]
+    check: Callable[[dict, dict], Optional[Verdict]]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -149,24 +162,6 @@ def _cpus(value: Any, what: str) -> Optional[set[int]]:
     return None if text is None else parse_cpulist(text)
 
 
-def _fmt_bytes(n: float) -> str:
-    """Binary units, trimmed: 1 GiB, 1.5 GiB, 256 MiB, 64 KiB, 512 B."""
-    for unit, size in (("TiB", 1 << 40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if abs(n) >= size:
-            value = n / size
-            text = f"{value:.1f}".rstrip("0").rstrip(".")
-            return f"{text} {unit}"
-    return f"{int(n)} B"
-
-
-def _gbps(x: float) -> str:
-    return f"{x:.1f} GB/s"
-
-
-def _pct(part: float, whole: float) -> str:
-    return f"{100.0 * part / whole:.0f}%"
-
-
 def _host(facts: dict) -> dict:
     return _dict(facts.get("host"), "host")
 
@@ -195,15 +190,13 @@ def _per_gpu(measurements: dict, name: str, key: str) -> Optional[float]:
     return _num(value, f"{name}[{key}]")
 
 
-def _link(gpu: dict, key: str) -> tuple[Optional[float], str]:
-    """The link's per-direction limit for a GPU and how it is named in evidence."""
-    link = _num(gpu.get("link_gbps"), f"gpus[{key}].link_gbps")
-    if link is not None and link > 0:
-        return link, "current link"
-    link = _num(gpu.get("max_link_gbps"), f"gpus[{key}].max_link_gbps")
-    if link is not None and link > 0:
-        return link, "maximum link"
-    return None, ""
+def _link(gpu: dict, key: str, m: dict) -> tuple[Optional[float], str]:
+    """The link's per-direction limit for a GPU (units.link_limit, given its pinned
+    copies) and how it is named in evidence ("current link", "maximum link")."""
+    pinned = [_per_gpu(m, f"pinned_{d}_gbps", key) for d in ("h2d", "d2h")]
+    return link_limit(_num(gpu.get("link_gbps"), f"gpus[{key}].link_gbps"),
+                      _num(gpu.get("max_link_gbps"), f"gpus[{key}].max_link_gbps"),
+                      [x for x in pinned if x is not None])
 
 
 def _pool_bytes(measurements: dict) -> tuple[int, str]:
@@ -233,7 +226,7 @@ def _numa_fix(node: Any) -> str:
 # ----------------------------------------------------------------------------- rules
 
 
-def _check_pcie_link_degraded(facts: dict, m: dict) -> Optional[Finding]:
+def _check_pcie_link_degraded(facts: dict, m: dict) -> Optional[Verdict]:
     evidence, idle_gen_only = [], True
     for key, gpu in _gpus(facts):
         pcie = _dict(gpu.get("pcie"), f"gpus[{key}].pcie")
@@ -276,10 +269,7 @@ def _check_pcie_link_degraded(facts: dict, m: dict) -> Optional[Finding]:
             "only the generation is lower: an idle GPU drops its link generation to save "
             "power, so re-read it while a copy runs before touching hardware"
         )
-    return Finding(
-        "pcie-link-degraded",
-        "warning",
-        "PCIe link runs below the speed the GPU and slot support",
+    return Verdict(
         evidence,
         "read the link under load (`nvidia-smi -q -d PCIE` while `ferry bench` runs); if it "
         "stays low, check the slot's speed setting in the BIOS, reseat the card or its riser, "
@@ -287,10 +277,10 @@ def _check_pcie_link_degraded(facts: dict, m: dict) -> Optional[Finding]:
     )
 
 
-def _check_pinned_bandwidth_low(facts: dict, m: dict) -> Optional[Finding]:
+def _check_pinned_bandwidth_low(facts: dict, m: dict) -> Optional[Verdict]:
     evidence, nodes = [], set()
     for key, gpu in _gpus(facts):
-        link, link_name = _link(gpu, key)
+        link, link_name = _link(gpu, key, m)
         if link is None:
             continue
         for name, direction in (("pinned_h2d_gbps", "host->device"), ("pinned_d2h_gbps", "device->host")):
@@ -307,10 +297,7 @@ def _check_pinned_bandwidth_low(facts: dict, m: dict) -> Optional[Finding]:
     if not evidence:
         return None
     node = sorted(nodes)[0] if len(nodes) == 1 else "N"
-    return Finding(
-        "pinned-bandwidth-low",
-        "warning",
-        "Pinned copies run well below the PCIe link's limit",
+    return Verdict(
         evidence,
         "find what shares the path: `nvidia-smi topo -m` (PCIe switch or another device on the "
         "root port), `nvidia-smi -q -d PCIE` (link under load), other copies running at the same "
@@ -319,7 +306,42 @@ def _check_pinned_bandwidth_low(facts: dict, m: dict) -> Optional[Finding]:
     )
 
 
-def _check_thp_disabled(facts: dict, m: dict) -> Optional[Finding]:
+GPU_PEER_MIN_SHARE = 0.85  # a GPU below this share of its best peer is flagged
+
+
+def _check_gpu_below_peers(facts: dict, m: dict) -> Optional[Verdict]:
+    gpus = list(_gpus(facts))
+    if len(gpus) < 2:
+        return None
+    evidence = []
+    links = {key: gpu.get("link_gbps") for key, gpu in gpus if isinstance(gpu.get("link_gbps"), (int, float))}
+    if len(links) >= 2:
+        best = max(links.values())
+        for key, gpu in gpus:
+            if key in links and links[key] < GPU_PEER_MIN_SHARE * best:
+                evidence.append(f"{_gpu_label(key, gpu)}: link {_gbps(links[key])} per direction, "
+                                f"the best GPU's {_gbps(best)}")
+    for name, direction in (("pinned_h2d_gbps", "host->device"), ("pinned_d2h_gbps", "device->host")):
+        rates = {key: _per_gpu(m, name, key) for key, _ in gpus}
+        rates = {k: v for k, v in rates.items() if v is not None}
+        if len(rates) < 2:
+            continue
+        best = max(rates.values())
+        for key, gpu in gpus:
+            if key in rates and rates[key] < GPU_PEER_MIN_SHARE * best:
+                evidence.append(f"{_gpu_label(key, gpu)}: pinned {direction} {_gbps(rates[key])} = "
+                                f"{_pct(rates[key], best)} of the best GPU's {_gbps(best)}")
+    if not evidence:
+        return None
+    return Verdict(
+        evidence,
+        "compare the slots and links (`nvidia-smi topo -m`, `nvidia-smi -q -d PCIE`): a GPU behind a switch, "
+        "on a narrower or slower link, or on the far NUMA node gets less; spread heavy transfers over the "
+        "faster GPUs or move the slow one to a CPU-attached x16 slot",
+    )
+
+
+def _check_thp_disabled(facts: dict, m: dict) -> Optional[Verdict]:
     thp = _dict(_host(facts).get("thp"), "host.thp")
     enabled = _sysfs_choice(thp.get("enabled"), "host.thp.enabled")
     if enabled != "never":
@@ -332,17 +354,14 @@ def _check_thp_disabled(facts: dict, m: dict) -> Optional[Finding]:
         "every 4 KiB page is faulted, pinned and mapped for DMA one by one: pinning and first "
         "touch take 1.5-2.5x longer than with 2 MiB pages"
     )
-    return Finding(
-        "thp-disabled",
-        "warning",
-        "Transparent huge pages are disabled: pinning and first touch are slower",
+    return Verdict(
         evidence,
         f"`echo madvise | sudo tee {_THP}/enabled` (ferry asks for huge pages only where it "
         "wants them); to keep it across boots add `transparent_hugepage=madvise` to the kernel command line",
     )
 
 
-def _check_gvisor_shmem_thp(facts: dict, m: dict) -> Optional[Finding]:
+def _check_gvisor_shmem_thp(facts: dict, m: dict) -> Optional[Verdict]:
     host = _host(facts)
     if _virt_kind(host) != "gvisor":
         return None
@@ -365,10 +384,7 @@ def _check_gvisor_shmem_thp(facts: dict, m: dict) -> Optional[Finding]:
             if ferry is not None:
                 line += f", ferry {_gbps(ferry)}"
             evidence.append(line)
-    return Finding(
-        "gvisor-shmem-thp",
-        "warning",
-        "gVisor with shmem THP: pageable device->host copies run at about half speed",
+    return Verdict(
         evidence,
         "copy pageable memory through ferry: its staging copies pin only ferry's own pool "
         "memory, and whole huge pages, so no compound page is split; or, on the host, "
@@ -377,7 +393,7 @@ def _check_gvisor_shmem_thp(facts: dict, m: dict) -> Optional[Finding]:
     )
 
 
-def _check_memlock_low(facts: dict, m: dict) -> Optional[Finding]:
+def _check_memlock_low(facts: dict, m: dict) -> Optional[Verdict]:
     host = _host(facts)
     if "memlock_bytes" not in host:
         return None  # absent: unknown. None: unlimited.
@@ -387,10 +403,7 @@ def _check_memlock_low(facts: dict, m: dict) -> Optional[Finding]:
     pool, pool_text = _pool_bytes(m)
     if limit >= pool:
         return None
-    return Finding(
-        "memlock-low",
-        "warning",
-        "The locked-memory limit (ulimit -l) is below the planned pinned pool",
+    return Verdict(
         [
             f"RLIMIT_MEMLOCK = {_fmt_bytes(limit)}, pinned pool {pool_text}",
             "memory locked with mlock() and memory registered for RDMA (ibverbs, UCX, NIXL) "
@@ -402,7 +415,7 @@ def _check_memlock_low(facts: dict, m: dict) -> Optional[Finding]:
     )
 
 
-def _check_hugetlb_not_reserved(facts: dict, m: dict) -> Optional[Finding]:
+def _check_hugetlb_not_reserved(facts: dict, m: dict) -> Optional[Verdict]:
     host = _host(facts)
     sizes = []
     for i, entry in enumerate(_list(host.get("hugetlb"), "host.hugetlb")):
@@ -427,18 +440,16 @@ def _check_hugetlb_not_reserved(facts: dict, m: dict) -> Optional[Finding]:
     ]
     if thp_off:
         evidence.append("THP is disabled too: the pool gets no huge pages at all")
-    return Finding(
-        "hugetlb-not-reserved",
-        "warning" if thp_off else "info",
-        "No hugetlb pages are reserved: the pinned pool cannot use them",
+    return Verdict(
         evidence,
         f"`echo {count} | sudo tee /sys/kernel/mm/hugepages/hugepages-{kib}kB/nr_hugepages` "
         f"(persist: `vm.nr_hugepages={count}` in /etc/sysctl.d/); reserve early, before memory "
         "fragments; ferry's pool takes reserved hugetlb pages when there are enough, else THP",
+        severity="warning" if thp_off else "info",
     )
 
 
-def _check_numa_mismatch(facts: dict, m: dict) -> Optional[Finding]:
+def _check_numa_mismatch(facts: dict, m: dict) -> Optional[Verdict]:
     process = _dict(_host(facts).get("process"), "host.process")
     cpus_allowed = _cpus(process.get("cpus_allowed"), "host.process.cpus_allowed")
     mems_allowed = _cpus(process.get("mems_allowed"), "host.process.mems_allowed")
@@ -466,16 +477,13 @@ def _check_numa_mismatch(facts: dict, m: dict) -> Optional[Finding]:
             nodes.append(node)
     if not evidence:
         return None
-    return Finding(
-        "numa-mismatch",
-        "warning",
-        "The process runs or allocates on a NUMA node far from its GPU",
+    return Verdict(
         evidence,
         _numa_fix(nodes[0] if len(set(nodes)) == 1 else "N"),
     )
 
 
-def _check_iommu_translated(facts: dict, m: dict) -> Optional[Finding]:
+def _check_iommu_translated(facts: dict, m: dict) -> Optional[Verdict]:
     iommu = _dict(_host(facts).get("iommu"), "host.iommu")
     mode = _str(iommu.get("mode"), "host.iommu.mode")
     if mode is None or mode.strip().lower() != "translated":
@@ -488,10 +496,7 @@ def _check_iommu_translated(facts: dict, m: dict) -> Optional[Finding]:
         "pinning maps every page into the IOMMU (longer registration), and IOTLB misses "
         "can slow DMA to memory backed by 4 KiB pages"
     )
-    return Finding(
-        "iommu-translated",
-        "info",
-        "IOMMU translates every DMA: registration costs more",
+    return Verdict(
         evidence,
         "if isolation of devices is not needed, add `iommu=pt` (Intel also `intel_iommu=on "
         "iommu=pt`) to the kernel command line in /etc/default/grub, `sudo update-grub`, reboot; "
@@ -499,7 +504,7 @@ def _check_iommu_translated(facts: dict, m: dict) -> Optional[Finding]:
     )
 
 
-def _check_vm_first_touch_costly(facts: dict, m: dict) -> Optional[Finding]:
+def _check_vm_first_touch_costly(facts: dict, m: dict) -> Optional[Verdict]:
     kind = _virt_kind(_host(facts))
     if kind is None or kind in _NOT_A_VM:
         return None
@@ -523,19 +528,17 @@ def _check_vm_first_touch_costly(facts: dict, m: dict) -> Optional[Finding]:
                 f"{pool / (one * 1e9):.2f} s before any pinning"
             )
     warn = one is not None and one < FIRST_TOUCH_1THREAD_MIN_GBPS
-    return Finding(
-        "vm-first-touch-costly",
-        "warning" if warn else "info",
-        "First touch of memory is costly in this VM",
+    return Verdict(
         evidence,
         "create one ferry.PinnedPool at start-up with its target size, so pages are touched "
         "in parallel and pinned once, then reused; "
         f"`echo madvise | sudo tee {_THP}/enabled` for THP; reserve hugetlb pages "
         "(`echo N | sudo tee /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages`)",
+        severity="warning" if warn else "info",
     )
 
 
-def _check_bar1_small(facts: dict, m: dict) -> Optional[Finding]:
+def _check_bar1_small(facts: dict, m: dict) -> Optional[Verdict]:
     evidence = []
     for key, gpu in _gpus(facts):
         bar1 = _num(gpu.get("bar1_bytes"), f"gpus[{key}].bar1_bytes")
@@ -548,10 +551,7 @@ def _check_bar1_small(facts: dict, m: dict) -> Optional[Finding]:
         )
     if not evidence:
         return None
-    return Finding(
-        "bar1-small",
-        "info",
-        "BAR1 is smaller than device memory: limits GDRCopy and peer mappings",
+    return Verdict(
         evidence,
         "enable 'Above 4G Decoding' and 'Resizable BAR' in the BIOS; in a VM give the guest a "
         "64-bit MMIO window as large as the BAR (QEMU: `-global q35-pcihost.pci-hole64-size=512G`); "
@@ -559,7 +559,7 @@ def _check_bar1_small(facts: dict, m: dict) -> Optional[Finding]:
     )
 
 
-def _check_gdrdrv_absent(facts: dict, m: dict) -> Optional[Finding]:
+def _check_gdrdrv_absent(facts: dict, m: dict) -> Optional[Verdict]:
     gdr = _dict(_host(facts).get("gdrcopy"), "host.gdrcopy")
     if gdr.get("available") is not False:
         return None
@@ -576,39 +576,30 @@ def _check_gdrdrv_absent(facts: dict, m: dict) -> Optional[Finding]:
         "ferry does not need it: its low-latency channel is a persistent GPU kernel polling "
         "mapped pinned memory, with no kernel module"
     )
-    return Finding(
-        "gdrdrv-absent",
-        "info",
-        "GDRCopy is unavailable: ferry's channel serves small copies instead",
+    return Verdict(
         evidence,
         "nothing to do for ferry; to use GDRCopy as a backend, install the gdrcopy packages "
         "and load the module (`sudo modprobe gdrdrv`), and in containers pass `--device /dev/gdrdrv`",
     )
 
 
-def _check_no_cuda_driver(facts: dict, m: dict) -> Optional[Finding]:
+def _check_no_cuda_driver(facts: dict, m: dict) -> Optional[Verdict]:
     if "cuda" not in facts or facts["cuda"] is not None:
         return None
-    return Finding(
-        "no-cuda-driver",
-        "info",
-        "No CUDA driver: GPU facts and measurements are skipped",
+    return Verdict(
         ["the CUDA driver could not be loaded or initialized (libcuda.so missing, or cuInit failed)"],
         "install the NVIDIA driver and check that `nvidia-smi` lists the GPU; in docker run with "
         "`--gpus all` (NVIDIA Container Toolkit); under gVisor run `runsc --nvproxy`",
     )
 
 
-def _check_no_gpu_visible(facts: dict, m: dict) -> Optional[Finding]:
+def _check_no_gpu_visible(facts: dict, m: dict) -> Optional[Verdict]:
     cuda = _dict(facts.get("cuda"), "cuda")
     count = _num(cuda.get("device_count"), "cuda.device_count")
     if count is None or count > 0:
         return None
     driver = cuda.get("driver_version")
-    return Finding(
-        "no-gpu-visible",
-        "warning",
-        "The CUDA driver is loaded but sees no GPU",
+    return Verdict(
         [f"CUDA driver {driver or '(version unknown)'}: device_count = 0"],
         "check `nvidia-smi -L` and that CUDA_VISIBLE_DEVICES is unset or names a GPU "
         "(`env | grep CUDA_VISIBLE_DEVICES`); in docker pass `--gpus all`",
@@ -620,10 +611,10 @@ def _thread_order(item: tuple) -> tuple:
     return (not key.isdigit(), int(key) if key.isdigit() else 0, key)
 
 
-def _check_pageable_path_slow(facts: dict, m: dict) -> Optional[Finding]:
+def _check_pageable_path_slow(facts: dict, m: dict) -> Optional[Verdict]:
     evidence = []
     for key, gpu in _gpus(facts):
-        link, link_name = _link(gpu, key)
+        link, link_name = _link(gpu, key, m)
         if link is None:
             continue
         for d, direction in (("h2d", "host->device"), ("d2h", "device->host")):
@@ -648,10 +639,7 @@ def _check_pageable_path_slow(facts: dict, m: dict) -> Optional[Finding]:
             rates.append(f"{threads} thread{'' if str(threads) == '1' else 's'} {_gbps(rate)}")
     if rates:
         evidence.append("host memcpy (bounds a staged copy): " + ", ".join(rates))
-    return Finding(
-        "pageable-path-slow",
-        "warning",
-        "CUDA copies from pageable memory use a small share of the link",
+    return Verdict(
         evidence,
         "copy pageable buffers with ferry (ferry.copy, or ferry.torch's tensor copies), which "
         "stage through pinned pool chunks on several threads; better, allocate the buffers "
@@ -659,16 +647,13 @@ def _check_pageable_path_slow(facts: dict, m: dict) -> Optional[Finding]:
     )
 
 
-def _check_thp_defrag_never(facts: dict, m: dict) -> Optional[Finding]:
+def _check_thp_defrag_never(facts: dict, m: dict) -> Optional[Verdict]:
     thp = _dict(_host(facts).get("thp"), "host.thp")
     enabled = _sysfs_choice(thp.get("enabled"), "host.thp.enabled")
     defrag = _sysfs_choice(thp.get("defrag"), "host.thp.defrag")
     if enabled not in ("always", "madvise") or defrag != "never":
         return None
-    return Finding(
-        "thp-defrag-never",
-        "info",
-        "THP defrag is off: huge pages only while free 2 MiB blocks last",
+    return Verdict(
         [
             f"{_THP}/enabled = {enabled}, defrag = never",
             "with fragmented memory, MADV_HUGEPAGE regions silently get 4 KiB pages: slower "
@@ -679,7 +664,7 @@ def _check_thp_defrag_never(facts: dict, m: dict) -> Optional[Finding]:
     )
 
 
-def _check_memory_low_for_pool(facts: dict, m: dict) -> Optional[Finding]:
+def _check_memory_low_for_pool(facts: dict, m: dict) -> Optional[Verdict]:
     mem = _dict(_host(facts).get("memory"), "host.memory")
     available = _num(mem.get("available_bytes"), "host.memory.available_bytes")
     if available is None:
@@ -693,10 +678,7 @@ def _check_memory_low_for_pool(facts: dict, m: dict) -> Optional[Finding]:
                 + f", pinned pool {pool_text}",
                 "pinned memory cannot be swapped or reclaimed: a pool this large pushes the "
                 "rest of the machine into reclaim or the OOM killer"]
-    return Finding(
-        "memory-low-for-pool",
-        "warning",
-        "The planned pinned pool is larger than the available memory",
+    return Verdict(
         evidence,
         "size the pool below the available memory (check `free -g`), or free memory first; "
         "in a VM or container raise its memory limit",
@@ -704,52 +686,55 @@ def _check_memory_low_for_pool(facts: dict, m: dict) -> Optional[Finding]:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("pcie-link-degraded", "warning", "PCIe link below its capability",
+    Rule("pcie-link-degraded", "warning", "PCIe link runs below the speed the GPU and slot support",
          "a GPU's current PCIe generation or width is below the maximum it and its slot support",
          _check_pcie_link_degraded),
-    Rule("pinned-bandwidth-low", "warning", "Pinned copies below 85% of the link",
+    Rule("pinned-bandwidth-low", "warning", "Pinned copies run well below the PCIe link's limit",
          "measured pinned host->device or device->host bandwidth is below 85% of the GPU's link",
          _check_pinned_bandwidth_low),
-    Rule("thp-disabled", "warning", "Transparent huge pages disabled",
+    Rule("gpu-below-peers", "warning", "One GPU's link or pinned bandwidth falls below the other GPUs'",
+         "with several GPUs: a GPU's link speed or measured pinned bandwidth is below 85% of the best GPU's",
+         _check_gpu_below_peers),
+    Rule("thp-disabled", "warning", "Transparent huge pages are disabled: pinning and first touch are slower",
          "transparent_hugepage/enabled is 'never', which slows pinning and first touch",
          _check_thp_disabled),
-    Rule("gvisor-shmem-thp", "warning", "gVisor with shmem THP halves pageable device->host copies",
+    Rule("gvisor-shmem-thp", "warning", "gVisor with shmem THP: pageable device->host copies run at about half speed",
          "running under gVisor with shmem_enabled 'always' or 'force' (gVisor issue 12804)",
          _check_gvisor_shmem_thp),
-    Rule("memlock-low", "warning", "Locked-memory limit below the pinned pool",
+    Rule("memlock-low", "warning", "The locked-memory limit (ulimit -l) is below the planned pinned pool",
          "RLIMIT_MEMLOCK is finite and below the planned pinned pool (1 GiB when none is planned)",
          _check_memlock_low),
-    Rule("hugetlb-not-reserved", "info", "No hugetlb pages reserved",
+    Rule("hugetlb-not-reserved", "info", "No hugetlb pages are reserved: the pinned pool cannot use them",
          "every hugetlb page size has zero pages reserved (warning when THP is disabled as well)",
          _check_hugetlb_not_reserved),
-    Rule("numa-mismatch", "warning", "Process bound away from its GPU's NUMA node",
+    Rule("numa-mismatch", "warning", "The process runs or allocates on a NUMA node far from its GPU",
          "a GPU's NUMA node is outside the process's mems_allowed, or its local CPUs miss cpus_allowed",
          _check_numa_mismatch),
-    Rule("iommu-translated", "info", "IOMMU in translated mode",
+    Rule("iommu-translated", "info", "IOMMU translates every DMA: registration costs more",
          "the IOMMU remaps every DMA (not passthrough), which makes registration cost more",
          _check_iommu_translated),
-    Rule("vm-first-touch-costly", "info", "First touch costly in a VM",
+    Rule("vm-first-touch-costly", "info", "First touch of memory is costly in this VM",
          "in a VM, quotes measured first-touch rates; warning when one thread touches 4 KiB pages below 4 GB/s",
          _check_vm_first_touch_costly),
-    Rule("bar1-small", "info", "BAR1 smaller than device memory",
+    Rule("bar1-small", "info", "BAR1 is smaller than device memory: limits GDRCopy and peer mappings",
          "a GPU's BAR1 aperture is smaller than its memory, limiting GDRCopy and peer mappings",
          _check_bar1_small),
-    Rule("gdrdrv-absent", "info", "GDRCopy unavailable",
+    Rule("gdrdrv-absent", "info", "GDRCopy is unavailable: ferry's channel serves small copies instead",
          "GDRCopy (gdrdrv module and libgdrapi) is not available; ferry's own channel needs neither",
          _check_gdrdrv_absent),
-    Rule("no-cuda-driver", "info", "No CUDA driver",
+    Rule("no-cuda-driver", "info", "No CUDA driver: GPU facts and measurements are skipped",
          "the CUDA driver could not be loaded, so GPU facts and measurements are skipped",
          _check_no_cuda_driver),
-    Rule("no-gpu-visible", "warning", "CUDA driver sees no GPU",
+    Rule("no-gpu-visible", "warning", "The CUDA driver is loaded but sees no GPU",
          "the CUDA driver is loaded but reports zero devices",
          _check_no_gpu_visible),
-    Rule("pageable-path-slow", "warning", "CUDA pageable copies below 25% of the link",
+    Rule("pageable-path-slow", "warning", "CUDA copies from pageable memory use a small share of the link",
          "measured CUDA pageable host->device or device->host bandwidth is below 25% of the link",
          _check_pageable_path_slow),
-    Rule("thp-defrag-never", "info", "THP defrag off",
+    Rule("thp-defrag-never", "info", "THP defrag is off: huge pages only while free 2 MiB blocks last",
          "THP is enabled but defrag is 'never', so huge pages run out once memory fragments",
          _check_thp_defrag_never),
-    Rule("memory-low-for-pool", "warning", "Pinned pool larger than available memory",
+    Rule("memory-low-for-pool", "warning", "The planned pinned pool is larger than the available memory",
          "the planned pinned pool (1 GiB when none is planned) exceeds the available host memory",
          _check_memory_low_for_pool),
 )
@@ -783,7 +768,7 @@ def evaluate(
     (critical, warning, info) then id.
 
     Preconditions: none; None stands for "nothing known". A rule that raises, or returns
-    something that is not a Finding with a known severity, gives an info finding
+    something that is not a Verdict with a known severity, gives an info finding
     "rule X could not be evaluated: <error>" in its place."""
     facts = {} if facts is None else facts
     measurements = {} if measurements is None else measurements
@@ -794,47 +779,16 @@ def evaluate(
                 raise TypeError(f"facts must be an object, got {type(facts).__name__}")
             if not isinstance(measurements, dict):
                 raise TypeError(f"measurements must be an object, got {type(measurements).__name__}")
-            finding = rule.check(facts, measurements)
-            if finding is None:
+            verdict = rule.check(facts, measurements)
+            if verdict is None:
                 continue
-            if not isinstance(finding, Finding):
-                raise TypeError(f"check returned {type(finding).__name__}, not a Finding")
-            if finding.severity not in _SEVERITY_RANK:
-                raise ValueError(f"check returned unknown severity {finding.severity!r}")
-            findings.append(finding)
+            if not isinstance(verdict, Verdict):
+                raise TypeError(f"check returned {type(verdict).__name__}, not a Verdict")
+            severity = rule.severity if verdict.severity is None else verdict.severity
+            if severity not in _SEVERITY_RANK:
+                raise ValueError(f"check returned unknown severity {severity!r}")
+            findings.append(Finding(rule.id, severity, rule.title, list(verdict.evidence), verdict.fix))
         except Exception as error:  # one bad rule must not kill the report
             findings.append(_error_finding(rule, error))
     findings.sort(key=_sort_key)
     return findings
-
-
-def _wrap(text: str, width: int, indent: str) -> list[str]:
-    return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent + "  ",
-                         break_long_words=False, break_on_hyphens=False) or [indent]
-
-
-def format_findings(findings: Iterable[Finding], width: int = 100) -> str:
-    """Renders findings as a summary table (severity, id, title) followed by each
-    finding's evidence and fix. An empty list renders as one line saying so."""
-    findings = list(findings)
-    if not findings:
-        return "No findings: nothing in the facts or measurements needs fixing.\n"
-    counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
-    lines = [
-        f"{len(findings)} finding{'s' if len(findings) != 1 else ''}: "
-        + ", ".join(f"{counts[s]} {s}" for s in SEVERITIES),
-        "",
-    ]
-    id_w = max(len("ID"), *(len(f.id) for f in findings))
-    sev_w = max(len("SEVERITY"), *(len(f.severity) for f in findings))
-    lines.append(f"{'SEVERITY':<{sev_w}}  {'ID':<{id_w}}  TITLE")
-    for f in findings:
-        lines.append(f"{f.severity:<{sev_w}}  {f.id:<{id_w}}  {f.title}")
-    for f in findings:
-        lines.append("")
-        lines.extend(_wrap(f"[{f.severity}] {f.id}: {f.title}", width, ""))
-        for item in f.evidence:
-            lines.extend(_wrap(f"- {item}", width, "    "))
-        if f.fix:
-            lines.extend(_wrap(f"fix: {f.fix}", width, "    "))
-    return "\n".join(lines) + "\n"

@@ -4,12 +4,15 @@
 #include <memory>
 
 #include "capi/guard.h"
+#include "capi/struct_size.h"
 #include "cuda/channel.h"
 #include "cuda/gdrcopy.h"
 
 using ferry::capi::guarded;
 using ferry::capi::live;
+using ferry::capi::read_struct;
 using ferry::capi::require;
+using ferry::capi::write_struct;
 
 struct ferry_channel : ferry::capi::HandleOf<ferry::capi::kChannelMagic> {
   std::unique_ptr<ferry::cuda::Channel> channel;
@@ -17,9 +20,25 @@ struct ferry_channel : ferry::capi::HandleOf<ferry::capi::kChannelMagic> {
 
 namespace {
 
-ferry::cuda::ChannelOptions to_cpp(const ferry_channel_options_t* o) {
+ferry_channel_options_t to_c(const ferry::cuda::ChannelOptions& d) {
+  ferry_channel_options_t o{};
+  o.struct_size = sizeof o;
+  o.idle_us = d.idle_us;
+  o.slots = d.slots;
+  o.timeout_ms = d.timeout_ms;
+  o.spin_us = d.spin_us;
+  o.use_gdrcopy = d.use_gdrcopy ? 1 : 0;
+  return o;
+}
+
+// The caller's options over the defaults (members beyond its struct_size keep them).
+ferry::cuda::ChannelOptions to_cpp(const ferry_channel_options_t* given) {
   ferry::cuda::ChannelOptions c;
-  if (!o) return c;
+  if (!given) return c;
+  const ferry_channel_options_t read = read_struct(given, to_c(c), "options");
+  const ferry_channel_options_t* o = &read;
+  if (o->reserved != 0)
+    throw ferry::InvalidArgument("options->reserved=" + std::to_string(o->reserved) + ": must be 0");
   c.idle_us = o->idle_us;
   c.slots = o->slots;
   c.timeout_ms = o->timeout_ms;
@@ -35,16 +54,10 @@ ferry::cuda::ChannelOptions to_cpp(const ferry_channel_options_t* o) {
 
 extern "C" {
 
-ferry_status_t ferry_channel_options_init(ferry_channel_options_t* out) {
+ferry_status_t ferry_channel_options_defaults(ferry_channel_options_t* out) {
   return guarded([&] {
     require(out, "out");
-    const ferry::cuda::ChannelOptions d;
-    *out = ferry_channel_options_t{};
-    out->idle_us = d.idle_us;
-    out->slots = d.slots;
-    out->timeout_ms = d.timeout_ms;
-    out->spin_us = d.spin_us;
-    out->use_gdrcopy = d.use_gdrcopy ? 1 : 0;
+    write_struct(out, to_c(ferry::cuda::ChannelOptions{}), "out");
   });
 }
 
@@ -119,8 +132,11 @@ ferry_status_t ferry_channel_get_stats(ferry_channel_t channel, ferry_channel_st
   return guarded([&] {
     live(channel, "channel");
     require(out, "out");
+    ferry::capi::caller_struct_size(out, "out");  // before the work
     const ferry::cuda::ChannelStats s = channel->channel->stats();
-    *out = ferry_channel_stats_t{s.requests, s.launches, s.idle_exits, s.gdrcopy_writes};
+    write_struct(out, ferry_channel_stats_t{sizeof(ferry_channel_stats_t), s.requests, s.launches, s.idle_exits,
+                                            s.gdrcopy_writes},
+                 "out");
   });
 }
 

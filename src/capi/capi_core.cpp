@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "capi/guard.h"
+#include "capi/struct_size.h"
 #include "core/fault.h"
 #include "core/options.h"
 #include "cuda/device.h"
@@ -37,13 +38,15 @@ ferry_status_t ferry_get_api_version(int* major, int* minor) {
 ferry_status_t ferry_get_versions(ferry_versions_t* out) {
   return guarded([&] {
     require(out, "out");
-    std::memset(out, 0, sizeof *out);
-    out->api_major = FERRY_API_MAJOR;
-    out->api_minor = FERRY_API_MINOR;
-    std::strncpy(out->library, FERRY_VERSION_STRING, sizeof out->library - 1);
+    ferry::capi::caller_struct_size(out, "out");  // before the work
+    ferry_versions_t c{};
+    c.api_major = FERRY_API_MAJOR;
+    c.api_minor = FERRY_API_MINOR;
+    std::strncpy(c.library, FERRY_VERSION_STRING, sizeof c.library - 1);
     ferry::cuda::Versions v = ferry::cuda::versions();
-    out->cuda_runtime = v.runtime;
-    out->cuda_driver = v.driver;
+    c.cuda_runtime = v.runtime;
+    c.cuda_driver = v.driver;
+    ferry::capi::write_struct(out, c, "out");
   });
 }
 

@@ -17,20 +17,16 @@
 #include <string>
 
 #include "capi/guard.h"
+#include "capi/struct_size.h"
 #include "cuda/managed_allocator.h"
 #include "pool/managed_options.h"
 
 using ferry::ManagedKind;
+using ferry::format_address;
 using ferry::capi::guarded;
 using ferry::capi::require;
 
 namespace {
-
-std::string hex(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", p);
-  return buf;
-}
 
 void report(ManagedKind kind, const std::string& message, bool allocation) noexcept {
   ferry::capi::set_last_error(message);
@@ -59,17 +55,14 @@ void* torch_alloc(ManagedKind kind, ssize_t size, int device, cudaStream_t strea
 
 void torch_free(ManagedKind kind, void* ptr, int device, cudaStream_t stream) noexcept {
   if (!ptr) return;
+  std::string error;
+  if (ferry::cuda::managed_deallocate(kind, ptr, device, stream, &error)) return;
   try {
-    try {
-      ferry::cuda::managed_deallocate(kind, ptr, device, stream);
-    } catch (const std::exception& e) {
-      report(kind,
-             std::string(ferry::managed_kind_name(kind)) + " allocator: free of " + hex(ptr) +
-                 " on device " +
-                 std::to_string(device) + " failed: " + e.what(),
-             false);
-    }
-  } catch (...) {
+    report(kind,
+           std::string(ferry::managed_kind_name(kind)) + " allocator: free of " + format_address(ptr) + " on device " +
+               std::to_string(device) + " failed: " + error,
+           false);
+  } catch (...) {  // building the message failed (out of host memory)
     report(kind, "free failed", false);
   }
 }
@@ -78,6 +71,11 @@ ManagedKind kind_of(const char* name) {
   require(name, "name");
   return ferry::parse_managed_kind(name);
 }
+
+static_assert(static_cast<int>(ManagedKind::device) == FERRY_MANAGED_DEVICE &&
+              static_cast<int>(ManagedKind::managed) == FERRY_MANAGED_MANAGED &&
+              static_cast<int>(ManagedKind::managed_pool) == FERRY_MANAGED_MANAGED_POOL &&
+              ferry::kManagedKinds == 3);
 
 }  // namespace
 
@@ -106,6 +104,18 @@ FERRY_API void ferry_torch_free_managed_pool(void* ptr, ssize_t, int device, cud
 
 // ---- ferry.h ------------------------------------------------------------------
 
+const char* ferry_managed_kind_name(ferry_managed_kind_t kind) {
+  const int k = static_cast<int>(kind);
+  return k >= 0 && k < ferry::kManagedKinds ? ferry::managed_kind_name(static_cast<ManagedKind>(k)) : nullptr;
+}
+
+ferry_status_t ferry_managed_kind_from_name(const char* name, ferry_managed_kind_t* out) {
+  return guarded([&] {
+    require(out, "out");
+    *out = static_cast<ferry_managed_kind_t>(static_cast<int>(kind_of(name)));
+  });
+}
+
 ferry_status_t ferry_managed_configure(const char* name, const char* options) {
   return guarded([&] { ferry::cuda::managed_configure(kind_of(name), options ? options : ""); });
 }
@@ -113,23 +123,25 @@ ferry_status_t ferry_managed_configure(const char* name, const char* options) {
 ferry_status_t ferry_managed_get_stats(const char* name, int device, ferry_managed_stats_t* out) {
   return guarded([&] {
     require(out, "out");
+    ferry::capi::caller_struct_size(out, "out");  // before the work
     const ManagedKind kind = kind_of(name);
     ferry::cuda::ManagedStats s = ferry::cuda::managed_stats(kind, device);
-    *out = ferry_managed_stats_t{};
-    out->allocated = s.allocated;
-    out->allocated_peak = s.allocated_peak;
-    out->requested = s.requested;
-    out->reserved = s.reserved;
-    out->reserved_peak = s.reserved_peak;
-    out->allocations = s.allocations;
-    out->frees = s.frees;
-    out->failures = s.failures;
-    out->prefetched_bytes = s.prefetched_bytes;
-    out->prefetches = s.prefetches;
-    out->chunks = s.chunks;
-    out->reuse_same_stream = s.reuse_same_stream;
-    out->reuse_after_fence = s.reuse_after_fence;
-    out->reuse_by_wait = s.reuse_by_wait;
+    ferry_managed_stats_t c{};
+    c.allocated = s.allocated;
+    c.allocated_peak = s.allocated_peak;
+    c.requested = s.requested;
+    c.reserved = s.reserved;
+    c.reserved_peak = s.reserved_peak;
+    c.allocations = s.allocations;
+    c.frees = s.frees;
+    c.failures = s.failures;
+    c.prefetched_bytes = s.prefetched_bytes;
+    c.prefetches = s.prefetches;
+    c.chunks = s.chunks;
+    c.reuse_same_stream = s.reuse_same_stream;
+    c.reuse_after_fence = s.reuse_after_fence;
+    c.reuse_by_wait = s.reuse_by_wait;
+    ferry::capi::write_struct(out, c, "out");
   });
 }
 

@@ -2,12 +2,15 @@
 #include <string>
 
 #include "capi/guard.h"
+#include "capi/struct_size.h"
 #include "cuda/pinned_pool.h"
 #include "pool/pool.h"
 
 using ferry::capi::guarded;
 using ferry::capi::live;
+using ferry::capi::read_struct;
 using ferry::capi::require;
+using ferry::capi::write_struct;
 
 struct ferry_pool : ferry::capi::HandleOf<ferry::capi::kPoolMagic> {
   std::unique_ptr<ferry::Pool> pool;
@@ -15,9 +18,28 @@ struct ferry_pool : ferry::capi::HandleOf<ferry::capi::kPoolMagic> {
 
 namespace {
 
-ferry::PoolOptions to_cpp(const ferry_pool_options_t* o) {
+ferry_pool_options_t to_c(const ferry::PoolOptions& p) {
+  ferry_pool_options_t o{};
+  o.struct_size = sizeof o;
+  o.chunk_bytes = p.chunk_bytes;
+  o.memfd = p.memfd;
+  o.huge_pages = static_cast<ferry_huge_policy_t>(static_cast<int>(p.huge_pages));
+  o.limit_bytes = p.limit_bytes;
+  o.zero_recycled = p.zero_recycled;
+  o.touch_threads = p.touch_threads;
+  o.release_delay_ms = p.release_delay_ms;
+  o.release_batch_bytes = p.release_batch_bytes;
+  o.numa_node = p.numa_node;
+  o.target_bytes = p.target_bytes;
+  return o;
+}
+
+// The caller's options over the defaults (members beyond its struct_size keep them).
+ferry::PoolOptions to_cpp(const ferry_pool_options_t* given) {
   ferry::PoolOptions p = ferry::PoolOptions::from_environment();
-  if (!o) return p;
+  if (!given) return p;
+  const ferry_pool_options_t c = read_struct(given, to_c(p), "options");
+  const ferry_pool_options_t* o = &c;
   p.chunk_bytes = o->chunk_bytes;
   p.memfd = o->memfd != 0;
   switch (o->huge_pages) {
@@ -61,21 +83,10 @@ thread_local std::string t_note;  // ferry_pool_get_note()'s text
 
 extern "C" {
 
-ferry_status_t ferry_pool_options_init(ferry_pool_options_t* out) {
+ferry_status_t ferry_pool_options_defaults(ferry_pool_options_t* out) {
   return guarded([&] {
     require(out, "out");
-    ferry::PoolOptions p = ferry::PoolOptions::from_environment();
-    *out = ferry_pool_options_t{};
-    out->chunk_bytes = p.chunk_bytes;
-    out->memfd = p.memfd;
-    out->huge_pages = static_cast<ferry_huge_policy_t>(static_cast<int>(p.huge_pages));
-    out->limit_bytes = p.limit_bytes;
-    out->zero_recycled = p.zero_recycled;
-    out->touch_threads = p.touch_threads;
-    out->release_delay_ms = p.release_delay_ms;
-    out->release_batch_bytes = p.release_batch_bytes;
-    out->numa_node = p.numa_node;
-    out->target_bytes = p.target_bytes;
+    write_struct(out, to_c(ferry::PoolOptions::from_environment()), "out");
   });
 }
 
@@ -141,23 +152,25 @@ ferry_status_t ferry_pool_get_stats(ferry_pool_t pool, ferry_pool_stats_t* out) 
   return guarded([&] {
     live(pool, "pool");
     require(out, "out");
+    ferry::capi::caller_struct_size(out, "out");  // before the work
     ferry::PoolStats s = pool->pool->stats();
-    *out = ferry_pool_stats_t{};
-    out->small = to_c(s.kind[0]);
-    out->huge = to_c(s.kind[1]);
-    out->allocations = s.allocations;
-    out->frees = s.frees;
-    out->recycles = s.recycles;
-    out->chunk_reservations = s.chunk_reservations;
-    out->chunk_releases = s.chunk_releases;
-    out->fallbacks = s.fallbacks;
-    out->touch_ns = s.touch_ns;
-    out->register_ns = s.register_ns;
-    out->chunks_small_pages = s.chunks_by_backing[0];
-    out->chunks_thp = s.chunks_by_backing[1];
-    out->chunks_hugetlb_2m = s.chunks_by_backing[2];
-    out->chunks_hugetlb_1g = s.chunks_by_backing[3];
-    out->note_count = s.notes.size();
+    ferry_pool_stats_t c{};
+    c.small = to_c(s.kind[0]);
+    c.huge = to_c(s.kind[1]);
+    c.allocations = s.allocations;
+    c.frees = s.frees;
+    c.recycles = s.recycles;
+    c.chunk_reservations = s.chunk_reservations;
+    c.chunk_releases = s.chunk_releases;
+    c.fallbacks = s.fallbacks;
+    c.touch_ns = s.touch_ns;
+    c.register_ns = s.register_ns;
+    c.chunks_small_pages = s.chunks_by_backing[0];
+    c.chunks_thp = s.chunks_by_backing[1];
+    c.chunks_hugetlb_2m = s.chunks_by_backing[2];
+    c.chunks_hugetlb_1g = s.chunks_by_backing[3];
+    c.note_count = s.notes.size();
+    write_struct(out, c, "out");
   });
 }
 

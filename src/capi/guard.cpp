@@ -40,7 +40,8 @@ constexpr KnownKind kKinds[] = {{kPoolMagic, "ferry_pool_t"},
                                 {kEngineMagic, "ferry_engine_t"},
                                 {kCopyMagic, "ferry_copy_t"},
                                 {kRegistrationMagic, "ferry_registration_t"},
-                                {kChannelMagic, "ferry_channel_t"}};
+                                {kChannelMagic, "ferry_channel_t"},
+                                {kLoaderMagic, "ferry_loader_t"}};
 
 struct Quarantine {
   std::mutex mu;

@@ -36,7 +36,7 @@ const char* backing_name(HostBacking b) noexcept;
 Strategy parse_strategy(const std::string& text);
 
 // What the engine knows about this machine; `ferry bench copy --calibrate`
-// measures it, defaults() are the figures of the H200 machine in DESIGN.md.
+// measures it, defaults() are the H200 machine's figures (docs/findings.md).
 struct MachineProfile {
   // Smaller pageable copies use the CUDA path, per direction (h2d, d2h). 0:
   // none (the eager staged copy beats CUDA's own at every size on the H200

@@ -2,6 +2,7 @@
 #include "core/error.h"
 
 #include <cerrno>
+#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 
@@ -11,6 +12,12 @@ OsError::OsError(const std::string& call, int err)
     : Error(err == ENOMEM ? FERRY_ERROR_OUT_OF_MEMORY : FERRY_ERROR_OS,
             call + " failed: " + std::strerror(err) + " (errno " + std::to_string(err) + ")"),
       errno_(err) {}
+
+std::string format_address(uintptr_t address) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%" PRIxPTR, address);
+  return buf;
+}
 
 std::string format_bytes(size_t bytes) {
   static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};

@@ -15,8 +15,8 @@ extern char** environ;
 namespace ferry {
 namespace {
 
-// The one table. Keep it sorted by name; docs/options.md is generated from it
-// by `ferry options --markdown`.
+// The one table. Keep it sorted by name; README's Options table is generated
+// from it by `ferry options --markdown` (tests/python/test_cli.py compares them).
 const OptionSpec kOptions[] = {
     {"FERRY_CHUNK_SIZE", "64MiB",
      "bytes the arena reserves from the OS at a time (a multiple of 2 MiB)", OptionType::size,
@@ -38,6 +38,19 @@ const OptionSpec kOptions[] = {
     {"FERRY_HUGE_PAGES", "auto",
      "how huge chunks get huge pages: auto (hugetlb if reserved, else THP), hugetlb, thp, off",
      OptionType::choice, "auto|hugetlb|thp|off", 0, 0},
+    {"FERRY_LOAD_DIRECT_IO", "auto",
+     "checkpoint loads: O_DIRECT reads: auto (files mostly not in the page cache), never, always",
+     OptionType::choice, "auto|never|always", 0, 0},
+    {"FERRY_LOAD_MAPPED_PERCENT", "0",
+     "checkpoint loads (experimental): percent of page-cache bytes DMA'd from registered file mappings, 0 .. 100",
+     OptionType::integer, nullptr, 0, 100},
+    {"FERRY_LOAD_SLOT", "16MiB", "checkpoint loads: bytes per read and per staging slot (a multiple of 4 KiB)",
+     OptionType::size, nullptr, 0, 0},
+    {"FERRY_LOAD_STAGING", "512MiB",
+     "checkpoint loads: pinned staging memory per loader, the host memory a load adds", OptionType::size, nullptr,
+     0, 0},
+    {"FERRY_LOAD_THREADS", "0", "checkpoint loads: reader threads, 0 .. 1024; 0 = one per core, at most 16",
+     OptionType::integer, nullptr, 0, kMaxThreads},
     {"FERRY_PROFILE", "",
      "machine profile file for the copy engine; empty = $XDG_CACHE_HOME/ferry/profile.txt "
      "(written by `ferry bench copy --calibrate`), built-in defaults when absent",
@@ -55,7 +68,7 @@ const OptionSpec kOptions[] = {
      "threads that first-touch a new chunk, 0 .. 1024; 0 = one per core, at most 16",
      OptionType::integer, nullptr, 0, kMaxThreads},
     {"FERRY_ZERO_RECYCLED", "0",
-     "zero recycled memory before handing it out again (Python pools default to 1)",
+     "zero recycled memory before handing it out again (else it is uninitialized, like torch.empty; alloc(zero=True) clears one allocation)",
      OptionType::boolean, nullptr, 0, 0},
 };
 

@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -48,12 +47,6 @@ constexpr uint32_t kMaxTimeoutMs = 3'600'000;
 constexpr uint32_t kMaxSpinUs = 10'000;
 constexpr uint64_t kMaxWaitUs = 3'600'000'000ull;
 constexpr auto kStreamCheckInterval = milliseconds(1);
-
-std::string hex(const void* p) {
-  char b[32];
-  std::snprintf(b, sizeof b, "0x%" PRIxPTR, reinterpret_cast<uintptr_t>(p));
-  return b;
-}
 
 void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -246,7 +239,7 @@ struct Channel::Impl {
   // The allocation holding [p, p+n) on this channel's device; InvalidArgument otherwise.
   DeviceAllocation check_device_range(const void* p, size_t n, const char* what) const {
     auto refuse = [&](const std::string& why) {
-      return InvalidArgument(std::string(what) + " " + hex(p) + why);
+      return InvalidArgument(std::string(what) + " " + format_address(p) + why);
     };
     if (!p) throw InvalidArgument(std::string(what) + " must not be NULL");
     CUpointer_attribute attributes[] = {
@@ -275,7 +268,7 @@ struct Channel::Impl {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
     if (size == 0 || a < start || n > start + size - a)
       throw refuse(" + " + std::to_string(n) + " bytes runs past the end of its allocation [" +
-                   hex(reinterpret_cast<void*>(start)) + ", +" + std::to_string(size) +
+                   format_address(reinterpret_cast<void*>(start)) + ", +" + std::to_string(size) +
                    " bytes)");
     return DeviceAllocation{static_cast<uintptr_t>(start), size, buffer_id};
   }
@@ -363,7 +356,7 @@ struct Channel::Impl {
       }
       if (now >= deadline)
         fail(std::string("channel request (") + r.what + " of " + std::to_string(r.bytes) +
-                 " bytes at " + hex(r.address) + ") did not complete within " +
+                 " bytes at " + format_address(r.address) + ") did not complete within " +
                  std::to_string(options.timeout_ms) + " ms; " + stream_status(),
              cudaErrorTimeout);
       backoff.pause();
@@ -460,7 +453,7 @@ Channel::Channel(int device, const ChannelOptions& options) : impl_(std::make_un
   if (reinterpret_cast<uintptr_t>(device_view) % alignof(Slot) != 0 ||
       reinterpret_cast<uintptr_t>(c.mapped) % alignof(Slot) != 0)
     throw Error(FERRY_ERROR_INTERNAL, "the channel ring is not 256-byte aligned (host " +
-                                          hex(c.mapped) + ", device " + hex(device_view) + ")");
+                                          format_address(c.mapped) + ", device " + format_address(device_view) + ")");
   std::memset(c.mapped, 0, bytes);
   c.control = static_cast<Control*>(c.mapped);
   c.slots = reinterpret_cast<Slot*>(static_cast<char*>(c.mapped) + sizeof(Control));
@@ -531,7 +524,7 @@ void Channel::signal(uint32_t* device_flag, uint32_t value) {
   Impl& c = *impl_;
   Impl::Active active(c);
   if (reinterpret_cast<uintptr_t>(device_flag) % 4 != 0)
-    throw InvalidArgument("dev_flag " + hex(device_flag) + " is not 4-byte aligned");
+    throw InvalidArgument("dev_flag " + format_address(device_flag) + " is not 4-byte aligned");
   c.check_device_range(device_flag, 4, "dev_flag");
   c.execute({kOpSignal, device_flag, 4, value, 0, nullptr, nullptr, "signal"});
 }
@@ -540,7 +533,7 @@ bool Channel::wait(const uint32_t* device_flag, uint32_t value, uint64_t timeout
   Impl& c = *impl_;
   Impl::Active active(c);
   if (reinterpret_cast<uintptr_t>(device_flag) % 4 != 0)
-    throw InvalidArgument("dev_flag " + hex(device_flag) + " is not 4-byte aligned");
+    throw InvalidArgument("dev_flag " + format_address(device_flag) + " is not 4-byte aligned");
   if (timeout_us > kMaxWaitUs)
     throw InvalidArgument("wait timeout of " + std::to_string(timeout_us) +
                           " us: at most 3600 s (a wait holds the whole channel)");

@@ -61,8 +61,7 @@ cudaMemLocation on_device(int device) {
   return l;
 }
 
-// CUDA 13 takes a cudaMemLocation; 12.x had it only as the _v2 names
-// (../shared/research/cuda-api-facts.md section 1).
+// CUDA 13 takes a cudaMemLocation; 12.x had it only as the _v2 names.
 void prefetch_to_device(const void* p, size_t n, int device, cudaStream_t stream) {
 #if CUDART_VERSION >= 13000
   check(cudaMemPrefetchAsync(p, n, on_device(device), 0, stream), "cudaMemPrefetchAsync");
@@ -84,12 +83,6 @@ void advise(const void* p, size_t n, int device, const ManagedOptions& o) {
     advise_one(p, n, cudaMemAdviseSetPreferredLocation, device, "cudaMemAdvise(SetPreferredLocation)");
   if (o.accessed_by) advise_one(p, n, cudaMemAdviseSetAccessedBy, device, "cudaMemAdvise(SetAccessedBy)");
   if (o.read_mostly) advise_one(p, n, cudaMemAdviseSetReadMostly, device, "cudaMemAdvise(SetReadMostly)");
-}
-
-std::string hex(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%p", p);
-  return buf;
 }
 
 std::string who(ManagedKind kind, int device) {
@@ -301,7 +294,7 @@ class Allocator {
     std::lock_guard lk(mu_);
     auto it = live_.find(p);
     if (it == live_.end())
-      throw InvalidArgument(std::string("ferry ") + managed_kind_name(kind_) + " allocator: " + hex(p) +
+      throw InvalidArgument(std::string("ferry ") + managed_kind_name(kind_) + " allocator: " + format_address(p) +
                             " is not one of its live allocations (foreign pointer or double free)");
     Record r = it->second;
     live_.erase(it);
@@ -407,7 +400,7 @@ class PoolAllocator final : public Allocator {
   void deallocate(void* p, int device, cudaStream_t stream) override {
     PerDevice& d = per_device(device);
     if (d.pool->allocation_size(p) == 0)
-      throw InvalidArgument(who(kind_, device) + ": " + hex(p) +
+      throw InvalidArgument(who(kind_, device) + ": " + format_address(p) +
                             " is not one of its live allocations (foreign pointer, wrong device or "
                             "double free)");
     d.pool->deallocate(p, reinterpret_cast<StreamId>(stream), fence(d, device, stream));
@@ -564,8 +557,17 @@ void* managed_allocate(ManagedKind kind, size_t n, int device, cudaStream_t stre
   return allocator(kind).allocate(n, device, stream);
 }
 
-void managed_deallocate(ManagedKind kind, void* p, int device, cudaStream_t stream) {
-  allocator(kind).deallocate(p, device, stream);
+bool managed_deallocate(ManagedKind kind, void* p, int device, cudaStream_t stream, std::string* error) noexcept {
+  try {
+    try {
+      allocator(kind).deallocate(p, device, stream);
+      return true;
+    } catch (const std::exception& e) {
+      *error = e.what();
+    }
+  } catch (...) {  // copying the message failed (out of host memory)
+  }
+  return false;
 }
 
 size_t managed_trim(ManagedKind kind, int device) {

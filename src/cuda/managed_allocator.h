@@ -55,9 +55,10 @@ std::string managed_options_text(ManagedKind kind);
 // concurrentManagedAccess), CudaError.
 void* managed_allocate(ManagedKind kind, size_t n, int device, cudaStream_t stream);
 // Frees p, which `kind` allocated on `device`; `stream` is the stream PyTorch
-// says it was used on. InvalidArgument for a pointer `kind` did not hand out
-// (nothing changed); CudaError when CUDA refuses (the record is dropped).
-void managed_deallocate(ManagedKind kind, void* p, int device, cudaStream_t stream);
+// says it was used on. Never throws (a free path): false, with *error set, for
+// a pointer `kind` did not hand out (nothing changed) or when CUDA refuses (the
+// record is dropped).
+bool managed_deallocate(ManagedKind kind, void* p, int device, cudaStream_t stream, std::string* error) noexcept;
 
 // managed_pool: returns chunks with no live block and no pending work on
 // `device` (-1: every device) to CUDA; the bytes released. Others: 0.

@@ -18,7 +18,8 @@ class HostRegistrar final : public ChunkHooks {
   explicit HostRegistrar(int device) : device_(device) {}
 
   // Runs on whichever thread prepares the chunk (a caller or the pool's
-  // background pipeline): make the pool's device current there first.
+  // target worker), while the pool's threads may still be touching the
+  // chunk: make the pool's device current there first.
   void on_chunk_ready(void* base, size_t bytes) override {
     char what[96];
     std::snprintf(what, sizeof what, "cudaHostRegister(%p, %s)", base, format_bytes(bytes).c_str());

@@ -1,6 +1,9 @@
 // pinned_pool.h — a Pool whose chunks are registered (pinned) with the CUDA
-// driver once, right after they are touched; allocations are then pinned at no
-// further driver call.
+// driver once, with ONE cudaHostRegister each, started while the chunk is
+// still being first-touched (pool.h, register_lead_bytes); allocations are
+// then pinned at no further driver call, and each lies inside one
+// registration (PyTorch's non_blocking copies fail over a range that spans
+// two: docs/findings.md).
 //
 // Chunks are 2 MiB aligned and sized in whole 2 MiB (or 1 GiB) pages, so a
 // registration never covers part of a huge page (a partial pin makes the kernel

@@ -3,7 +3,8 @@
 // Writing one zero byte to every 4 KiB page makes the kernel commit the range
 // (allocating huge pages where the range is advised so) while leaving its
 // contents zero. Parallel threads matter: one thread commits about 2 GB/s with
-// 4 KiB pages, 16 threads over THP reach 26-37 GB/s (DESIGN.md).
+// 4 KiB pages, 16 threads over THP reach 26-55 GB/s (the H200 machine:
+// docs/doctor-h200.txt).
 #pragma once
 
 #include <cstddef>

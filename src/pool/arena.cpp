@@ -1,16 +1,15 @@
 // arena.cpp — backing choice with remembered fallbacks, and the chunk's
-// mapping, advice, binding, first touch and release.
+// mapping, advice, binding and release (the first touch: pool/first_touch.h).
 #include "pool/arena.h"
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 
 #include "core/error.h"
 #include "os/memory.h"
 #include "os/sysfs.h"
-#include "os/touch.h"
+#include "pool/first_touch.h"
 
 namespace ferry {
 namespace {
@@ -30,11 +29,6 @@ const char* choice_name(Backing b) {
 bool transient(int err) { return err == EAGAIN || err == ENOMEM; }
 
 std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
-
-uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count());
-}
 
 }  // namespace
 
@@ -140,7 +134,7 @@ void Arena::unmap(const Mapping& m, size_t bytes) const noexcept {
   if (m.fd >= 0) os::close_fd(m.fd);
 }
 
-MappedChunk Arena::reserve(size_t bytes, PageKind kind) {
+MappedChunk Arena::map_chunk(size_t bytes, PageKind kind) {
   const std::vector<Backing> wanted = choices(bytes, kind);
   const std::string size_text = format_bytes(bytes);
   std::string hugetlb_refusals;  // why hugetlb failed, for the hugetlb policy's error
@@ -241,19 +235,24 @@ MappedChunk Arena::reserve(size_t bytes, PageKind kind) {
                 true);
   }
 
-  const auto start = std::chrono::steady_clock::now();
-  if (int err = os::touch_pages(reinterpret_cast<void*>(m.base), bytes, touch_threads_)) {
-    unmap(m, bytes);
-    throw OsError("first touch of a " + size_text + " pool chunk", err);
-  }
   MappedChunk chunk;
   chunk.base = m.base;
   chunk.bytes = bytes;
   chunk.kind = kind;
   chunk.backing = backing;
   chunk.fd = m.fd;
-  chunk.touch_ns = elapsed_ns(start);
   return chunk;
+}
+
+MappedChunk Arena::reserve(size_t bytes, PageKind kind) {
+  MappedChunk m = map_chunk(bytes, kind);
+  FirstTouch touch(m.base, m.bytes, touch_threads_);
+  if (int err = touch.join()) {
+    unmap(m);
+    throw OsError("first touch of a " + format_bytes(bytes) + " pool chunk", err);
+  }
+  m.touch_ns = touch.elapsed_ns();
+  return m;
 }
 
 void Arena::unmap(const MappedChunk& chunk) noexcept { unmap(Mapping{chunk.base, chunk.fd}, chunk.bytes); }

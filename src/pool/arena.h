@@ -1,5 +1,5 @@
 // arena.h — chunks from the OS: which backing a new chunk gets, mapping,
-// advice, NUMA binding and first touch; giving chunks, or parts of them, back.
+// advice and NUMA binding; giving chunks, or parts of them, back.
 //
 // A chunk is 2 MiB aligned, a multiple of 2 MiB, huge or small for its whole
 // life. Backing by policy, first choice first:
@@ -40,7 +40,7 @@ struct MappedChunk {
   PageKind kind = PageKind::small;
   Backing backing = Backing::small_pages;
   int fd = -1;            // the chunk's memfd; -1 for anonymous memory
-  uint64_t touch_ns = 0;  // time its first touch took
+  uint64_t touch_ns = 0;  // time its first touch took (set by the pool)
   uint64_t register_ns = 0;  // time ChunkHooks::on_chunk_ready took (set by the pool)
 };
 
@@ -49,13 +49,23 @@ class Arena {
   // Preconditions: options validated by the pool.
   explicit Arena(const PoolOptions& options);
 
-  // Maps a chunk of `bytes` for `kind`, binds it to the NUMA node, first-
-  // touches it in parallel. Throws OsError (mmap, memfd_create or touch
-  // failed) or NotSupported (hugetlb policy and no usable hugetlb pages);
-  // then nothing stays mapped.
+  // Maps a chunk of `bytes` for `kind` and binds it to the NUMA node; its
+  // pages are not touched yet (the pool touches them with FirstTouch, so that
+  // the registration can overlap the touch). Throws OsError (mmap or
+  // memfd_create failed) or NotSupported (hugetlb policy and no usable
+  // hugetlb pages); then nothing stays mapped.
   // Preconditions: bytes a nonzero multiple of 2 MiB.
   // Locking: the caller holds no lock (system calls); takes mu_ briefly.
+  MappedChunk map_chunk(size_t bytes, PageKind kind);
+
+  // map_chunk() and the first touch of the whole chunk (FirstTouch, all
+  // threads), timed into touch_ns. Throws as map_chunk() does, or OsError
+  // when the touch fails; then nothing stays mapped.
   MappedChunk reserve(size_t bytes, PageKind kind);
+
+  // Threads that first-touch a chunk (options.touch_threads, or one per core
+  // up to 16).
+  int touch_threads() const noexcept { return touch_threads_; }
 
   // Unmaps the chunk and closes its memfd.
   void unmap(const MappedChunk& chunk) noexcept;

@@ -18,12 +18,6 @@ size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 constexpr size_t kMaxRequest = size_t{1} << 50;  // 1 PiB: anything above is a bug
 
-std::string hex(uintptr_t a) {
-  std::ostringstream s;
-  s << "0x" << std::hex << a;
-  return s.str();
-}
-
 }  // namespace
 
 size_t ManagedPool::size_class(size_t n) {
@@ -320,7 +314,7 @@ ManagedPool::Block ManagedPool::allocate(size_t n, StreamId stream) {
   if (!base || reinterpret_cast<uintptr_t>(base) % kMinBlock != 0) {
     if (base) source_.release(base, chunk_bytes);
     throw InvalidArgument("managed pool: the chunk source returned " +
-                          hex(reinterpret_cast<uintptr_t>(base)) +
+                          format_address(reinterpret_cast<uintptr_t>(base)) +
                           " (NULL or not 512-byte aligned)");
   }
   Graveyard g;
@@ -339,7 +333,7 @@ void ManagedPool::deallocate(void* p, StreamId stream, std::unique_ptr<Fence> fe
   std::lock_guard lk(mu_);
   auto it = live_.find(reinterpret_cast<uintptr_t>(p));
   if (it == live_.end())
-    throw InvalidArgument("managed pool: " + hex(reinterpret_cast<uintptr_t>(p)) +
+    throw InvalidArgument("managed pool: " + format_address(reinterpret_cast<uintptr_t>(p)) +
                           " is not a live allocation of this pool (foreign pointer, interior "
                           "pointer or double free)");
   Node* n = it->second;
@@ -433,40 +427,40 @@ std::string ManagedPool::check() const {
     const Node* prev = nullptr;
     for (const Node* n = c->first; n; n = n->next) {
       ++blocks;
-      if (n->addr != at) err << "gap or overlap at " << hex(at) << " in chunk " << hex(base) << "; ";
-      if (n->prev != prev) err << "bad prev link at " << hex(n->addr) << "; ";
-      if (n->chunk != c.get()) err << "block " << hex(n->addr) << " names another chunk; ";
+      if (n->addr != at) err << "gap or overlap at " << format_address(at) << " in chunk " << format_address(base) << "; ";
+      if (n->prev != prev) err << "bad prev link at " << format_address(n->addr) << "; ";
+      if (n->chunk != c.get()) err << "block " << format_address(n->addr) << " names another chunk; ";
       if (n->size < kMinBlock || n->size % kMinBlock) err << "odd block size " << n->size << "; ";
       auto found = nodes_.find(n->addr);
-      if (found == nodes_.end() || found->second.get() != n) err << "block not indexed " << hex(n->addr) << "; ";
+      if (found == nodes_.end() || found->second.get() != n) err << "block not indexed " << format_address(n->addr) << "; ";
       const int kind = c->small ? 1 : 0;
       const Key key{n->size, n->addr};
       switch (n->state) {
         case Node::State::allocated:
           allocated += n->size;
           requested += n->requested;
-          if (!live_.count(n->addr)) err << "allocated block not live " << hex(n->addr) << "; ";
+          if (!live_.count(n->addr)) err << "allocated block not live " << format_address(n->addr) << "; ";
           if (n->fence) err << "allocated block holds a fence; ";
           break;
         case Node::State::idle:
           ++idle;
-          if (!idle_[kind].count(key)) err << "idle block not in its set " << hex(n->addr) << "; ";
+          if (!idle_[kind].count(key)) err << "idle block not in its set " << format_address(n->addr) << "; ";
           if (n->fence) err << "idle block holds a fence; ";
           break;
         case Node::State::pending: {
           ++pending;
           auto ps = pending_[kind].find(n->stream);
           if (ps == pending_[kind].end() || !ps->second.count(key))
-            err << "pending block not in its stream's set " << hex(n->addr) << "; ";
+            err << "pending block not in its stream's set " << format_address(n->addr) << "; ";
           if (!n->fence) err << "pending block without a fence; ";
           break;
         }
       }
-      if (prev && mergeable(prev, n)) err << "mergeable neighbours at " << hex(n->addr) << "; ";
+      if (prev && mergeable(prev, n)) err << "mergeable neighbours at " << format_address(n->addr) << "; ";
       at = n->addr + n->size;
       prev = n;
     }
-    if (at != c->base + c->size) err << "chunk " << hex(base) << " not tiled to its end; ";
+    if (at != c->base + c->size) err << "chunk " << format_address(base) << " not tiled to its end; ";
   }
   size_t set_idle = idle_[0].size() + idle_[1].size(), set_pending = 0;
   for (int k = 0; k < 2; ++k)

@@ -1,16 +1,21 @@
 // pool.cpp — Pool: exact-size allocation from huge/small chunks, recycling,
-// release (trim, background, limit), and the background target pipeline. The
-// range states, the locks and the fields they guard are in pool_impl.h.
+// release (trim, background, limit), chunk preparation (touch overlapped with
+// registration) and the background target. The range states, the locks and
+// the fields they guard are in pool_impl.h.
 #include "pool/pool.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "core/error.h"
 #include "core/options.h"
+#include "pool/first_touch.h"
 #include "pool/pool_impl.h"
 #include "pool/stats.h"
 
@@ -23,12 +28,6 @@ constexpr size_t kChunkGranule = size_t{2} << 20;  // chunks are 2 MiB aligned a
 
 int index(PageKind k) { return static_cast<int>(k); }
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-std::string hex(uintptr_t p) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "%#" PRIxPTR, p);
-  return buf;
-}
 
 uint64_t ns_since(Clock::time_point start) {
   return static_cast<uint64_t>(
@@ -43,6 +42,35 @@ PageKind resolve_kind(HugeWant want, size_t size) {
     case HugeWant::automatic: break;
   }
   return size >= (size_t{2} << 20) ? PageKind::huge : PageKind::small;
+}
+
+// Clears the spans; with up to `threads` threads when they are big (a
+// recycled 1 GiB range takes ~100 ms on one thread). Returns the bytes cleared.
+size_t zero_spans(const std::vector<Span>& spans, int threads) {
+  constexpr size_t kParallelFrom = size_t{64} << 20, kShare = size_t{16} << 20;
+  size_t total = 0;
+  for (const Span& d : spans) total += d.size;
+  if (total < kParallelFrom || threads < 2) {
+    for (const Span& d : spans) std::memset(reinterpret_cast<void*>(d.begin), 0, d.size);
+    return total;
+  }
+  std::vector<Span> shares;  // the spans cut in kShare pieces, handed out by a cursor
+  for (const Span& d : spans)
+    for (size_t off = 0; off < d.size; off += kShare) shares.push_back(Span{d.begin + off, std::min(kShare, d.size - off)});
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < shares.size();)
+      std::memset(reinterpret_cast<void*>(shares[i].begin), 0, shares[i].size);
+  };
+  std::vector<std::thread> helpers;
+  try {
+    for (int t = 1; t < threads; ++t) helpers.emplace_back(work);
+  } catch (...) {
+    // Fewer threads: the caller does the rest.
+  }
+  work();
+  for (std::thread& t : helpers) t.join();
+  return total;
 }
 
 const PoolOptions& validated(const PoolOptions& o) {
@@ -73,17 +101,17 @@ size_t FreedHistory::find(uintptr_t start) const {
 
 // ---- Impl: allocation ------------------------------------------------------
 
-size_t target_chunk_size(const PoolOptions& o) {
-  const size_t eighth = round_up((o.target_bytes + 7) / 8, kChunkGranule);
-  return std::max(o.chunk_bytes, std::min(eighth, std::max(o.chunk_bytes, size_t{1} << 30)));
-}
-
 Pool::Impl::Impl(PoolOptions o, std::shared_ptr<ChunkHooks> h)
     : options(validated(o)),
       hooks(std::move(h)),
       target_kind(resolve_kind(o.target_kind, o.chunk_bytes)),
-      target_chunk_bytes(target_chunk_size(options)),
+      target_chunk_bytes(round_up(options.target_bytes, kChunkGranule)),
       arena(options) {}
+
+PageKind Pool::Impl::kind_for(HugeWant want, size_t size) const {
+  if (want == HugeWant::automatic && options.target_bytes > 0 && size < kChunkGranule) return target_kind;
+  return resolve_kind(want, size);
+}
 
 uint64_t Pool::Impl::reserved_locked() const {
   return counters.kind[0].reserved.current + counters.kind[1].reserved.current;
@@ -109,22 +137,44 @@ bool Pool::Impl::should_wait_for_target_locked(size_t size, PageKind kind) const
   return target_running && !target_error && !stopping && kind == target_kind && size <= target_chunk_bytes;
 }
 
-void Pool::Impl::register_chunk(MappedChunk& m) {
-  if (!hooks) return;
+bool Pool::Impl::register_chunk(MappedChunk& m, std::exception_ptr* error) {
   const auto start = Clock::now();
   try {
     hooks->on_chunk_ready(reinterpret_cast<void*>(m.base), m.bytes);
   } catch (...) {
-    arena.unmap(m);
-    throw;
+    *error = std::current_exception();
+    return false;
   }
   m.register_ns = ns_since(start);
+  return true;
 }
 
-MappedChunk Pool::Impl::prepare_chunk(size_t bytes, PageKind kind) {
-  MappedChunk m = arena.reserve(bytes, kind);
-  register_chunk(m);
-  return m;
+MappedChunk Pool::Impl::prepare_chunk(size_t bytes, PageKind kind, const std::atomic<bool>* cancel) {
+  MappedChunk m = arena.map_chunk(bytes, kind);
+  FirstTouch touch(m.base, m.bytes, arena.touch_threads());
+  std::exception_ptr error;
+  bool registered = false, tried = false;
+  // The registration starts behind the touch front, on this thread, while
+  // the helpers touch the rest (pool_impl.h, "Chunk preparation").
+  if (hooks && options.register_lead_bytes < bytes && touch.wait_touched(options.register_lead_bytes, cancel)) {
+    tried = true;
+    registered = register_chunk(m, &error);
+    if (!registered) touch.stop();  // refused: touching the rest is wasted
+  }
+  auto cancelled = [&] { return !tried && cancel && cancel->load(); };
+  if (cancelled()) touch.stop();
+  const int err = touch.join();
+  m.touch_ns = touch.elapsed_ns();
+  const bool cancel_now = cancelled();
+  if (hooks && !tried && err == 0 && !cancel_now) registered = register_chunk(m, &error);
+  if (!cancel_now && err == 0 && (registered || !hooks)) return m;
+  if (registered) hooks->on_chunk_release(reinterpret_cast<void*>(m.base), m.bytes);
+  arena.unmap(m);
+  if (error) std::rethrow_exception(error);
+  if (cancel_now || err == ECANCELED)
+    throw OsError("preparing a " + format_bytes(bytes) + " pool chunk: cancelled (the pool is being destroyed)",
+                  ECANCELED);
+  throw OsError("first touch of a " + format_bytes(bytes) + " pool chunk", err);
 }
 
 Chunk& Pool::Impl::insert_chunk_locked(const MappedChunk& m) {
@@ -160,12 +210,14 @@ void* Pool::Impl::hand_out_locked(const Carved& carved, PageKind kind) {
   return reinterpret_cast<void*>(carved.begin);
 }
 
-void* Pool::Impl::allocate(size_t size, size_t alignment, PageKind kind, std::vector<Span>* dirty) {
+void* Pool::Impl::allocate(size_t size, size_t alignment, PageKind kind, std::vector<Span>* dirty,
+                           bool cached_only) {
   RangeSet& set = available[index(kind)];
   std::unique_lock lock(mu);
   for (;;) {
     if (std::optional<Carved> carved = set.take_best_fit(size, alignment, dirty))
       return hand_out_locked(*carved, kind);
+    if (cached_only) return nullptr;
     if (should_wait_for_target_locked(size, kind)) {
       target_cv.wait(lock);
       continue;
@@ -207,13 +259,13 @@ void* Pool::Impl::allocate(size_t size, size_t alignment, PageKind kind, std::ve
 // ---- Impl: free --------------------------------------------------------------
 
 std::string Pool::Impl::diagnose_free_locked(uintptr_t p) const {
-  const std::string head = "ferry pool: deallocate(" + hex(p) + "): ";
+  const std::string head = "ferry pool: deallocate(" + format_address(p) + "): ";
   if (p == 0) return head + "null pointer, not allocated by this pool";
   std::string around;  // the live allocation p points into, if any
   auto it = live.upper_bound(p);
   if (it != live.begin() && p < std::prev(it)->first + std::prev(it)->second.size) {
     --it;
-    around = "an allocation of " + std::to_string(it->second.size) + " bytes starting at " + hex(it->first);
+    around = "an allocation of " + std::to_string(it->second.size) + " bytes starting at " + format_address(it->first);
   }
   if (const size_t freed_size = freed.find(p)) {
     std::string m = head + "already freed (it was an allocation of " + std::to_string(freed_size) + " bytes)";
@@ -377,76 +429,30 @@ void Pool::Impl::run_releaser() {
 
 // ---- Impl: background target ------------------------------------------------------
 
-void Pool::Impl::run_target_toucher(size_t chunk_count) {
+void Pool::Impl::run_target(Clock::time_point created) {
   const size_t bytes = target_chunk_bytes;
+  std::exception_ptr error;
   std::unique_lock lock(mu);
-  for (size_t i = 0; i < chunk_count && !stopping && !target_error; ++i) {
-    if (!fits_limit_locked(bytes)) {
-      target_error = std::make_exception_ptr(OutOfMemory(limit_message_locked(
-          "the background target of " + format_bytes(options.target_bytes) + " (chunk " +
-              std::to_string(i + 1) + " of " + std::to_string(chunk_count) + ")",
-          bytes)));
-      break;
-    }
+  if (!fits_limit_locked(bytes)) {
+    error = std::make_exception_ptr(
+        OutOfMemory(limit_message_locked("the background target of " + format_bytes(options.target_bytes), bytes)));
+  } else {
     pending_bytes += bytes;
     lock.unlock();
     MappedChunk m;
     try {
-      m = arena.reserve(bytes, target_kind);
+      m = prepare_chunk(bytes, target_kind, &cancel_target);
     } catch (...) {
-      lock.lock();
-      pending_bytes -= bytes;
-      if (!target_error) target_error = std::current_exception();
-      break;
+      error = std::current_exception();
     }
     lock.lock();
-    // One chunk waits for registration while the next one is touched.
-    target_cv.wait(lock, [&] { return target_queue.empty() || stopping || target_error; });
-    if (stopping || target_error) {
-      lock.unlock();
-      arena.unmap(m);
-      lock.lock();
-      pending_bytes -= bytes;
-      break;
+    pending_bytes -= bytes;
+    if (!error) {
+      insert_chunk_locked(m);  // also while stopping: shutdown() releases it with the others
+      counters.target_ns = ns_since(created);
     }
-    target_queue.push_back(m);
-    target_cv.notify_all();
   }
-  toucher_done = true;
-  target_cv.notify_all();
-}
-
-void Pool::Impl::run_target_registrar() {
-  // After a refused registration the chunks still queued are unmapped, not
-  // offered to the hook again. A chunk queued before an error of the toucher
-  // (limit, mmap) is still good and gets registered.
-  bool refused = false;
-  std::unique_lock lock(mu);
-  for (;;) {
-    target_cv.wait(lock, [&] { return !target_queue.empty() || toucher_done; });
-    if (target_queue.empty()) break;
-    MappedChunk m = target_queue.front();
-    target_queue.pop_front();
-    target_cv.notify_all();  // room for the toucher's next chunk
-    const bool abandon = stopping || refused;
-    std::exception_ptr error;
-    lock.unlock();
-    if (abandon) {
-      arena.unmap(m);
-    } else {
-      try {
-        register_chunk(m);
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    lock.lock();
-    pending_bytes -= m.bytes;
-    refused = refused || error;
-    if (error && !target_error) target_error = error;
-    if (!abandon && !error) insert_chunk_locked(m);
-    target_cv.notify_all();
-  }
+  target_error = error;
   target_running = false;
   target_cv.notify_all();
 }
@@ -462,6 +468,8 @@ PoolStats Pool::Impl::stats() const {
   PoolStats s = counters;
   s.notes = arena.notes();
   s.fallbacks = arena.fallbacks();
+  s.zeroed_bytes = zeroed_bytes.load(std::memory_order_relaxed);
+  s.zero_ns = zero_ns.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -470,23 +478,21 @@ void Pool::Impl::shutdown() noexcept {
     std::lock_guard lock(mu);
     stopping = true;
   }
+  cancel_target.store(true);
   target_cv.notify_all();
   release_cv.notify_all();
-  for (std::thread* t : {&toucher, &registrar, &releaser})
+  for (std::thread* t : {&target_worker, &releaser})
     if (t->joinable()) t->join();
-  std::vector<MappedChunk> registered, unregistered;
+  std::vector<MappedChunk> registered;
   {
     std::lock_guard lock(mu);
     for (const auto& [base, c] : chunks) registered.push_back(c.mapping);
-    unregistered.assign(target_queue.begin(), target_queue.end());
     chunks.clear();
-    target_queue.clear();
   }
   for (const MappedChunk& m : registered) {
     if (hooks) hooks->on_chunk_release(reinterpret_cast<void*>(m.base), m.bytes);
     arena.unmap(m);
   }
-  for (const MappedChunk& m : unregistered) arena.unmap(m);
 }
 
 // ---- Pool ------------------------------------------------------------------------
@@ -494,18 +500,17 @@ void Pool::Impl::shutdown() noexcept {
 Pool::Pool(PoolOptions options, std::shared_ptr<ChunkHooks> hooks)
     : impl_(std::make_unique<Impl>(options, std::move(hooks))) {
   Impl& s = *impl_;
+  const Clock::time_point created = Clock::now();
   try {
     if (s.options.release_delay_ms > 0) s.releaser = std::thread([&s] { s.run_releaser(); });
     if (s.options.target_bytes > 0) {
-      const size_t count = (s.options.target_bytes + s.target_chunk_bytes - 1) / s.target_chunk_bytes;
       s.target_running = true;  // no other thread runs yet
-      s.registrar = std::thread([&s] { s.run_target_registrar(); });
-      s.toucher = std::thread([&s, count] { s.run_target_toucher(count); });
+      s.target_worker = std::thread([&s, created] { s.run_target(created); });
     }
   } catch (...) {
     {
       std::lock_guard lock(s.mu);
-      s.toucher_done = true;  // a registrar without a toucher must not wait for one
+      s.target_running = false;  // no worker: nobody may wait for one
     }
     s.shutdown();
     throw;
@@ -520,8 +525,10 @@ Pool::~Pool() {
   impl_->shutdown();
 }
 
-void* Pool::allocate(size_t bytes, size_t alignment, HugeWant huge) {
-  impl_->refuse_if_forked();
+namespace {
+
+// Throws InvalidArgument for a request allocate() does not serve; returns its rounded size.
+size_t checked_size(size_t bytes, size_t alignment) {
   if (bytes == 0) throw InvalidArgument("ferry pool: cannot allocate 0 bytes (the size must be at least 1)");
   if (bytes > kMaxRequest)
     throw InvalidArgument("ferry pool: a request of " + std::to_string(bytes) +
@@ -532,12 +539,33 @@ void* Pool::allocate(size_t bytes, size_t alignment, HugeWant huge) {
   if (alignment > kMaxAlignment)
     throw InvalidArgument("ferry pool: alignment " + std::to_string(alignment) + " (" +
                           format_bytes(alignment) + ") is above the 2 MiB maximum");
-  const size_t size = round_up(bytes, alignment);
-  std::vector<Span> dirty;  // filled only when zero_recycled
-  void* p = impl_->allocate(size, alignment, resolve_kind(huge, size),
-                            impl_->options.zero_recycled ? &dirty : nullptr);
-  for (const Span& d : dirty) std::memset(reinterpret_cast<void*>(d.begin), 0, d.size);
+  return round_up(bytes, alignment);
+}
+
+}  // namespace
+
+void* Pool::Impl::allocate_public(size_t bytes, size_t alignment, HugeWant huge, bool zero, bool cached_only) {
+  const size_t size = checked_size(bytes, alignment);
+  std::vector<Span> dirty;  // filled only when zeroing is asked for
+  void* p = allocate(size, alignment, kind_for(huge, size), zero || options.zero_recycled ? &dirty : nullptr,
+                     cached_only);
+  if (!dirty.empty()) {
+    const auto start = Clock::now();
+    // allocate_cached() starts no thread (its callers hold a lock of their own).
+    zeroed_bytes.fetch_add(zero_spans(dirty, cached_only ? 1 : arena.touch_threads()), std::memory_order_relaxed);
+    zero_ns.fetch_add(ns_since(start), std::memory_order_relaxed);
+  }
   return p;
+}
+
+void* Pool::allocate(size_t bytes, size_t alignment, HugeWant huge, bool zero) {
+  impl_->refuse_if_forked();
+  return impl_->allocate_public(bytes, alignment, huge, zero, false);
+}
+
+void* Pool::allocate_cached(size_t bytes, size_t alignment, HugeWant huge, bool zero) {
+  impl_->refuse_if_forked();
+  return impl_->allocate_public(bytes, alignment, huge, zero, true);
 }
 
 void Pool::deallocate(void* p) {

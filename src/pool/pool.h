@@ -35,7 +35,9 @@ const char* backing_name(Backing b) noexcept;
 // Accounting kind: huge (THP or hugetlb chunks) or small (MADV_NOHUGEPAGE).
 enum class PageKind { small = 0, huge = 1 };
 
-// What an allocation asks for. automatic = huge for >= 2 MiB, else small.
+// What an allocation asks for. automatic = huge for >= 2 MiB; below 2 MiB
+// small, except in a pool with a target, where it is the target's kind (so a
+// target serves small allocations too instead of a new small chunk).
 enum class HugeWant { automatic, yes, no };
 
 // How huge chunks get their huge pages.
@@ -45,8 +47,12 @@ enum class HugePolicy { automatic, hugetlb, thp, off };
 class ChunkHooks {
  public:
   virtual ~ChunkHooks() = default;
-  // The chunk is reserved and touched. Throw ferry::Error to refuse it: the
-  // pool then unmaps it and the allocation that needed it fails with that error.
+  // The chunk is mapped read-write and reads as zero; the pool's threads may
+  // still be first-touching it, front to back (PoolOptions::register_lead_bytes:
+  // a registration that starts behind the touch overlaps it). Called once per
+  // chunk, on the thread that prepares it. Throw ferry::Error to refuse the
+  // chunk: the pool then unmaps it and the allocation that needed it fails
+  // with that error.
   virtual void on_chunk_ready(void* base, size_t bytes) = 0;
   // The chunk is about to be unmapped (trim, background release, destroy).
   virtual void on_chunk_release(void* base, size_t bytes) noexcept = 0;
@@ -59,14 +65,23 @@ struct PoolOptions {
   bool memfd = false;                 // back chunks by memfd (MAP_SHARED) instead of anonymous memory
   HugePolicy huge_pages = HugePolicy::automatic;
   size_t limit_bytes = 0;             // hard limit on reserved bytes; 0 = none
-  bool zero_recycled = false;         // zero recycled ranges before handing them out
+  bool zero_recycled = false;         // zero every recycled range before handing it out (else only where allocate(zero=true) asks)
   int touch_threads = 0;              // 0 = one per core, at most 16
   int64_t release_delay_ms = 0;       // background release of chunks free this long; 0 = off
   size_t release_batch_bytes = 128u << 20;  // cap per background round
   int numa_node = -1;                 // bind chunks to this node (mbind), 0 .. 1023; -1 = no binding
                                       // (pinned pools: the GPU's node), -2 = never bind
-  size_t target_bytes = 0;            // reserve this much in the background at creation
-  HugeWant target_kind = HugeWant::yes;  // kind of the target chunks
+  // The target: ONE chunk of target_bytes (rounded up to 2 MiB), reserved,
+  // touched and registered (one registration) in the background at creation;
+  // it serves any allocation up to its size, or many smaller ones.
+  size_t target_bytes = 0;
+  HugeWant target_kind = HugeWant::yes;  // kind of the target chunk
+  // With hooks: the hook (registration) of a new chunk starts once this many
+  // bytes from its base are touched, while the rest is touched. 0 = at once;
+  // >= the chunk's size = after the whole chunk is touched (so chunks of the
+  // default 64 MiB register after their touch; a target or a big
+  // allocation's own chunk overlaps the two).
+  size_t register_lead_bytes = 64u << 20;
 
   // Throws InvalidArgument naming the field and quoting the value when one is
   // out of range (chunk_bytes, touch_threads, release_delay_ms, numa_node), and
@@ -99,8 +114,11 @@ struct PoolStats {
   uint64_t chunk_reservations = 0;
   uint64_t chunk_releases = 0;
   uint64_t fallbacks = 0;           // times a wanted backing was refused and another used
-  uint64_t touch_ns = 0;            // time spent first-touching chunks
-  uint64_t register_ns = 0;         // time spent in ChunkHooks::on_chunk_ready
+  uint64_t touch_ns = 0;            // time spent first-touching chunks (wall time per chunk, summed)
+  uint64_t register_ns = 0;         // time spent in ChunkHooks::on_chunk_ready (overlaps touch_ns)
+  uint64_t target_ns = 0;           // from creation until the target chunk was in; 0 = none (yet)
+  uint64_t zeroed_bytes = 0;        // recycled bytes cleared on allocation (zero_recycled or zero=true)
+  uint64_t zero_ns = 0;             // time that clearing took, in the allocating threads
   uint64_t chunks_by_backing[4] = {};  // live chunks, indexed by Backing
   std::vector<std::string> notes;   // fallbacks remembered, e.g. "hugetlb 2 MiB: 0 free pages; using THP"
 };
@@ -114,7 +132,18 @@ class Pool {
 
   // bytes >= 1; alignment a power of two, 1 .. 2 MiB. Throws InvalidArgument
   // or OutOfMemory (naming the limit when that is the cause). Thread-safe.
-  void* allocate(size_t bytes, size_t alignment = 256, HugeWant huge = HugeWant::automatic);
+  // The memory is uninitialized where it is recycled, unless `zero` or
+  // options.zero_recycled: then it reads as zero (only recycled bytes are
+  // cleared; memory fresh from the OS, or released to it, is zero already).
+  void* allocate(size_t bytes, size_t alignment = 256, HugeWant huge = HugeWant::automatic, bool zero = false);
+
+  // Like allocate(), but only from free memory the pool holds now: returns
+  // nullptr where allocate() would reserve a chunk or wait for the target.
+  // Makes no system call and never waits for more than the pool's lock (for
+  // callers that hold a lock of their own, such as Python's GIL); clears
+  // recycled bytes in the calling thread alone when asked. Throws as allocate().
+  void* allocate_cached(size_t bytes, size_t alignment = 256, HugeWant huge = HugeWant::automatic,
+                        bool zero = false);
 
   // p must be a pointer returned by allocate() and not yet freed. Throws
   // InvalidArgument (double free, foreign or interior pointer) and changes nothing.

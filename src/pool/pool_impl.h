@@ -5,8 +5,10 @@
 //   free       in a chunk, never handed out; zero (fresh from the OS, and the
 //              first touch writes zero). RangeSet span state `zero`.
 //   in use     handed out by allocate(); an entry of `live`.
-//   cached     freed by deallocate(): committed and dirty (zeroed before it is
-//              handed out again if zero_recycled). RangeSet span state `dirty`.
+//   cached     freed by deallocate(): committed and dirty (cleared before it
+//              is handed out again if zero_recycled or allocate(zero=true);
+//              else handed out as it is, like torch.empty). RangeSet span state
+//              `dirty`.
 //   releasing  taken out of the free sets while its memory goes back to the OS
 //              outside the lock; held by the releasing thread, in no set: a
 //              part of a chunk is counted in the Chunk's `releasing_bytes`; a
@@ -19,7 +21,7 @@
 // Transitions:
 //   free -> in use                   allocate
 //   in use -> cached                 deallocate
-//   cached -> in use                 allocate, a "recycle" (zeroed outside the lock if zero_recycled)
+//   cached -> in use                 allocate, a "recycle" (cleared outside the lock when asked)
 //   free/cached -> releasing -> released
 //                                    trim (whole idle chunks, hooks->on_chunk_release
 //                                    first; without hooks also page-aligned parts of
@@ -39,6 +41,36 @@
 // booked under the lock before mapping, so that concurrent reservations never
 // exceed limit_bytes (given back if the reservation fails).
 //
+// Chunk preparation (prepare_chunk, outside mu; the same for the target
+// chunk and for a caller's new chunk, a big allocation's own included):
+//   mapped       arena.map_chunk(): backing chosen, advised, bound; bytes
+//                booked in pending_bytes; in no set, not in `chunks`
+//   touching     FirstTouch's threads commit 2 MiB units front to back
+//   registering  once register_lead_bytes are touched, the preparing thread
+//                calls on_chunk_ready(base, whole chunk) while the touch goes
+//                on: cudaHostRegister pins from the base, behind the touch
+//                front (faulting in itself whatever it overtakes)
+//   in           touch and hook both done: insert_chunk_locked() puts every
+//                byte in the free set (state zero) at once.
+// So no byte is handed out before the one registration covers the whole
+// chunk, and a registration never covers two chunks.
+//
+// The target chunk (target_bytes > 0): ONE chunk of target_bytes rounded up
+// to 2 MiB, one mapping, ONE registration over all of it, prepared by the
+// target worker. One allocation must never span two registrations (measured
+// on the H200: a tensor over two adjacent, separately registered ranges says
+// is_pinned(), yet PyTorch's non_blocking copy_ over it fails with
+// cudaErrorInvalidValue), and the target must serve one allocation of its
+// whole size; runs of different chunks never merge (range_set.h), so only one
+// chunk can. While target_running, an allocation of the target's kind that
+// fits its size and finds no free range waits on target_cv instead of
+// reserving a chunk of its own (allocate_cached() returns nullptr instead).
+// shutdown() sets cancel_target: a preparation that has not yet called the
+// hook gives the chunk up (stops touching where it waits for its lead, or
+// skips the hook after a whole touch) and unmaps it; one whose registration
+// runs finishes it (a cudaHostRegister cannot be interrupted), and the chunk
+// goes in and is released with the others.
+//
 // Locks, in this order:
 //   1. Impl::mu, the pool's mutex: every field marked "mu".
 //   2. Arena::mu_, a leaf: remembered refusals and notes; taken under mu
@@ -51,8 +83,9 @@
 // call at all: O(log n) map operations under mu.
 //
 // Threads: callers; the background releaser (release_delay_ms > 0); the
-// target pipeline's toucher and registrar (target_bytes > 0). ~Pool stops and
-// joins them all before it releases the chunks.
+// target worker (target_bytes > 0); FirstTouch's helpers, started and joined
+// inside one prepare_chunk(). ~Pool stops and joins them all before it
+// releases the chunks. zeroed_bytes and zero_ns are atomics, outside mu.
 //
 // fork(): in a forked child those threads do not exist and mu may be held by
 // one of them, so a pool created before the fork refuses every operation
@@ -60,6 +93,7 @@
 // without joining, locking or unmapping anything (core/fork.h).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -121,7 +155,14 @@ struct Pool::Impl {
   Impl(PoolOptions options, std::shared_ptr<ChunkHooks> hooks);
 
   // The public operations (Pool forwards to these). Locking: take mu.
-  void* allocate(size_t size, size_t alignment, PageKind kind, std::vector<Span>* dirty);
+  // `size` already rounded; `dirty` (when given) receives the recycled spans
+  // to clear; cached_only: nullptr instead of reserving a chunk or waiting.
+  void* allocate(size_t size, size_t alignment, PageKind kind, std::vector<Span>* dirty, bool cached_only);
+  // Pool::allocate and allocate_cached: checks, allocate(), clears what is
+  // asked outside the lock. Locking: takes mu (in allocate()).
+  void* allocate_public(size_t bytes, size_t alignment, HugeWant huge, bool zero, bool cached_only);
+  // HugeWant resolved for a request of `size` (rounded) bytes (pool.h).
+  PageKind kind_for(HugeWant want, size_t size) const;
   void deallocate(uintptr_t p);
   size_t trim(size_t keep_bytes);
   PoolStats stats() const;
@@ -129,12 +170,14 @@ struct Pool::Impl {
   // Stops and joins the background threads, then releases every chunk.
   void shutdown() noexcept;
 
-  // Calls on_chunk_ready (timed into m.register_ns); if it throws, unmaps the
-  // chunk and rethrows. Locking: mu not held (hook call, munmap).
-  void register_chunk(MappedChunk& m);
-  // arena.reserve() and register_chunk(). Throws; then nothing stays mapped.
+  // Calls on_chunk_ready (timed into m.register_ns). Returns false and sets
+  // *error if it throws. Locking: mu not held (hook call).
+  bool register_chunk(MappedChunk& m, std::exception_ptr* error);
+  // Maps, touches and registers a chunk, the registration overlapping the
+  // touch (see "Chunk preparation"). Throws; then nothing stays mapped or
+  // registered. `cancel` (may be null) stops it before the hook is called.
   // Locking: mu not held.
-  MappedChunk prepare_chunk(size_t bytes, PageKind kind);
+  MappedChunk prepare_chunk(size_t bytes, PageKind kind, const std::atomic<bool>* cancel = nullptr);
   // Adds a prepared chunk to `chunks`, its bytes to the free set (state
   // zero) and to the stats.
   Chunk& insert_chunk_locked(const MappedChunk& m);
@@ -167,17 +210,13 @@ struct Pool::Impl {
   }
 
   void run_releaser();
-  void run_target_toucher(size_t chunk_count);
-  void run_target_registrar();
+  void run_target(Clock::time_point created);
 
   const PoolOptions options;
   const std::shared_ptr<ChunkHooks> hooks;
   const uint64_t generation = fork_generation();
   const PageKind target_kind;
-  // Chunk size of the background target: bigger than chunk_bytes for big
-  // targets (at most 8 chunks, at most 1 GiB each), so per-chunk costs (mmap,
-  // thread start, one cudaHostRegister call) do not dominate; measured on the
-  // H200: 8 GiB in 64 MiB chunks took 1.48 s, as one chunk 0.39 s.
+  // target_bytes rounded up to 2 MiB: the size of the one target chunk.
   const size_t target_chunk_bytes;
   Arena arena;  // its own leaf lock
 
@@ -192,13 +231,14 @@ struct Pool::Impl {
   size_t pending_bytes = 0;            // mu: booked for chunks being prepared
   bool stopping = false;               // mu
 
-  bool target_running = false;            // mu: the pipeline still works
-  bool toucher_done = false;              // mu
-  std::deque<MappedChunk> target_queue;   // mu: touched, waiting for on_chunk_ready
-  std::exception_ptr target_error;        // mu: first error of the pipeline
+  bool target_running = false;            // mu: the target chunk is being prepared
+  std::exception_ptr target_error;        // mu: why the target failed
+  std::atomic<bool> cancel_target{false};  // no lock: set by shutdown(), polled by the target's preparation
+
+  std::atomic<uint64_t> zeroed_bytes{0}, zero_ns{0};  // no lock: counted by allocating threads
 
   // Started by the constructor, joined by shutdown(); no lock (owner only).
-  std::thread releaser, toucher, registrar;
+  std::thread releaser, target_worker;
 };
 
 }  // namespace ferry

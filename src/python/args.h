@@ -64,8 +64,14 @@ T int_arg(nanobind::handle value, const char* name, T lo = std::numeric_limits<T
   return out;
 }
 
-// A byte count: an integer 0 .. 2**64 - 1.
+// A byte count: an integer 0 .. 2**64 - 1. A plain int (the hot path of
+// Pool.alloc) costs one conversion; anything else takes the checked way.
 inline size_t size_arg(nanobind::handle value, const char* name) {
+  if (PyLong_CheckExact(value.ptr())) {
+    const unsigned long long v = PyLong_AsUnsignedLongLong(value.ptr());
+    if (!(v == static_cast<unsigned long long>(-1) && PyErr_Occurred())) return static_cast<size_t>(v);
+    PyErr_Clear();  // negative, or above 2**64 - 1: said below
+  }
   nanobind::object index = checked_index(value, name, "a byte count, an integer >= 0");
   if (PyObject_RichCompareBool(index.ptr(), nanobind::int_(0).ptr(), Py_LT) == 1)
     throw InvalidArgument(std::string(name) + "=" + arg_repr(value) +

@@ -13,6 +13,7 @@
 #include "cuda/copy_engine.h"
 #include "cuda/pointer_lookup.h"
 #include "cuda/registration.h"
+#include "os/memory.h"
 #include "python/args.h"
 #include "python/copy_args.h"
 #include "python/gil.h"
@@ -274,6 +275,16 @@ void bind_copy(nb::module_& m) {
            nb::handle device, bool wait) { return run_many(dsts, srcs, sizes, stream, strategy, device, wait); },
         "dsts"_a, "srcs"_a, "sizes"_a = nb::none(), "stream"_a = nb::none(), "strategy"_a = nb::none(),
         "device"_a = nb::none(), "wait"_a = true);
+  m.def("advise_huge",
+        [](uintptr_t address, size_t nbytes) {
+          // The whole 2 MiB pages inside [address, address + nbytes).
+          const uintptr_t huge = uintptr_t{2} << 20;
+          const uintptr_t begin = (address + huge - 1) & ~(huge - 1), end = (address + nbytes) & ~(huge - 1);
+          return end > begin && os::advise_huge(ptr(begin), end - begin) == 0;
+        },
+        "address"_a, "nbytes"_a,
+        "Ask for transparent huge pages in the whole 2 MiB pages of a range not yet touched (advice: "
+        "False where the kernel refuses). First touch of fresh memory is 3x faster with them in a VM.");
   m.def("engine", &engine_for, "device"_a = 0, nb::rv_policy::reference,
         "The process's copy engine for `device` (made on first use).");
 

@@ -1,6 +1,6 @@
 // managed_bindings.cpp — ferry._ferry's side of the PyTorch allocators: their
 // configuration, stats and trim, and the path of libferry.so (whose extern "C"
-// entry points PyTorch loads). Policy lives in python/ferry/torch.py.
+// entry points PyTorch loads). Policy lives in python/ferry/torch/allocators.py.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 

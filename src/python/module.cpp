@@ -25,9 +25,11 @@
 
 namespace ferry::python {
 void bind_bench(nanobind::module_& m);
+void bind_pool_tensor(nanobind::module_& m);  // pool memory as DLPack tensors: pool_tensor.cpp
 void bind_copy(nanobind::module_& m);
 void bind_channel(nanobind::module_& m);  // low-latency channel: channel_bindings.cpp
 void bind_managed(nanobind::module_& m);  // PyTorch allocators: managed_bindings.cpp
+void bind_load(nanobind::module_& m);     // checkpoint loader, safetensors: load_bindings.cpp
 }
 
 namespace nb = nanobind;
@@ -77,6 +79,24 @@ struct Buffer {
     return ptr;
   }
 };
+
+// Most bytes a Python allocation clears while it holds the GIL.
+constexpr size_t kClearWithGil = size_t{1} << 20;
+
+// A Buffer built inside its Python object (no separate heap object); frees
+// `p` if that fails.
+nb::object new_buffer(PoolHandle& h, void* p, size_t size) {
+  nb::object o;
+  try {
+    o = nb::inst_alloc(nb::type<Buffer>());
+  } catch (...) {
+    h.pool->deallocate(p);
+    throw;
+  }
+  new (nb::inst_ptr<Buffer>(o)) Buffer{h.pool, p, size, h.pinned, 0};
+  nb::inst_mark_ready(o);
+  return o;
+}
 
 int buffer_getbuffer(PyObject* self, Py_buffer* view, int flags) {
   Buffer* b = nb::inst_ptr<Buffer>(self);
@@ -149,6 +169,7 @@ ferry::PoolOptions pool_options(const nb::dict& d) {
     else if (k == "target_bytes") o.target_bytes = size_arg(value, name);
     else if (k == "target_huge")
       o.target_kind = bool_arg(value, name) ? ferry::HugeWant::yes : ferry::HugeWant::no;
+    else if (k == "register_lead_bytes") o.register_lead_bytes = size_arg(value, name);
     else throw ferry::InvalidArgument("unknown pool option '" + k + "'");
   }
   o.validate();  // ranges, named and quoted, before any thread starts
@@ -190,6 +211,9 @@ nb::dict stats_dict(const ferry::PoolStats& s) {
   out["fallbacks"] = s.fallbacks;
   out["touch_seconds"] = s.touch_ns / 1e9;
   out["register_seconds"] = s.register_ns / 1e9;
+  out["target_seconds"] = s.target_ns / 1e9;
+  out["zeroed_bytes"] = s.zeroed_bytes;
+  out["zero_seconds"] = s.zero_ns / 1e9;
   nb::dict chunks;
   const ferry::Backing backings[] = {ferry::Backing::small_pages, ferry::Backing::thp,
                                      ferry::Backing::hugetlb_2m, ferry::Backing::hugetlb_1g};
@@ -307,22 +331,24 @@ NB_MODULE(_ferry, m) {
            },
            "options"_a, "pinned"_a = false, "device"_a.none() = 0)
       .def("alloc",
-           [](PoolHandle& h, nb::handle nbytes, nb::handle alignment_arg, nb::handle huge) {
+           [](PoolHandle& h, nb::handle nbytes, nb::handle alignment_arg, nb::handle huge, nb::handle zero_arg) {
              const size_t bytes = ferry::python::size_arg(nbytes, "nbytes");
              const size_t alignment = ferry::python::size_arg(alignment_arg, "alignment");
-             auto b = std::make_unique<Buffer>();
-             ferry::HugeWant want = huge_want(huge);
-             {
+             const bool zero = ferry::python::bool_arg(zero_arg, "zero");
+             const ferry::HugeWant want = huge_want(huge);
+             // From cached memory with the GIL held: no system call, no wait,
+             // cheaper than releasing the GIL. Else (a new chunk to reserve,
+             // touch and pin, the target to wait for, much to clear) without it.
+             const bool clears = zero || h.pool->options().zero_recycled;
+             void* p = !clears || bytes <= kClearWithGil ? h.pool->allocate_cached(bytes, alignment, want, zero)
+                                                         : nullptr;
+             if (!p) {
                ferry::python::GilRelease unlocked;
-               b->ptr = h.pool->allocate(bytes, alignment, want);
+               p = h.pool->allocate(bytes, alignment, want, zero);
              }
-             b->pool = h.pool;
-             b->size = bytes;
-             b->pinned = h.pinned;
-             return b.release();
+             return new_buffer(h, p, bytes);
            },
-           "nbytes"_a.none(), "alignment"_a.none() = 256, "huge"_a.none() = nb::none(),
-           nb::rv_policy::take_ownership)
+           "nbytes"_a.none(), "alignment"_a.none() = 256, "huge"_a.none() = nb::none(), "zero"_a.none() = false)
       .def("trim",
            [](PoolHandle& h, nb::handle keep_arg) {
              const size_t keep = ferry::python::size_arg(keep_arg, "keep_bytes");
@@ -335,12 +361,19 @@ NB_MODULE(_ferry, m) {
              ferry::python::GilRelease unlocked;
              h.pool->wait_ready();
            })
-      .def("stats", [](PoolHandle& h) { return stats_dict(h.pool->stats()); })
+      .def("stats",
+           [](PoolHandle& h) {
+             nb::dict d = stats_dict(h.pool->stats());
+             d["zero_recycled"] = h.pool->options().zero_recycled;
+             return d;
+           })
       .def_prop_ro("pinned", [](const PoolHandle& h) { return h.pinned; })
       .def_prop_ro("device", [](const PoolHandle& h) { return h.device; });
 
   ferry::python::bind_bench(m);
+  ferry::python::bind_pool_tensor(m);
   ferry::python::bind_copy(m);
   ferry::python::bind_channel(m);  // low-latency channel
   ferry::python::bind_managed(m);  // PyTorch allocators
+  ferry::python::bind_load(m);     // checkpoint loader
 }

@@ -15,7 +15,8 @@ namespace {
 std::string last() { return ferry_last_error(); }
 
 bool have_driver() {
-  ferry_versions_t v;
+  ferry_versions_t v{};
+  v.struct_size = sizeof v;
   EXPECT_EQ(ferry_get_versions(&v), FERRY_SUCCESS);
   return v.cuda_driver != 0;
 }
@@ -24,7 +25,8 @@ TEST(CApi, Versions) {
   int major = -1, minor = -1;
   ASSERT_EQ(ferry_get_api_version(&major, &minor), FERRY_SUCCESS);
   EXPECT_EQ((major << 16) | minor, FERRY_API_VERSION);
-  ferry_versions_t v;
+  ferry_versions_t v{};
+  v.struct_size = sizeof v;
   ASSERT_EQ(ferry_get_versions(&v), FERRY_SUCCESS);
   EXPECT_GT(std::strlen(v.library), 0u);
   EXPECT_GE(v.cuda_runtime, 13000);
@@ -112,7 +114,8 @@ TEST(CApi, PoolRoundTripWithRandomData) {
     for (size_t k = 0; k < n - 1; k += 977) ASSERT_EQ(b[k], static_cast<unsigned char>(i + k));
     ASSERT_EQ(b[n - 1], static_cast<unsigned char>(i * 7));
   }
-  ferry_pool_stats_t st;
+  ferry_pool_stats_t st{};
+  st.struct_size = sizeof st;
   ASSERT_EQ(ferry_pool_get_stats(pool, &st), FERRY_SUCCESS);
   EXPECT_EQ(st.allocations, 64u);
   EXPECT_GT(st.small.in_use.current + st.huge.in_use.current, 0u);

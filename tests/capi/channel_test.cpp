@@ -56,7 +56,8 @@ TEST(ChannelCApi, NullArgumentsAreNamed) {
   EXPECT_EQ(ferry_channel_wait(nullptr, &flag, 1, 10, &reached), FERRY_ERROR_INVALID_ARGUMENT);
   double us = 0;
   EXPECT_EQ(ferry_channel_ping(nullptr, &us), FERRY_ERROR_INVALID_ARGUMENT);
-  ferry_channel_stats_t stats;
+  ferry_channel_stats_t stats{};
+  stats.struct_size = sizeof stats;
   EXPECT_EQ(ferry_channel_get_stats(nullptr, &stats), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(ferry_channel_destroy(nullptr), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(ferry_gdrcopy_available(nullptr, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
@@ -135,7 +136,8 @@ TEST(ChannelCApi, LiveChannelPingsAndChecksItsArguments) {
   double us = 0;
   ASSERT_EQ(ferry_channel_ping(ch, &us), FERRY_SUCCESS) << last();
   EXPECT_GT(us, 0.0);
-  ferry_channel_stats_t s;
+  ferry_channel_stats_t s{};
+  s.struct_size = sizeof s;
   ASSERT_EQ(ferry_channel_get_stats(ch, &s), FERRY_SUCCESS);
   EXPECT_EQ(s.requests, 1u);
   EXPECT_EQ(s.launches, 1u);

@@ -48,6 +48,7 @@ bool have_device() {
 
 ferry_managed_stats_t stats(const char* name) {
   ferry_managed_stats_t s{};
+  s.struct_size = sizeof s;
   EXPECT_EQ(ferry_managed_get_stats(name, -1, &s), FERRY_SUCCESS) << last();
   return s;
 }
@@ -98,6 +99,7 @@ TEST(ManagedCApi, ConfigureRefusesBadOptionsClearly) {
 
 TEST(ManagedCApi, StatsAndTrimCheckTheirArguments) {
   ferry_managed_stats_t s{};
+  s.struct_size = sizeof s;
   EXPECT_EQ(ferry_managed_get_stats("managed", -1, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_TRUE(has(last(), "out must not be NULL")) << last();
   EXPECT_EQ(ferry_managed_get_stats("nope", -1, &s), FERRY_ERROR_INVALID_ARGUMENT);

@@ -53,6 +53,7 @@ bool has(const std::string& s, const std::string& n) { return s.find(n) != std::
 
 ferry_managed_stats_t stats(const char* name) {
   ferry_managed_stats_t s{};
+  s.struct_size = sizeof s;
   EXPECT_EQ(ferry_managed_get_stats(name, 0, &s), FERRY_SUCCESS) << last();
   return s;
 }

@@ -1,6 +1,7 @@
 // pinned_pool_test.cpp — pinned pools on a real device: memory is registered,
 // DMA to and from it is correct at odd sizes and offsets, registration faults
-// fail cleanly, background pinning serves allocations.
+// fail cleanly, background pinning serves allocations, a target of N serves one
+// allocation of N that DMA uses whole.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -99,11 +100,57 @@ TEST(PinnedPool, BackgroundTargetServesAllocationsWithoutNewChunks) {
   auto pool = cuda::make_pinned_pool(o, 0);
   pool->wait_ready();
   PoolStats before = pool->stats();
-  EXPECT_EQ(before.chunk_reservations, 4u);
+  EXPECT_EQ(before.chunk_reservations, 1u) << "the target is one chunk";
   void* p = pool->allocate(10u << 20);
   EXPECT_TRUE(is_registered(p));
-  EXPECT_EQ(pool->stats().chunk_reservations, 4u);
+  EXPECT_EQ(pool->stats().chunk_reservations, 1u);
   pool->deallocate(p);
+}
+
+// Target N, then one allocation of N (from the target) and a second one of N
+// (a dedicated chunk, no target): each is one registration, used whole by DMA
+// on a stream in both directions, for each way of overlapping the touch with
+// the registration (at once, after 64 MiB, after the whole touch).
+TEST(PinnedPool, ATargetServesOneAllocationOfItsSizeUsedWholeByDma) {
+  const size_t n = (size_t{1} << 30) + (6u << 20) + 12345;
+  const size_t rounded = (n + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+  void* dev = nullptr;
+  CUDA_OK(cudaMalloc(&dev, n));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const size_t lead : {size_t{0}, size_t{64} << 20, SIZE_MAX}) {
+    SCOPED_TRACE("register_lead_bytes=" + std::to_string(lead));
+    PoolOptions o;
+    o.target_bytes = n;
+    o.register_lead_bytes = lead;
+    auto pool = cuda::make_pinned_pool(o, 0);
+    auto* src = static_cast<unsigned char*>(pool->allocate(n));  // waits for the target
+    PoolStats s = pool->stats();
+    EXPECT_EQ(s.chunk_reservations, 1u);
+    EXPECT_EQ(s.kind[0].reserved.current + s.kind[1].reserved.current, rounded) << "pinned more than the target";
+    auto* dst = static_cast<unsigned char*>(pool->allocate(n));  // a chunk of its own
+    EXPECT_EQ(pool->stats().chunk_reservations, 2u);
+    for (unsigned char* p : {src, dst}) {
+      ASSERT_TRUE(is_registered(p));
+      ASSERT_TRUE(is_registered(p + n - 1));
+    }
+    std::mt19937_64 rng(lead);
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+      const uint64_t v = rng();
+      std::memcpy(src + i, &v, 8);
+    }
+    for (size_t i = n / 8 * 8; i < n; ++i) src[i] = static_cast<unsigned char>(rng());
+    std::memset(dst, 0x5A, n);  // poison
+    CUDA_OK(cudaMemsetAsync(dev, 0xA5, n, stream));
+    CUDA_OK(cudaMemcpyAsync(dev, src, n, cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaMemcpyAsync(dst, dev, n, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    ASSERT_EQ(std::memcmp(src, dst, n), 0);
+    pool->deallocate(src);
+    pool->deallocate(dst);
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+  CUDA_OK(cudaFree(dev));
 }
 
 TEST(PinnedPool, TrimUnpinsAndReleases) {

@@ -6,13 +6,10 @@ import pytest
 
 def _gpu_skip_reason():
     import ferry
+    from ferry.measure import gpu_absent_reason
 
-    info = ferry.cuda_info()
-    if info is None:
-        return "needs a CUDA device: no CUDA driver (libcuda.so.1 not found)"
-    if not info.get("devices"):
-        return "needs a CUDA device: " + info.get("error", "the driver reports 0 devices")
-    return None
+    why = gpu_absent_reason(ferry.cuda_info())
+    return None if why is None else f"needs a CUDA device: {why}"
 
 
 @pytest.fixture

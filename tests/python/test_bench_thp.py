@@ -1,17 +1,18 @@
-"""`ferry bench thp`'s host side: buffers of each backing, their huge-page count
-from smaps, and the waiver without a device."""
+"""`ferry bench thp`'s host side: buffers of each backing (measure.HostBuffer), their
+huge-page count from smaps, and the waiver without a device."""
 
 import pytest
 
 import ferry
 from ferry.bench import thp
+from ferry.measure import HostBuffer
 
 MiB = 1 << 20
 
 
 @pytest.mark.parametrize("backing", ["4k", "thp", "memfd", "memfd-thp"])
 def test_buffers_are_touched_and_report_their_huge_pages(backing):
-    b = thp.Buffer(8 * MiB, backing)
+    b = HostBuffer(8 * MiB, backing)
     try:
         assert len(b.map) == 8 * MiB and b.map[8 * MiB - 1] is not None
         huge = b.huge_bytes()

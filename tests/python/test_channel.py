@@ -10,7 +10,8 @@ import time
 import pytest
 
 import ferry
-from ferry.channel import MAX_PAYLOAD, _device_address, gdrcopy_status
+from ferry._resolve import device_address
+from ferry.channel import MAX_PAYLOAD, gdrcopy_status
 
 
 def test_max_payload_is_64_kib():
@@ -53,39 +54,23 @@ def test_without_a_device_creation_is_no_device_error():
 
 
 def test_device_arguments_resolve_to_addresses():
-    assert _device_address(1234, "dev_ptr") == (1234, None)
+    # The copy calls' reading (tests/python/test_resolve.py), GPU memory only.
+    assert device_address(1234, "dev_ptr") == (1234, None)
 
-    class FakeCudaTensor:
-        is_cuda = True
-
-        def data_ptr(self):
-            return 4096
-
-        def is_contiguous(self):
-            return True
-
-        def numel(self):
-            return 10
-
-        def element_size(self):
-            return 4
-
-    assert _device_address(FakeCudaTensor(), "dev_ptr") == (4096, 40)
-
-    class FakeCpuTensor(FakeCudaTensor):
+    class FakeCpuTensor:
         is_cuda = False
 
     with pytest.raises(ferry.InvalidArgumentError, match="CPU tensor"):
-        _device_address(FakeCpuTensor(), "dev_ptr")
+        device_address(FakeCpuTensor(), "dev_ptr")
 
     class FakeArray:
         __cuda_array_interface__ = {"data": (8192, False), "shape": (3, 5), "typestr": "<f8", "version": 3}
 
-    assert _device_address(FakeArray(), "dev_ptr") == (8192, 120)
+    assert device_address(FakeArray(), "dev_ptr") == (8192, 120)
     with pytest.raises(ferry.InvalidArgumentError, match="expected an int address"):
-        _device_address("0x1000", "dev_ptr")
+        device_address("0x1000", "dev_ptr")
     with pytest.raises(ferry.InvalidArgumentError):
-        _device_address(True, "dev_ptr")
+        device_address(True, "dev_ptr")
 
 
 def test_ping_stats_and_close(gpu):

@@ -1,4 +1,4 @@
-"""The ferry command: --version, options, doctor (text and JSON), bad options."""
+"""The ferry command: --version, options, bench's suite list, doctor (text and JSON), bad options."""
 
 import json
 import os
@@ -29,6 +29,29 @@ def test_options_lists_every_option():
     assert r.returncode == 0
     for name, _, _ in ferry.option_table():
         assert name in r.stdout
+
+
+def test_bench_help_and_bench_alone_list_every_suite_with_its_description():
+    from ferry.bench import SUITE_MODULES, suites
+
+    found = suites()
+    assert len(found) == len(SUITE_MODULES)
+    for args in (("bench", "--help"), ("bench",)):
+        r = ferry_cmd(*args)
+        assert r.returncode == 0, r.stderr
+        for key, suite in found.items():
+            assert suite.description and "\n" not in suite.description
+            line = next(line for line in r.stdout.splitlines() if line.split()[:1] == [key])
+            assert " ".join(suite.description.split()[:3]) in " ".join(line.split()), line
+
+
+def test_bench_suite_help_shows_its_options_and_unknown_suites_fail():
+    r = ferry_cmd("bench", "thp", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "--set-shmem-advise" in r.stdout and "--json" in r.stdout
+    r = ferry_cmd("bench", "warp-drive")
+    assert r.returncode == 2
+    assert "unknown bench suite 'warp-drive'" in r.stderr and "copy" in r.stderr
 
 
 def test_unknown_option_fails_quoting_the_value():

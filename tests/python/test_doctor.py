@@ -1,6 +1,7 @@
-"""`ferry doctor`'s measurements (python/ferry/doctor.py, python/ferry/measure.py):
-the command without and with a GPU, the formatting of ratio lines, and the run's
-control flow (skips, budget, failures) with faked GPU measurements."""
+"""`ferry doctor`'s measurements (python/ferry/doctor/, python/ferry/measure.py):
+the command without and with a GPU, the formatting of ratio lines (units.py, the
+report model and its text rendering), and the run's control flow (skips, budget,
+failures) with faked GPU measurements."""
 
 import dataclasses
 import json
@@ -12,7 +13,9 @@ import time
 import pytest
 
 import ferry
-from ferry import doctor, measure
+from ferry import doctor, measure, units
+from ferry.doctor import report as doctor_report
+from ferry.doctor import text_report
 
 GPU_KEYS = (
     "pinned_h2d_gbps", "pinned_d2h_gbps",
@@ -96,14 +99,19 @@ def test_gpu_measurements(gpu):
 
 
 def test_versus_gives_the_ratio_in_ferrys_favour():
-    assert doctor.versus(41.2, 6.9, doctor.fmt_gbps) == "ferry 41.2 GB/s vs CUDA 6.9 GB/s (6.0x)"
-    assert (doctor.versus(0.034, 0.495, doctor.fmt_seconds, "ferry pool", "cudaHostAlloc", lower_is_better=True)
+    assert units.versus(41.2, 6.9, units.fmt_gbps) == "ferry 41.2 GB/s vs CUDA 6.9 GB/s (6.0x)"
+    assert (units.versus(0.034, 0.495, units.fmt_seconds, "ferry pool", "cudaHostAlloc", lower_is_better=True)
             == "ferry pool 34 ms vs cudaHostAlloc 495 ms (14.6x)")
-    assert doctor.versus(None, 6.9, doctor.fmt_gbps) == "ferry not measured vs CUDA 6.9 GB/s"
-    assert doctor.versus(None, None, doctor.fmt_gbps) == "not measured"
-    assert doctor.link_share(41.2, 63.0) == "65% of the 63.0 GB/s link"
-    assert doctor.link_share(41.2, None) == ""
-    assert doctor.fmt_us(1.94) == "1.9 us" and doctor.fmt_seconds(12.5) == "12.5 s"
+    assert units.versus(None, 6.9, units.fmt_gbps) == "ferry not measured vs CUDA 6.9 GB/s"
+    assert units.versus(None, None, units.fmt_gbps) == "not measured"
+    assert units.link_share(41.2, 63.0) == "65% of the 63.0 GB/s link"
+    assert units.link_share(41.2, None) == ""
+    assert units.fmt_us(1.94) == "1.9 us" and units.fmt_seconds(12.5) == "12.5 s"
+
+
+def format_measurements(report: dict) -> str:
+    """The Measurements and Skipped measurements sections of the text report."""
+    return text_report.render([doctor_report.measurements_section(report), doctor_report.skipped_section(report)])
 
 
 def synthetic_report(**measurements):
@@ -118,7 +126,7 @@ def synthetic_report(**measurements):
 
 
 def test_format_measurements_shows_ratios_to_the_link_and_to_cuda():
-    text = "\n".join(doctor.format_measurements(synthetic_report(
+    text = format_measurements(synthetic_report(
         copy_bytes=1 << 30,
         pinned_h2d_gbps={"0": 55.4}, pinned_d2h_gbps={"0": 55.0},
         pageable_h2d_gbps_ferry={"0": 41.2}, pageable_h2d_gbps_cuda={"0": 6.9},
@@ -131,30 +139,46 @@ def test_format_measurements_shows_ratios_to_the_link_and_to_cuda():
         bandwidth_by_size={"0": [{"nbytes": 64 << 20, "pinned_h2d_gbps": 50.0, "pinned_d2h_gbps": 49.0,
                                   "pageable_h2d_gbps_ferry": 26.8, "pageable_d2h_gbps_ferry": 31.8,
                                   "pageable_h2d_gbps_cuda": 12.5, "pageable_d2h_gbps_cuda": 13.8}]},
-    )))
-    assert text.startswith("Measurements (default run, 21.5 s")
+    ))
+    assert text.startswith("Measurements\n  default run, 21.5 s")
     assert "GPU 0 (NVIDIA H200), link 63.0 GB/s per direction" in text
     assert "pinned host->device (1 GiB)" in text and "55.4 GB/s, 88% of the 63.0 GB/s link" in text
     assert "ferry 41.2 GB/s vs CUDA 6.9 GB/s (6.0x), 65% of the 63.0 GB/s link" in text
     assert "ferry 40.9 GB/s vs CUDA 15.6 GB/s (2.6x), 65% of the 63.0 GB/s link" in text
     assert "pinned 1 GiB ready to use" in text and "ferry pool 34 ms vs cudaHostAlloc 495 ms (14.6x)" in text
     assert "channel 1.9 us vs cudaMemcpy 9.8 us (5.2x)" in text
-    assert "64 MiB, h2d / d2h" in text
-    assert "pinned 50.0 / 49.0 GB/s; pageable ferry 26.8 / 31.8 GB/s, CUDA 12.5 / 13.8 GB/s" in text
+    assert "Bandwidth by size, GPU 0 (GB/s)" in text
+    by_size = next(line for line in text.splitlines() if line.strip().startswith("64 MiB"))
+    assert by_size.split() == ["64", "MiB", "50.0", "49.0", "26.8", "12.5", "31.8", "13.8"]
     assert "4 KiB pages 2.0 GB/s, THP 3.8 GB/s (1.9x)" in text
     assert "1 thread 10.2 GB/s, 2 threads 19.5 GB/s, 16 threads 40.1 GB/s" in text
-    assert "skipped: registration rate, hugetlb pages, GPU 0 (1 GiB): 0 free 2 MiB hugetlb pages" in text
+    skipped = text[text.index("Skipped measurements"):]
+    assert "registration rate, hugetlb pages, GPU 0 (1 GiB)  0 free 2 MiB hugetlb pages" in skipped
+
+
+def test_text_report_opens_with_the_findings_then_measurements_then_facts():
+    report = synthetic_report(pinned_h2d_gbps={"0": 55.4}, copy_bytes=1 << 30)
+    report["findings"] = [
+        {"id": "b-info", "severity": "info", "title": "an info", "evidence": ["e1"], "fix": "do b"},
+        {"id": "a-warn", "severity": "warning", "title": "a warning", "evidence": ["e2"], "fix": "do a"},
+    ]
+    text = text_report.format_report(report)
+    sections = [line for line in text.splitlines() if line and not line[0].isspace() and not line.startswith("[")]
+    assert sections == ["Findings", "Measurements", "Skipped measurements", "Facts"]
+    assert text.index("[warning] a-warn: a warning") < text.index("[info] b-info: an info") < text.index("Measurements")
+    assert "    fix: do a" in text and "    - e2" in text
+    assert "2 findings: 0 critical, 1 warning, 1 info" in text
 
 
 def test_format_measurements_uses_the_max_link_when_an_idle_gpu_trained_down():
     report = synthetic_report(pinned_h2d_gbps={"0": 55.4}, copy_bytes=1 << 30)
     report["gpus"][0]["link_gbps"] = 4.0  # Gen1 x16 while idle
-    text = "\n".join(doctor.format_measurements(report))
+    text = format_measurements(report)
     assert "88% of the 63.0 GB/s link" in text
 
 
 def test_format_measurements_of_nothing():
-    text = "\n".join(doctor.format_measurements({"measurements": {}, "skipped": []}))
+    text = format_measurements({"measurements": {}, "skipped": []})
     assert "Measurements" in text and "(none)" in text
 
 
@@ -194,7 +218,7 @@ def fake_gpus(monkeypatch):
     """Two fake GPUs: cuda_info and facts say so, and every GPU measurement is faked."""
     info = {"driver_version": 13000, "runtime_version": 13000,
             "devices": [{"index": 0, "name": "Fake H200"}, {"index": 1, "name": "Fake H200"}]}
-    real_collect = doctor.facts.collect
+    real_collect = ferry.facts.collect
 
     def collect(cuda_info):
         f = real_collect(None)
@@ -205,8 +229,8 @@ def fake_gpus(monkeypatch):
         return f
 
     calls = []
-    monkeypatch.setattr(doctor._ferry, "cuda_info", lambda: info)
-    monkeypatch.setattr(doctor.facts, "collect", collect)
+    monkeypatch.setattr(ferry._ferry, "cuda_info", lambda: info)
+    monkeypatch.setattr(ferry.facts, "collect", collect)
     monkeypatch.setattr(measure, "pinned_gbps", lambda dev, n, reps: calls.append(("pinned", dev, n))
                         or {"h2d": 55.4, "d2h": 53.0})
     monkeypatch.setattr(measure, "pageable_gbps", lambda dev, n, reps: calls.append(("pageable", dev, n))
@@ -216,6 +240,8 @@ def fake_gpus(monkeypatch):
     monkeypatch.setattr(measure, "small_copy_us", lambda dev, it: {"cuda_h2d": 9.8, "cuda_d2h": 9.5,
                                                                    "channel_h2d": 1.9, "channel_d2h": 2.4})
     monkeypatch.setattr(measure, "register_gbps", lambda dev, n, kind: {"4k": 2.0, "thp": 3.8}[kind])
+    monkeypatch.setattr(measure, "aggregate_pinned_gbps", lambda devs, n, reps: calls.append(("all", tuple(devs)))
+                        or {"h2d": 105.0, "d2h": 101.0})
     return calls
 
 
@@ -231,9 +257,10 @@ def test_run_fills_every_gpu_measurement(fake_gpus):
     assert "hugetlb" in report["skipped"][0]["why"]
     assert report["pool"] == {"chunk_reservations": 1}  # the pinned pool's stats
     assert ("pinned", 1, 256 << 20) in fake_gpus
+    assert ("all", (0, 1)) in fake_gpus and m["pinned_h2d_gbps_all_gpus"] == 105.0
     ids = [f["id"] for f in report["findings"]]
     assert "pageable-path-slow" in ids  # CUDA's 6.9 GB/s is below a quarter of 63 GB/s
-    text = doctor.format_report(report)
+    text = text_report.format_report(report)
     assert "GPU 1 (Fake H200)" in text and "(6.0x)" in text
 
 
@@ -255,3 +282,18 @@ def test_measurements_after_the_budget_are_skipped(fake_gpus, monkeypatch):
     assert report["skipped"] and all("time budget" in s["why"] or "hugetlb" in s["why"]
                                      for s in report["skipped"])
     assert fake_gpus == []
+
+
+def test_a_full_run_measures_bandwidth_by_size_on_every_gpu(fake_gpus, monkeypatch):
+    small = dataclasses.replace(doctor.PLANS["full"], touch_bytes=64 << 20, memcpy_bytes=16 << 20, most_threads=2,
+                                by_size=(4 << 20, 64 << 20))
+    monkeypatch.setitem(doctor.PLANS, "full", small)
+    report = doctor.run("full", quiet=True)
+    rows = report["measurements"]["bandwidth_by_size"]
+    assert sorted(rows) == ["0", "1"] and [r["nbytes"] for r in rows["1"]] == [4 << 20, 64 << 20]
+    assert rows["0"][0]["pageable_d2h_gbps_cuda"] == 15.6 and rows["0"][1]["pinned_h2d_gbps"] == 55.4
+    assert ("pinned", 1, 64 << 20) in fake_gpus
+    text = text_report.format_report(report)
+    assert "Bandwidth by size, GPU 1 (GB/s)" in text
+    line = next(line for line in text.splitlines() if line.strip().startswith("64 MiB"))
+    assert line.split()[2:] == ["55.4", "53.0", "41.2", "6.9", "40.9", "15.6"]

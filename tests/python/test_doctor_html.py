@@ -1,4 +1,4 @@
-"""`ferry doctor --html FILE` (python/ferry/html_report.py): the command writes one
+"""`ferry doctor --html FILE` (python/ferry/doctor/html_report.py): the command writes one
 self-contained page that parses, names every finding and embeds its plots as PNGs; a
 headless browser opens it (skipped, saying so, where none is installed: .ci/run
 installs chromium); the builder on a synthetic two-GPU report (the GPU plots run
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from ferry import html_report
+from ferry.doctor import html_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DATA_PNG = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]*)"')
@@ -264,11 +264,17 @@ def test_builder_shows_gpu_measurements_with_their_ratios():
     assert "ferry pool 34 ms vs cudaHostAlloc 495 ms (14.6x)" in t
     assert "channel 1.9 us vs cudaMemcpy 9.8 us (5.2x)" in t
     assert "4 KiB pages 2.0 GB/s, THP 3.8 GB/s (1.9x)" in t
-    assert "host memcpy (256 MiB), 16 threads" in t and "40.1 GB/s" in t
-    assert "first touch (1 GiB), THP, all threads" in t
+    assert "host memcpy (256 MiB)" in t and "16 threads 40.1 GB/s" in t
+    assert "first touch (1 GiB)" in t and "THP all threads 20.1 GB/s" in t
     assert "Bandwidth by size, GPU 1 (GB/s)" in t and "<th>4 GiB</th>" in text
     assert "0 free 2 MiB hugetlb pages, 512 needed" in t
     assert "NUMA node 1" in t and "gen 5 x16, 63.0 GB/s per direction (source: sysfs)" in t
+
+
+def test_builder_opens_with_the_findings_then_measurements_then_facts():
+    text = html_report.build(synthetic_report())
+    order = [text.index(f'<h2 id="{i}">') for i in ("findings", "measurements", "skipped", "plots", "facts")]
+    assert order == sorted(order)
 
 
 def test_builder_sorts_findings_by_severity_with_fix_in_code():

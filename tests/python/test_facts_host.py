@@ -2,8 +2,8 @@
 
 collect() runs twice: with no CUDA driver (cuda_info=None) and with a synthetic
 cuda_info whose GPU sits at a PCI address that does not exist in sysfs. Both must
-return every required key with the right type, survive json.dumps, and render with
-format_facts. Nothing is faked: the host readers read this machine's /proc and /sys.
+return every required key with the right type, survive json.dumps, and render as
+the doctor report's Facts section. Nothing is faked: the host readers read this machine's /proc and /sys.
 """
 
 import json
@@ -16,6 +16,13 @@ import pytest
 
 
 from ferry import facts as facts_pkg  # noqa: E402
+from ferry import units  # noqa: E402
+from ferry.doctor import report, text_report  # noqa: E402
+
+
+def format_facts(facts) -> str:
+    """The Facts section of the doctor's text report."""
+    return text_report.render([report.facts_section(facts if isinstance(facts, dict) else {})])
 
 MISSING_BUS_ID = "0000:ff:1f.7"
 SYNTHETIC_CUDA_INFO = {
@@ -171,7 +178,7 @@ def test_no_device(no_driver):
     facts = facts_pkg.collect({"driver_version": 13000, "runtime_version": 13000, "devices": []})
     assert facts["cuda"]["device_count"] == 0
     assert facts["gpus"] == []
-    assert "no CUDA device" in facts_pkg.format_facts(facts)
+    assert "no CUDA device" in format_facts(facts)
 
 
 def test_malformed_cuda_info_does_not_raise():
@@ -180,7 +187,7 @@ def test_malformed_cuda_info_does_not_raise():
     assert [gpu["index"] for gpu in facts["gpus"]] == [0, 1]
     assert facts["gpus"][1]["pci_bus_id"] is None
     json.dumps(facts)
-    facts_pkg.format_facts(facts)
+    format_facts(facts)
 
 
 @pytest.mark.parametrize("which", ["no_driver", "with_gpu"])
@@ -190,10 +197,10 @@ def test_json_round_trip(which, request):
 
 
 def test_report_without_driver(no_driver):
-    text = facts_pkg.format_facts(no_driver)
+    text = format_facts(no_driver)
     host = no_driver["host"]
-    assert text.startswith("Host\n")
-    assert "\nCUDA\n" in text and "\nGPUs\n" in text
+    assert text.startswith("Facts\n  Host\n")
+    assert "\n  CUDA\n" in text and "\n  GPUs\n" in text
     assert host["kernel"] in text
     assert f"enabled={host['thp']['enabled']}" in text
     assert f"defrag={host['thp']['defrag']}" in text
@@ -202,7 +209,7 @@ def test_report_without_driver(no_driver):
 
 
 def test_report_with_synthetic_gpu(with_gpu):
-    text = facts_pkg.format_facts(with_gpu)
+    text = format_facts(with_gpu)
     assert "NVIDIA H200" in text
     assert "139.8 GiB" in text
     assert MISSING_BUS_ID in text
@@ -228,18 +235,18 @@ def test_report_with_full_gpu_facts():
             "cpu_affinity": "0-15",
         }
     ]
-    text = facts_pkg.format_facts(facts)
+    text = format_facts(facts)
     assert "gen 5 x16, 63.0 GB/s per direction (source: nvml)" in text
     assert "256 GiB (source: nvml)" in text
 
 
 def test_report_of_empty_dict():
-    text = facts_pkg.format_facts({})
+    text = format_facts({})
     assert "unknown" in text and "no CUDA driver found" in text
 
 
 def test_format_bytes():
-    fmt = facts_pkg.report.format_bytes
+    fmt = units.fmt_bytes
     assert fmt(2 * 1024 * 1024) == "2 MiB"
     assert fmt(256 << 30) == "256 GiB"
     assert fmt(25_276_063_744) == "23.5 GiB"

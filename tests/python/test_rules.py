@@ -12,6 +12,12 @@ from pathlib import Path
 import pytest
 
 from ferry import rules
+from ferry.doctor import report, text_report
+
+
+def format_findings(findings) -> str:
+    """The Findings section of the doctor's text report."""
+    return text_report.render([report.findings_section([f.to_dict() for f in findings])])
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 
@@ -140,7 +146,20 @@ BAD = {
     "pageable-path-slow": ("warning", _set(("m", "pageable_h2d_gbps_cuda", "0"), 7.9)),
     "thp-defrag-never": ("info", _set(("f", "host", "thp", "defrag"), "never")),
     "memory-low-for-pool": ("warning", _set(("f", "host", "memory", "available_bytes"), 4 * GiB)),
+    "gpu-below-peers": ("warning", lambda f, m: _add_second_gpu(f, m, link=31.5, gen=4, pinned=27.5)),
 }
+
+
+def _add_second_gpu(f, m, link, gen, pinned):
+    """A second GPU on its own (not degraded) link, with pinned copies at `pinned` GB/s."""
+    gpu = dict(f["gpus"][0], index=1, pci_bus_id="00000000:65:00.0", link_gbps=link, max_link_gbps=link,
+               pcie={"gen": gen, "width": 16, "max_gen": gen, "max_width": 16})
+    f["gpus"].append(gpu)
+    f["cuda"]["device_count"] = 2
+    for d in ("h2d", "d2h"):
+        m[f"pinned_{d}_gbps"]["1"] = pinned
+        m[f"pageable_{d}_gbps_ferry"]["1"] = m[f"pageable_{d}_gbps_ferry"]["0"] / 2
+        m[f"pageable_{d}_gbps_cuda"]["1"] = m[f"pageable_{d}_gbps_cuda"]["0"]
 
 REQUIRED_IDS = {
     "pcie-link-degraded", "pinned-bandwidth-low", "thp-disabled", "gvisor-shmem-thp",
@@ -204,6 +223,20 @@ def test_rule_fires_on_bad_machine(rule_id):
 @pytest.mark.parametrize("rule_id", sorted(BAD))
 def test_rule_silent_on_good_machine(rule_id):
     assert [x for x in rules.evaluate(good_facts(), good_measurements()) if x.id == rule_id] == []
+
+
+def test_gpu_below_peers_quotes_the_slow_gpu_and_the_best():
+    f, m = bad("gpu-below-peers")
+    hit = only(rules.evaluate(f, m), "gpu-below-peers")
+    text = " ".join(hit.evidence)
+    assert "GPU 1" in text and "31.5 GB/s" in text and "63.0 GB/s" in text, text
+    assert "27.5 GB/s" in text and "55.4 GB/s" in text, text
+
+
+def test_two_equal_gpus_are_not_flagged():
+    f, m = good_facts(), good_measurements()
+    _add_second_gpu(f, m, link=63.0, gen=5, pinned=54.0)
+    assert not [x for x in rules.evaluate(f, m) if x.id == "gpu-below-peers"]
 
 
 def test_pinned_bandwidth_low_quotes_rate_link_and_share():
@@ -446,7 +479,7 @@ def test_raising_rule_becomes_info_finding():
         raise RuntimeError("kaboom")
 
     ok = rules.Rule("zz-ok", "warning", "ok", "always fires",
-                    lambda f, m: rules.Finding("zz-ok", "warning", "fired", ["x"], "y"))
+                    lambda f, m: rules.Verdict(["x"], "y"))
     bad_rule = rules.Rule("aa-boom", "critical", "boom", "raises", boom)
     findings = rules.evaluate({}, {}, rules=[bad_rule, ok])
     assert [x.id for x in findings] == ["zz-ok", "aa-boom"]
@@ -459,7 +492,7 @@ def test_raising_rule_becomes_info_finding():
 def test_rule_returning_garbage_becomes_info_finding():
     rule = rules.Rule("garbage", "warning", "g", "returns a string", lambda f, m: "oops")
     weird = rules.Rule("weird", "warning", "w", "bad severity",
-                       lambda f, m: rules.Finding("weird", "fatal", "t", ["e"], "f"))
+                       lambda f, m: rules.Verdict(["e"], "f", severity="fatal"))
     findings = rules.evaluate({}, {}, rules=[rule, weird])
     assert [(x.id, x.severity) for x in findings] == [("garbage", "info"), ("weird", "info")]
     assert all("could not be evaluated" in x.title for x in findings)
@@ -480,7 +513,7 @@ def test_malformed_input_is_reported_not_raised(facts, measurements, rule_id):
     findings = rules.evaluate(facts, measurements)
     hit = [x for x in findings if x.id == rule_id and "could not be evaluated" in x.title]
     assert hit and hit[0].severity == "info"
-    assert rules.format_findings(findings)
+    assert format_findings(findings)
 
 
 def test_non_dict_inputs_are_reported():
@@ -494,7 +527,7 @@ def test_non_dict_inputs_are_reported():
 
 def test_sorted_by_severity_then_id():
     def fires(rid, sev):
-        return rules.Rule(rid, sev, rid, rid, lambda f, m: rules.Finding(rid, sev, rid, ["e"], "f"))
+        return rules.Rule(rid, sev, rid, rid, lambda f, m: rules.Verdict(["e"], "f"))
 
     table = [fires("b-info", "info"), fires("z-crit", "critical"), fires("a-info", "info"),
              fires("m-warn", "warning"), fires("a-crit", "critical")]
@@ -529,14 +562,22 @@ def test_format_findings_contains_every_id():
     findings = []
     for rule_id in sorted(BAD):
         findings += [x for x in rules.evaluate(*bad(rule_id)) if x.id == rule_id]
-    text = rules.format_findings(findings)
+    text = format_findings(findings)
     for rule_id in BAD:
         assert rule_id in text
-    assert "SEVERITY" in text and "fix:" in text
+    assert "severity" in text and "fix:" in text
 
 
 def test_format_findings_empty():
-    assert "No findings" in rules.format_findings([])
+    assert "No findings" in format_findings([])
+
+
+def test_findings_take_id_title_and_default_severity_from_the_rule_table():
+    table = {r.id: r for r in rules.RULES}
+    for rule_id, (severity, _) in BAD.items():
+        hit = only(rules.evaluate(*bad(rule_id)), rule_id)
+        assert hit.title == table[rule_id].title
+        assert hit.severity == severity
 
 
 def test_finding_to_dict_has_fixed_keys():

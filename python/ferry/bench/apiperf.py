@@ -9,14 +9,14 @@ microseconds.
 
 from __future__ import annotations
 
-import argparse
 import mmap
 import sys
 import time
 
-from .report import waived_without_device, median, progress, table, write_json
-
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+from ..measure import median
+from ..units import GiB, KiB, MiB
+from .report import progress, table, write_json
+from .suite import Suite
 
 
 def timed(fn) -> float:
@@ -102,29 +102,32 @@ def channel_calls(reps: int) -> list[list]:
             ["request after 5 ms idle (relaunch)", median(after_idle)]]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ferry bench apiperf", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--reps", type=int, default=5, help="runs per call (default: %(default)s)")
-    p.add_argument("--json", metavar="FILE", help="write results as JSON")
-    args = p.parse_args(argv)
-    from .. import _ferry
+class ApiperfSuite(Suite):
+    key = "apiperf"
+    description = "the time of each API call (pool, registration, channel) beside CUDA's, like gdrcopy_apiperf"
 
-    if waived_without_device("apiperf"):
+    def add_arguments(self, p):
+        p.add_argument("--reps", type=int, default=5, help="runs per call (default: %(default)s)")
+
+    def run(self, args) -> int:
+        from .. import _ferry
+
+        _ferry.cuda_warm_up(0)
+        pools = pool_calls(args.reps)
+        regs = register_calls(args.reps)
+        chans = channel_calls(args.reps)
+        print(table("Pool calls", ["call", "Median(us)"], pools))
+        print()
+        print(table("Registration (4 KiB pages, touched; ferry widens a range to whole 2 MiB pages)",
+                    ["call", "ferry Median(us)", "cudaHost(Un)Register Median(us)"], regs))
+        print()
+        print(table("Channel calls", ["call", "Median(us)"], chans))
+        write_json(args.json, self.key, {"pool": pools, "registration": regs, "channel": chans})
         return 0
-    _ferry.cuda_warm_up(0)
-    pools = pool_calls(args.reps)
-    regs = register_calls(args.reps)
-    chans = channel_calls(args.reps)
-    print(table("Pool calls", ["call", "Median(us)"], pools))
-    print()
-    print(table("Registration (4 KiB pages, touched; ferry widens a range to whole 2 MiB pages)",
-                ["call", "ferry Median(us)", "cudaHost(Un)Register Median(us)"], regs))
-    print()
-    print(table("Channel calls", ["call", "Median(us)"], chans))
-    write_json(args.json, "apiperf", {"pool": pools, "registration": regs, "channel": chans})
-    return 0
 
+
+SUITE = ApiperfSuite()
+main = SUITE.main
 
 if __name__ == "__main__":
     sys.exit(main())

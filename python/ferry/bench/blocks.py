@@ -10,13 +10,13 @@ time of a batch.
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 
-from .report import waived_without_device, median, progress, table, write_json
-
-KiB, MiB = 1 << 10, 1 << 20
+from ..measure import median
+from ..units import KiB, parse_size
+from .report import progress, table, write_json
+from .suite import Suite
 
 
 def measure(counts_sizes, iterations):
@@ -51,31 +51,32 @@ def measure(counts_sizes, iterations):
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ferry bench blocks", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--blocks", default="1024x16K,1024x64K,1024x256K",
-                   help="COUNTxSIZE list (default: %(default)s)")
-    p.add_argument("--iterations", type=int, default=10, help="timed batches per case (default: %(default)s)")
-    p.add_argument("--json", metavar="FILE", help="write results as JSON")
-    args = p.parse_args(argv)
-    from ..cli import parse_size
+class BlocksSuite(Suite):
+    key = "blocks"
+    description = "many small scattered blocks, pinned pool <-> GPU: ferry's batch beside a cudaMemcpyAsync loop"
 
-    if waived_without_device("blocks"):
+    def add_arguments(self, p):
+        p.add_argument("--blocks", default="1024x16K,1024x64K,1024x256K",
+                       help="COUNTxSIZE list (default: %(default)s)")
+        p.add_argument("--iterations", type=int, default=10, help="timed batches per case (default: %(default)s)")
+
+    def run(self, args) -> int:
+        cases = []
+        for item in args.blocks.split(","):
+            count, size = item.lower().split("x")
+            cases.append((int(count), parse_size(size)))
+        rows = measure(cases, args.iterations)
+        out = [[r["blocks"], r["block_bytes"] // KiB, r["direction"], r["ferry_auto"], r["ferry_ce"], r["ferry_sm"],
+                r["memcpy_loop"], r["ferry_auto"] / r["memcpy_loop"]] for r in rows]
+        print(table("Scattered blocks, pinned pool <-> device (GB/s)",
+                    ["Blocks", "Size(KiB)", "dir", "ferry auto", "ferry CE", "ferry SM", "cudaMemcpyAsync loop",
+                     "auto x loop"], out))
+        write_json(args.json, self.key, rows)
         return 0
-    cases = []
-    for item in args.blocks.split(","):
-        count, size = item.lower().split("x")
-        cases.append((int(count), parse_size(size)))
-    rows = measure(cases, args.iterations)
-    out = [[r["blocks"], r["block_bytes"] // KiB, r["direction"], r["ferry_auto"], r["ferry_ce"], r["ferry_sm"],
-            r["memcpy_loop"], r["ferry_auto"] / r["memcpy_loop"]] for r in rows]
-    print(table("Scattered blocks, pinned pool <-> device (GB/s)",
-                ["Blocks", "Size(KiB)", "dir", "ferry auto", "ferry CE", "ferry SM", "cudaMemcpyAsync loop",
-                 "auto x loop"], out))
-    write_json(args.json, "blocks", rows)
-    return 0
 
+
+SUITE = BlocksSuite()
+main = SUITE.main
 
 if __name__ == "__main__":
     sys.exit(main())

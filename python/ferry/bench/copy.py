@@ -9,68 +9,51 @@ pinned ones), and torch's `.to()` / `.copy_()` where torch is present. Bandwidth
 as a share of the link's theoretical limit. Host buffers are fresh mmaps: no
 registration is reused between sizes (a one-shot copy).
 
-`--calibrate` measures the choices the engine makes (small-copy threshold,
-hybrid share per direction) and writes the machine profile the engine reads.
+The first table is the sweep a PyTorch user sees, timed from Python per call
+(call to synchronize), 4 KiB .. 2 GiB: torch's pageable `copy_`, torch's pinned
+`copy_`, CUDA's pageable cudaMemcpy (timed in C++), `ferry.copy` on the same
+pageable tensors and on the pinned ones, with ferry's ratio to each baseline.
+
+`--gpus all` measures every GPU alone and all at once (aggregate GB/s, one
+thread per GPU, pageable through ferry and pinned through torch, both
+directions).
+
+`--calibrate` measures the choices the engine makes (CUDA-path threshold per
+direction, hybrid share per direction) and writes the machine profile the
+engine reads.
 """
 
 from __future__ import annotations
 
-import argparse
-import mmap
 import os
 import sys
 
-from .report import waived_without_device, median, progress, table, write_json
+from ..measure import HostBuffer, gbps
+from .. import _ferry
+from ..units import GiB, KiB, MiB, link_limit, parse_size_list
+from .report import progress, table, write_json
+from .suite import Suite, Waived
 
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+def _torch_with_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
 STRATEGIES = ("auto", "staged", "pin-in-place", "hybrid")
 
 
-class HostBuffer:
-    """Pageable host memory of a chosen backing; .addr is its address."""
-
-    def __init__(self, nbytes: int, backing: str):
-        import ctypes
-
-        self.nbytes = nbytes
-        size = (nbytes + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
-        if backing == "memfd":
-            fd = os.memfd_create("ferry-bench")
-            os.ftruncate(fd, size)
-            self.map = mmap.mmap(fd, size)
-            os.close(fd)
-        else:
-            self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            self.map.madvise(mmap.MADV_HUGEPAGE if backing == "thp" else mmap.MADV_NOHUGEPAGE)
-        # Touch every page (random-ish bytes) so the copy measures the copy, not faults.
-        pattern = os.urandom(MiB)
-        for off in range(0, size, MiB):
-            self.map[off : off + min(MiB, size - off)] = pattern[: min(MiB, size - off)]
-        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
-
-    def close(self):
-        import gc
-
-        gc.collect()
-        try:
-            self.map.close()
-        except BufferError:
-            pass
-
-
-def gbps(nbytes: int, ns_list: list[int]) -> float:
-    m = median(ns_list)
-    return nbytes / m if m == m and m > 0 else float("nan")  # bytes per ns == GB/s
-
-
-def link_gbps() -> float | None:
+def link_gbps(measured: list[float]) -> float | None:
+    """GPU 0's link limit (units.link_limit) given the pinned rates measured."""
     from .. import _ferry, facts
 
     try:
         gpus = facts.collect(_ferry.cuda_info())["gpus"]
-        return gpus[0].get("link_gbps") if gpus else None
     except Exception:
         return None
+    return link_limit(gpus[0].get("link_gbps"), gpus[0].get("max_link_gbps"), measured)[0] if gpus else None
 
 
 def measure(sizes, directions, backings, strategies, iterations, with_torch):
@@ -155,6 +138,138 @@ def torch_gbps(torch, n: int, direction: str, reps: int) -> float:
     return gbps(n, times)
 
 
+def _per_call_us(fn, n: int) -> float:
+    """Median microseconds of fn() (which synchronizes), repeated for ~50 ms (5..200 calls)."""
+    import time
+
+    fn()  # warm-up
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-6)
+    reps = int(min(200, max(5, 0.05 / once)))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
+def python_sweep(sizes) -> list[dict]:
+    """The per-call sweep from Python: torch pageable / pinned copy_, cudaMemcpy, ferry.copy."""
+    import torch
+
+    import ferry
+
+    from .. import _ferry
+
+    rows = []
+    for n in sizes:
+        progress(f"copy sweep {n // KiB} KiB")
+        dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+        pageable = torch.empty(n, dtype=torch.uint8).random_(0, 255)
+        pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True).random_(0, 255)
+        sync = torch.cuda.synchronize
+        for direction in ("h2d", "d2h"):
+            def pair(host):
+                return (dev, host) if direction == "h2d" else (host, dev)
+
+            row = {"direction": direction, "nbytes": n}
+            d, h = pair(pageable)
+            row["torch_pageable"] = n / _per_call_us(lambda: (d.copy_(h), sync()), n) / 1e3
+            row["ferry_auto"] = n / _per_call_us(lambda: ferry.copy(d, h), n) / 1e3
+            pd, ph = pair(pinned)
+            row["torch_pinned"] = n / _per_call_us(lambda: (pd.copy_(ph), sync()), n) / 1e3
+            row["ferry_pinned"] = n / _per_call_us(lambda: ferry.copy(pd, ph), n) / 1e3
+            reps = 5 if n >= 256 * MiB else 20
+            row["cuda_pageable"] = gbps(n, _ferry.cuda_memcpy_ns(d.data_ptr(), h.data_ptr(), n, reps))
+            if not torch.equal(dev.cpu() if direction == "h2d" else pageable, pageable if direction == "h2d" else dev.cpu()):
+                raise AssertionError(f"copy sweep: {direction} {n} bytes arrived wrong")
+            rows.append(row)
+        del dev, pageable, pinned
+    return rows
+
+
+def print_sweep(rows):
+    cols = ["dir", "Size(KiB)", "torch pageable", "torch pinned", "cudaMemcpy pageable", "ferry.copy pageable",
+            "ferry.copy pinned", "x torch pageable", "x cudaMemcpy", "pinned: ferry/torch"]
+    out = []
+    for r in rows:
+        out.append([r["direction"], r["nbytes"] // KiB, r["torch_pageable"], r["torch_pinned"], r["cuda_pageable"],
+                    r["ferry_auto"], r["ferry_pinned"], r["ferry_auto"] / r["torch_pageable"],
+                    r["ferry_auto"] / r["cuda_pageable"], r["ferry_pinned"] / r["torch_pinned"]])
+    print(table("Copies as a PyTorch user makes them, per call from Python (median GB/s)", cols, out))
+
+
+def multi_gpu(devices, n: int, seconds: float = 1.0) -> list[dict]:
+    """Each GPU alone, then all at once: one thread per GPU copying n bytes again and
+    again for `seconds`; pageable through ferry.copy, pinned through torch copy_."""
+    import threading
+    import time
+
+    import torch
+
+    import ferry
+
+    def buffers(d):
+        return (torch.empty(n, dtype=torch.uint8, device=f"cuda:{d}"),
+                torch.empty(n, dtype=torch.uint8).fill_(d + 1),
+                torch.empty(n, dtype=torch.uint8, pin_memory=True).fill_(d + 1))
+
+    bufs = {d: buffers(d) for d in devices}
+
+    def worker(d, kind, direction, stop, moved):
+        dev, pageable, pinned = bufs[d]
+        host = pageable if kind == "pageable" else pinned
+        dst, src = (dev, host) if direction == "h2d" else (host, dev)
+        with torch.cuda.device(d):
+            while not stop.is_set():
+                if kind == "pageable":
+                    ferry.copy(dst, src)
+                else:
+                    dst.copy_(src)
+                    torch.cuda.synchronize(d)
+                moved[d] += n
+
+    def run(devs, kind, direction):
+        stop = threading.Event()
+        moved = {d: 0 for d in devs}
+        threads = [threading.Thread(target=worker, args=(d, kind, direction, stop, moved)) for d in devs]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        return sum(moved.values()) / (time.perf_counter() - t0) / 1e9
+
+    rows = []
+    for kind in ("pageable", "pinned"):
+        for direction in ("h2d", "d2h"):
+            for d in devices:
+                progress(f"copy gpus: GPU {d} alone, {kind} {direction}")
+                rows.append({"gpus": str(d), "kind": kind, "direction": direction,
+                             "gbps": run([d], kind, direction)})
+            progress(f"copy gpus: all {len(devices)} at once, {kind} {direction}")
+            rows.append({"gpus": "all", "kind": kind, "direction": direction, "gbps": run(devices, kind, direction)})
+    return rows
+
+
+def ferry_copy_warm(device: int) -> None:
+    from ..copy import engine
+
+    engine(device).warm_up()
+
+
+def print_multi(rows, n):
+    cols = ["GPUs", "host memory", "dir", "GB/s"]
+    print(table(f"Each GPU alone and all at once ({n // MiB} MiB copies, one thread per GPU; "
+                "pageable: ferry.copy, pinned: torch copy_)", cols,
+                [[r["gpus"], r["kind"], r["direction"], r["gbps"]] for r in rows]))
+
+
 def print_table(rows, link):
     cols = ["backing", "dir", "Size(KiB)", "ferry auto(GB/s)", "strategy", "staged", "pin-in-place", "hybrid",
             "cuda pageable(GB/s)", "cuda pinned(GB/s)", "torch(GB/s)", "x cuda pageable", "% link",
@@ -184,18 +299,21 @@ def calibrate(iterations: int) -> str:
     dev = _ferry.cuda_malloc(n)
     lines = ["# ferry machine profile, written by `ferry bench copy --calibrate`"]
     try:
-        # Smallest size at which staging beats CUDA's pageable path.
+        # Per direction: the smallest size from which staging beats CUDA's
+        # own pageable path at every size measured (0: staging wins throughout).
         small = HostBuffer(4 * MiB, "4k")
-        threshold = 4 * MiB
-        for size in (64 * KiB, 128 * KiB, 256 * KiB, 512 * KiB, MiB, 2 * MiB, 4 * MiB):
-            staged = gbps(size, _ferry.copy_ns(eng, dev, small.addr, size, "staged", 20))
-            cuda = gbps(size, _ferry.cuda_memcpy_ns(dev, small.addr, size, 20))
-            progress(f"calibrate: {size // KiB} KiB staged {staged:.1f} vs cuda {cuda:.1f} GB/s")
-            if staged > cuda:
-                threshold = size
-                break
+        sizes = (4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB)
+        for direction in ("h2d", "d2h"):
+            threshold = 0
+            for size in sizes:
+                dst, src = (dev, small.addr) if direction == "h2d" else (small.addr, dev)
+                staged = gbps(size, _ferry.copy_ns(eng, dst, src, size, "staged", 50))
+                cuda = gbps(size, _ferry.copy_ns(eng, dst, src, size, "cuda", 50))
+                progress(f"calibrate: {direction} {size // KiB} KiB staged {staged:.1f} vs cuda {cuda:.1f} GB/s")
+                if cuda > staged * 1.02:
+                    threshold = size * 2  # CUDA's path wins here: use it up to the next size
+            lines.append(f"cuda_below_bytes_{direction} = {threshold}")
         small.close()
-        lines.append(f"cuda_below_bytes = {threshold}")
         buf = HostBuffer(n, "4k")
         for direction in ("h2d", "d2h"):
             dst, src = (dev, buf.addr) if direction == "h2d" else (buf.addr, dev)
@@ -270,41 +388,64 @@ def plot(rows, path):
     progress(f"wrote {path}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ferry bench copy", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default="4K,64K,1M,16M,64M,256M,1G,2G", help="(default: %(default)s)")
-    p.add_argument("--directions", default="h2d,d2h,bidir", help="(default: %(default)s)")
-    p.add_argument("--backings", default="4k,thp,memfd", help="(default: %(default)s)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help="(default: %(default)s)")
-    p.add_argument("--iterations", type=int, default=5, help="timed repeats per case (default: %(default)s)")
-    p.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
-    p.add_argument("--json", metavar="FILE", help="write results as JSON")
-    p.add_argument("--plot", metavar="PNG", help="write a plot of bandwidth by size")
-    p.add_argument("--calibrate", action="store_true", help="measure and write the machine profile")
-    args = p.parse_args(argv)
+class CopySuite(Suite):
+    key = "copy"
+    description = "pageable host<->GPU copies by size, direction and backing: ferry beside cudaMemcpy and torch"
 
-    from ..cli import parse_size_list
+    def add_arguments(self, p):
+        p.add_argument("--sizes", default="4K,64K,1M,16M,64M,256M,1G,2G", help="(default: %(default)s)")
+        p.add_argument("--directions", default="h2d,d2h,bidir", help="(default: %(default)s)")
+        p.add_argument("--backings", default="4k,thp,memfd", help="(default: %(default)s)")
+        p.add_argument("--strategies", default=",".join(STRATEGIES), help="(default: %(default)s)")
+        p.add_argument("--iterations", type=int, default=5, help="timed repeats per case (default: %(default)s)")
+        p.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
+        p.add_argument("--plot", metavar="PNG", help="write a plot of bandwidth by size")
+        p.add_argument("--calibrate", action="store_true", help="measure and write the machine profile")
+        p.add_argument("--sweep-sizes", default="4K,64K,256K,1M,4M,16M,64M,256M,1G,2G",
+                       help="sizes of the per-call sweep from Python (default: %(default)s; 'none' skips it)")
+        p.add_argument("--gpus", help="'all' or a list such as 0,1: each GPU alone and all at once (1 GiB copies)")
+        p.add_argument("--no-backings", action="store_true", help="only the sweep (and --gpus): skip the table "
+                       "by host backing and strategy")
 
-    if waived_without_device("copy"):
+    def run(self, args) -> int:
+        if args.calibrate:
+            text = calibrate(args.iterations)
+            path = profile_path()
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+            print(text + f"(written to {path})")
+            return 0
+        results: dict = {}
+        have_torch = not args.no_torch and _torch_with_cuda()
+        if have_torch and args.sweep_sizes != "none":
+            results["sweep"] = python_sweep(parse_size_list(args.sweep_sizes))
+            print_sweep(results["sweep"])
+        if args.gpus:
+            if not have_torch:
+                raise Waived("--gpus needs PyTorch with CUDA")
+            if args.gpus == "all":
+                devices = list(range(len(_ferry.cuda_info()["devices"])))
+            else:
+                devices = [int(x) for x in args.gpus.split(",")]
+            for d in devices:  # each engine and its staging made before the timing
+                ferry_copy_warm(d)
+            results["gpus"] = multi_gpu(devices, GiB)
+            print_multi(results["gpus"], GiB)
+        if not args.no_backings:
+            rows = measure(parse_size_list(args.sizes), args.directions.split(","), args.backings.split(","),
+                           args.strategies.split(","), args.iterations, have_torch)
+            link = link_gbps([r["cuda_pinned"] for r in rows if r.get("cuda_pinned")])
+            print_table(rows, link)
+            results.update({"link_gbps": link, "rows": rows})
+            if args.plot:
+                plot(rows, args.plot)
+        write_json(args.json, self.key, results)
         return 0
-    if args.calibrate:
-        text = calibrate(args.iterations)
-        path = profile_path()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
-        print(text + f"(written to {path})")
-        return 0
-    rows = measure(parse_size_list(args.sizes), args.directions.split(","), args.backings.split(","),
-                   args.strategies.split(","), args.iterations, not args.no_torch)
-    link = link_gbps()
-    print_table(rows, link)
-    write_json(args.json, "copy", {"link_gbps": link, "rows": rows})
-    if args.plot:
-        plot(rows, args.plot)
-    return 0
 
+
+SUITE = CopySuite()
+main = SUITE.main
 
 if __name__ == "__main__":
     sys.exit(main())

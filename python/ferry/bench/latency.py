@@ -11,11 +11,12 @@ C++; figures are median, min and p99 in microseconds.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-from .report import waived_without_device, median, percentile, progress, table, write_json
+from ..measure import median, percentile
+from .report import progress, table, write_json
+from .suite import Suite
 
 SIZES = (1, 4, 64, 1024, 4096, 16384, 65536)
 
@@ -115,20 +116,22 @@ def print_tables(r: dict) -> None:
     print(table("Channel round trips", ["case", "Median(us)", "Min(us)", "p99(us)"], extra))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ferry bench latency", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--iterations", type=int, default=2000, help="requests per case (default: %(default)s)")
-    p.add_argument("--json", metavar="FILE", help="write results as JSON")
-    args = p.parse_args(argv)
+class LatencySuite(Suite):
+    key = "latency"
+    description = "small host<->GPU copies and round trips: ferry's channel beside cudaMemcpy, like gdrcopy_copylat"
 
-    if waived_without_device("latency"):
+    def add_arguments(self, p):
+        p.add_argument("--iterations", type=int, default=2000, help="requests per case (default: %(default)s)")
+
+    def run(self, args) -> int:
+        r = measure(args.iterations)
+        print_tables(r)
+        write_json(args.json, self.key, r)
         return 0
-    r = measure(args.iterations)
-    print_tables(r)
-    write_json(args.json, "latency", r)
-    return 0
 
+
+SUITE = LatencySuite()
+main = SUITE.main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import platform
-import statistics
 import sys
 import time
 
@@ -33,30 +32,6 @@ def header() -> dict:
             for g in f["gpus"]
         ],
     }
-
-
-def waived_without_device(suite: str) -> bool:
-    """Print the waiver and return True when there is no CUDA driver or device."""
-    from .. import _ferry
-
-    info = _ferry.cuda_info()
-    if info and info.get("devices"):
-        return False
-    why = "no CUDA driver" if info is None else "no CUDA device"
-    print(f"ferry bench {suite}: waived: needs a CUDA device ({why})")
-    return True
-
-
-def percentile(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    k = min(len(v) - 1, max(0, round(p / 100 * (len(v) - 1))))
-    return v[k]
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 def table(title: str, columns: list[str], rows: list[list]) -> str:

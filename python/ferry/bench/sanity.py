@@ -7,26 +7,21 @@ check failed. Every check uses random data and a poisoned destination.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import traceback
 
-MiB = 1 << 20
-
-
-class Waived(Exception):
-    """The check cannot run on this machine; the message says why."""
+from ..units import MiB
+from .report import write_json
+from .suite import Suite, Waived
 
 
 def _need_gpu():
-    from .. import _ferry
+    from .. import _ferry, measure
 
-    info = _ferry.cuda_info()
-    if info is None:
-        raise Waived("no CUDA driver")
-    if not info.get("devices"):
-        raise Waived("no CUDA device")
+    why = measure.gpu_absent_reason(_ferry.cuda_info())
+    if why is not None:
+        raise Waived(why)
 
 
 def check_pool_recycles_exact_sizes():
@@ -39,7 +34,7 @@ def check_pool_recycles_exact_sizes():
     assert bytes(memoryview(a)) == data
     ptr = a.ptr
     a.release()
-    b = pool.alloc(len(data))
+    b = pool.alloc(len(data), zero=True)
     assert b.ptr == ptr and bytes(memoryview(b)[:64]) == bytes(64), "recycled and zeroed"
     assert pool.stats()["recycles"] == 1
 
@@ -321,24 +316,29 @@ def run(verbose: bool = False) -> dict:
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ferry bench sanity", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failed checks")
-    p.add_argument("--json", metavar="FILE", help="write results as JSON")
-    args = p.parse_args(argv)
-    results = run(args.verbose)
-    width = max(len(n) for n in results)
-    for name, (state, why) in results.items():
-        print(f"{name:<{width}}  {state}{': ' + why if why else ''}")
-    counts = {s: sum(1 for st, _ in results.values() if st == s) for s in ("Passed", "Failed", "Waived")}
-    print(f"Total: {counts['Passed']} Passed, {counts['Failed']} Failed, {counts['Waived']} Waived")
-    if args.json:
-        from .report import write_json
+class SanitySuite(Suite):
+    key = "sanity"
+    description = "functional checks on this machine: Passed, Failed or Waived each, like gdrcopy_sanity"
 
-        write_json(args.json, "sanity", {n: {"state": s, "why": w} for n, (s, w) in results.items()})
-    return 1 if counts["Failed"] else 0
+    def add_arguments(self, p):
+        p.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failed checks")
 
+    def waived(self, args):
+        return None  # each check waives itself
+
+    def run(self, args) -> int:
+        results = run(args.verbose)
+        width = max(len(n) for n in results)
+        for name, (state, why) in results.items():
+            print(f"{name:<{width}}  {state}{': ' + why if why else ''}")
+        counts = {s: sum(1 for st, _ in results.values() if st == s) for s in ("Passed", "Failed", "Waived")}
+        print(f"Total: {counts['Passed']} Passed, {counts['Failed']} Failed, {counts['Waived']} Waived")
+        write_json(args.json, self.key, {n: {"state": s, "why": w} for n, (s, w) in results.items()})
+        return 1 if counts["Failed"] else 0
+
+
+SUITE = SanitySuite()
+main = SUITE.main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,14 +14,13 @@ does not allow shmem THP.
 
 from __future__ import annotations
 
-import argparse
-import mmap
-import os
 import sys
 
-from .report import median, progress, table, waived_without_device, write_json
+from ..measure import HostBuffer, median
+from ..units import MiB, parse_size
+from .report import progress, table, write_json
+from .suite import Suite
 
-MiB = 1 << 20
 SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
 
 
@@ -44,46 +43,6 @@ def set_shmem(value: str) -> bool:
         return False
 
 
-class Buffer:
-    """A touched pageable buffer of one backing: 4k, thp, memfd or memfd-thp."""
-
-    def __init__(self, nbytes: int, backing: str):
-        import ctypes
-
-        if backing.startswith("memfd"):
-            fd = os.memfd_create("ferry-thp-bench")
-            os.ftruncate(fd, nbytes)
-            self.map = mmap.mmap(fd, nbytes)
-            os.close(fd)
-            if backing == "memfd-thp":
-                self.map.madvise(mmap.MADV_HUGEPAGE)
-        else:
-            self.map = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            self.map.madvise(mmap.MADV_HUGEPAGE if backing == "thp" else mmap.MADV_NOHUGEPAGE)
-        chunk = os.urandom(MiB)
-        for off in range(0, nbytes, MiB):
-            self.map[off : off + MiB] = chunk[: min(MiB, nbytes - off)]
-        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
-
-    def huge_bytes(self) -> int:
-        """Bytes of this mapping backed by huge pages, from /proc/self/smaps."""
-        start, total, inside = self.addr, 0, False
-        with open("/proc/self/smaps") as f:
-            for line in f:
-                if "-" in line.split(" ", 1)[0]:
-                    lo = int(line.split("-", 1)[0], 16)
-                    inside = lo <= start < int(line.split("-", 1)[1].split(" ", 1)[0], 16)
-                elif inside and line.split(":")[0] in ("AnonHugePages", "ShmemPmdMapped", "FilePmdMapped"):
-                    total += int(line.split()[1]) * 1024
-        return total
-
-    def close(self):
-        try:
-            self.map.close()
-        except BufferError:
-            pass
-
-
 def measure(nbytes: int, iterations: int, backings: list[str]) -> list[dict]:
     from .. import _ferry
     from ..copy import engine
@@ -97,7 +56,7 @@ def measure(nbytes: int, iterations: int, backings: list[str]) -> list[dict]:
         pinned_d2h = nbytes / median(_ferry.cuda_memcpy_async_ns(pinned, dev, nbytes, iterations))
         for backing in backings:
             progress(f"thp table: {backing}")
-            buf = Buffer(nbytes, backing)
+            buf = HostBuffer(nbytes, backing)
             row = {"backing": backing, "huge_bytes": buf.huge_bytes(), "pinned_d2h": pinned_d2h}
             row["cuda_pageable_d2h"] = nbytes / median(_ferry.cuda_memcpy_ns(buf.addr, dev, nbytes, iterations))
             row["cuda_pageable_h2d"] = nbytes / median(_ferry.cuda_memcpy_ns(dev, buf.addr, nbytes, iterations))
@@ -111,50 +70,51 @@ def measure(nbytes: int, iterations: int, backings: list[str]) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ferry bench thp", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", default="256M", help="buffer size (default: %(default)s)")
-    p.add_argument("--iterations", type=int, default=5, help="timed copies per case (default: %(default)s)")
-    p.add_argument("--set-shmem-advise", action="store_true",
-                   help="set shmem_enabled=advise for the memfd-thp row (root), restored afterwards")
-    p.add_argument("--json", metavar="FILE", help="write results as JSON")
-    args = p.parse_args(argv)
-    from ..cli import parse_size
+class ThpSuite(Suite):
+    key = "thp"
+    description = "copies by host page backing (4 KiB, THP, memfd, memfd + shmem THP): the gVisor report's table"
 
-    if waived_without_device("thp"):
-        return 0
-    nbytes = parse_size(args.size)
-    backings = ["4k", "thp", "memfd"]
-    waived = {}
-    original = shmem_setting()
-    changed = False
-    if original in ("advise", "always", "within_size", "force"):
-        backings.append("memfd-thp")
-    elif args.set_shmem_advise and original is not None:
-        changed = set_shmem("advise")
-        if changed:
+    def add_arguments(self, p):
+        p.add_argument("--size", default="256M", help="buffer size (default: %(default)s)")
+        p.add_argument("--iterations", type=int, default=5, help="timed copies per case (default: %(default)s)")
+        p.add_argument("--set-shmem-advise", action="store_true",
+                       help="set shmem_enabled=advise for the memfd-thp row (root), restored afterwards")
+
+    def run(self, args) -> int:
+        nbytes = parse_size(args.size)
+        backings = ["4k", "thp", "memfd"]
+        waived = {}
+        original = shmem_setting()
+        changed = False
+        if original in ("advise", "always", "within_size", "force"):
             backings.append("memfd-thp")
+        elif args.set_shmem_advise and original is not None:
+            changed = set_shmem("advise")
+            if changed:
+                backings.append("memfd-thp")
+            else:
+                waived["memfd-thp"] = f"could not write {SHMEM_ENABLED} (needs root)"
         else:
-            waived["memfd-thp"] = f"could not write {SHMEM_ENABLED} (needs root)"
-    else:
-        waived["memfd-thp"] = (f"shmem_enabled={original}: shmem THP is off "
-                               "(pass --set-shmem-advise to allow it for this run)")
-    try:
-        rows = measure(nbytes, args.iterations, backings)
-    finally:
-        if changed:
-            set_shmem(original)
-            progress(f"restored shmem_enabled={shmem_setting()}")
-    out = [[r["backing"], r["huge_bytes"] // MiB, r["cuda_pageable_d2h"], r["ferry_pageable_d2h"], r["pinned_d2h"],
-            r["cuda_pageable_h2d"], r["ferry_pageable_h2d"]] for r in rows]
-    out += [[b, "-", "-", "-", "-", "-", f"waived: {why}"] for b, why in waived.items()]
-    print(table(f"Copies of {nbytes // MiB} MiB by host backing (GB/s; shmem_enabled={original})",
-                ["backing", "huge MiB", "CUDA pageable d2h", "ferry pageable d2h", "pinned d2h",
-                 "CUDA pageable h2d", "ferry pageable h2d"], out))
-    write_json(args.json, "thp", {"shmem_enabled": original, "rows": rows, "waived": waived})
-    return 0
+            waived["memfd-thp"] = (f"shmem_enabled={original}: shmem THP is off "
+                                   "(pass --set-shmem-advise to allow it for this run)")
+        try:
+            rows = measure(nbytes, args.iterations, backings)
+        finally:
+            if changed:
+                set_shmem(original)
+                progress(f"restored shmem_enabled={shmem_setting()}")
+        out = [[r["backing"], r["huge_bytes"] // MiB, r["cuda_pageable_d2h"], r["ferry_pageable_d2h"],
+                r["pinned_d2h"], r["cuda_pageable_h2d"], r["ferry_pageable_h2d"]] for r in rows]
+        out += [[b, "-", "-", "-", "-", "-", f"waived: {why}"] for b, why in waived.items()]
+        print(table(f"Copies of {nbytes // MiB} MiB by host backing (GB/s; shmem_enabled={original})",
+                    ["backing", "huge MiB", "CUDA pageable d2h", "ferry pageable d2h", "pinned d2h",
+                     "CUDA pageable h2d", "ferry pageable h2d"], out))
+        write_json(args.json, self.key, {"shmem_enabled": original, "rows": rows, "waived": waived})
+        return 0
 
+
+SUITE = ThpSuite()
+main = SUITE.main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,5 +1,5 @@
 """`ferry bench uvm`: the UVM study's GCN training, under PyTorch's allocator and
-ferry's (issue 6).
+ferry's.
 
 The study (2-layer GCN, RTX 5090 32 GB, PyTorch 2.9, CUDA 12.8) measured epoch
 times at 5M nodes: PyTorch's caching allocator 1.14 s, a cudaMalloc allocator
@@ -35,7 +35,8 @@ import subprocess
 import sys
 import time
 
-from .report import progress, table, waived_without_device, write_json
+from .report import progress, table, write_json
+from .suite import Suite, Waived
 
 GB = 1e9
 FEATURES, HIDDEN, CLASSES, EDGES_PER_NODE = 128, 256, 10, 10
@@ -56,7 +57,6 @@ STUDY = {
     "memory_gb": {5_000_000: 23, 7_000_000: 32, 10_000_000: 45, 15_000_000: 68},
     "setup": "2-layer GCN, RTX 5090 32 GB, PyTorch 2.9, CUDA 12.8",
 }
-TARGETS = {"managed_pool+prefetch": 1.3, "device": 1.5}  # ratio to pytorch at 5M (issue 6)
 
 DEFAULT_NODES = "1M,3M,5M,7M,10M,15M"
 BYTES_PER_NODE = 8 << 10  # this implementation's peak is about 6-7 KiB per node; margin included
@@ -86,6 +86,17 @@ def parse_nodes(text: str) -> list[int]:
     if not out:
         raise InvalidArgumentError("no node counts given")
     return out
+
+
+def parse_configs(text: str) -> list[str]:
+    """'pytorch, managed' -> ["pytorch", "managed"]; an unknown name is an error."""
+    from ..errors import InvalidArgumentError
+
+    configs = [c.strip() for c in text.split(",") if c.strip()]
+    for c in configs:
+        if c not in CONFIGS:
+            raise InvalidArgumentError(f"unknown configuration '{c}' (configurations: {', '.join(CONFIGS)})")
+    return configs
 
 
 def estimate_bytes(nodes: int) -> int:
@@ -144,18 +155,6 @@ def render(rows: list[dict], epochs: int, warmup: int) -> str:
                  f"(study: {STUDY['setup']})",
                  ["nodes", "allocator", "epoch s", "vs pytorch", "study s", "study vs pytorch",
                   "peak GB", "study GB", "error"], out)
-
-
-def targets(rows: list[dict]) -> list[str]:
-    lines = []
-    for config, limit in TARGETS.items():
-        r = next((r for r in rows if r["nodes"] == 5_000_000 and r["config"] == config), None)
-        if r is None or r.get("ratio_to_pytorch") is None:
-            lines.append(f"target {config} <= {limit}x PyTorch at 5M nodes: not measured")
-        else:
-            ok = "met" if r["ratio_to_pytorch"] <= limit else "MISSED"
-            lines.append(f"target {config} <= {limit}x PyTorch at 5M nodes: {r['ratio_to_pytorch']:.2f}x ({ok})")
-    return lines
 
 
 # ---- the model (any torch device; the worker runs it on CUDA) --------------------------------
@@ -392,89 +391,90 @@ def plot(path: str, rows: list[dict]) -> None:
     progress(f"wrote {path}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ferry bench uvm", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", default=DEFAULT_NODES, help="node counts (default: %(default)s)")
-    p.add_argument("--configs", default=",".join(CONFIGS),
-                   help="configurations, in order (default: %(default)s)")
-    p.add_argument("--epochs", type=int, default=3, help="timed epochs (median; default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed epochs first (default: %(default)s)")
-    p.add_argument("--impl", choices=("sparse", "pyg"), default="sparse",
-                   help="propagation: plain PyTorch CSR chunks, or torch_geometric's GCNConv (default: %(default)s)")
-    p.add_argument("--chunk-rows", type=int, default=1_000_000,
-                   help="rows per propagation chunk (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds per configuration (default: %(default)s)")
-    p.add_argument("--json", metavar="FILE", help="write results as JSON")
-    p.add_argument("--plot", metavar="FILE", help="write a PNG of epoch time by node count")
-    p.add_argument("--worker", metavar="CONFIG", help=argparse.SUPPRESS)
-    p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+class UvmSuite(Suite):
+    key = "uvm"
+    description = "the UVM study's GCN training under PyTorch's allocator and ferry's managed allocators"
 
-    if args.probe:
-        print("RESULT " + json.dumps(_probe()), flush=True)
-        return 0
-    if args.worker:
-        n = parse_nodes(args.nodes)[0]
-        print("RESULT " + json.dumps(worker(args.worker, n, args.epochs, args.warmup, args.impl,
-                                            args.chunk_rows)), flush=True)
+    def add_arguments(self, p):
+        p.add_argument("--nodes", default=DEFAULT_NODES, help="node counts (default: %(default)s)")
+        p.add_argument("--configs", default=",".join(CONFIGS),
+                       help="configurations, in order (default: %(default)s)")
+        p.add_argument("--epochs", type=int, default=3, help="timed epochs (median; default: %(default)s)")
+        p.add_argument("--warmup", type=int, default=1, help="untimed epochs first (default: %(default)s)")
+        p.add_argument("--impl", choices=("sparse", "pyg"), default="sparse",
+                       help="propagation: plain PyTorch CSR chunks, or torch_geometric's GCNConv "
+                            "(default: %(default)s)")
+        p.add_argument("--chunk-rows", type=int, default=1_000_000,
+                       help="rows per propagation chunk (default: %(default)s)")
+        p.add_argument("--timeout", type=float, default=1800,
+                       help="seconds per configuration (default: %(default)s)")
+        p.add_argument("--plot", metavar="FILE", help="write a PNG of epoch time by node count")
+        p.add_argument("--worker", metavar="CONFIG", help=argparse.SUPPRESS)
+        p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+
+    def waived(self, args):
+        """Bad arguments are errors even where the suite would be waived; then the
+        device, then PyTorch."""
+        if args.probe or args.worker:  # children the run started
+            return None
+        parse_configs(args.configs)
+        parse_nodes(args.nodes)
+        why = super().waived(args)
+        if why is None and not _have_torch():
+            why = "needs PyTorch (pip install torch)"
+        return why
+
+    def run(self, args) -> int:
+        if args.probe:
+            print("RESULT " + json.dumps(_probe()), flush=True)
+            return 0
+        if args.worker:
+            n = parse_nodes(args.nodes)[0]
+            print("RESULT " + json.dumps(worker(args.worker, n, args.epochs, args.warmup, args.impl,
+                                                args.chunk_rows)), flush=True)
+            return 0
+        probe, why = _run_child(["--probe"], 300)
+        if probe is None:
+            print(f"ferry bench uvm: failed: the probe process could not use the GPU: {why}")
+            return 1
+        if args.impl == "pyg" and not probe["torch_geometric"]:
+            raise Waived("--impl pyg needs torch_geometric")
+        progress(f"uvm: {probe['name']}, {probe['free'] / GB:.0f} of {probe['total'] / GB:.0f} GB free, "
+                 f"torch {probe['torch']}, impl {args.impl}")
+        runs, skipped = plan(parse_nodes(args.nodes), parse_configs(args.configs), probe["free"])
+        for s in skipped:
+            progress(f"uvm: {human_nodes(s['nodes'])} nodes skipped: {s['why']}")
+        rows = []
+        for i, (n, config) in enumerate(runs, 1):
+            progress(f"uvm: {human_nodes(n)} nodes, {config} ({i}/{len(runs)}) ...")
+            t0 = time.monotonic()
+            r, why = _run_child(["--worker", config, "--nodes", str(n), "--epochs", str(args.epochs),
+                                 "--warmup", str(args.warmup), "--impl", args.impl,
+                                 "--chunk-rows", str(args.chunk_rows)], args.timeout)
+            if r is None:
+                r = {"config": config, "nodes": n, "error": why}
+            rows.append(r)
+            done = (f"{r['epoch_s_median']:.3f} s/epoch" if r.get("epoch_s_median")
+                    else f"failed: {r.get('error')}")
+            progress(f"uvm: {human_nodes(n)} nodes, {config}: {done} ({time.monotonic() - t0:.0f} s)")
+        add_ratios(rows)
+        print(render(rows, args.epochs, args.warmup))
+        for s in skipped:
+            print(f"{human_nodes(s['nodes'])} nodes: skipped ({s['why']})")
+        write_json(args.json, self.key, {
+            "model": {"features": FEATURES, "hidden": HIDDEN, "classes": CLASSES,
+                      "edges_per_node": EDGES_PER_NODE, "impl": args.impl, "chunk_rows": args.chunk_rows},
+            "epochs": args.epochs, "warmup": args.warmup, "device": probe, "rows": rows,
+            "skipped": skipped, "study": {"epoch_s": {str(k): v for k, v in STUDY["epoch_s"].items()},
+                                          "memory_gb": {str(k): v for k, v in STUDY["memory_gb"].items()},
+                                          "setup": STUDY["setup"]}})
+        if args.plot:
+            plot(args.plot, rows)
         return 0
 
-    from ..errors import InvalidArgumentError
 
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    for c in configs:
-        if c not in CONFIGS:
-            raise InvalidArgumentError(f"unknown configuration '{c}' (configurations: {', '.join(CONFIGS)})")
-    nodes = parse_nodes(args.nodes)
-    if waived_without_device("uvm"):
-        return 0
-    if not _have_torch():
-        print("ferry bench uvm: waived: needs PyTorch (pip install torch)")
-        return 0
-    probe, why = _run_child(["--probe"], 300)
-    if probe is None:
-        print(f"ferry bench uvm: failed: the probe process could not use the GPU: {why}")
-        return 1
-    if args.impl == "pyg" and not probe["torch_geometric"]:
-        print("ferry bench uvm: waived: --impl pyg needs torch_geometric")
-        return 0
-    progress(f"uvm: {probe['name']}, {probe['free'] / GB:.0f} of {probe['total'] / GB:.0f} GB free, "
-             f"torch {probe['torch']}, impl {args.impl}")
-    runs, skipped = plan(nodes, configs, probe["free"])
-    for s in skipped:
-        progress(f"uvm: {human_nodes(s['nodes'])} nodes skipped: {s['why']}")
-    rows = []
-    for i, (n, config) in enumerate(runs, 1):
-        progress(f"uvm: {human_nodes(n)} nodes, {config} ({i}/{len(runs)}) ...")
-        t0 = time.monotonic()
-        r, why = _run_child(["--worker", config, "--nodes", str(n), "--epochs", str(args.epochs),
-                             "--warmup", str(args.warmup), "--impl", args.impl,
-                             "--chunk-rows", str(args.chunk_rows)], args.timeout)
-        if r is None:
-            r = {"config": config, "nodes": n, "error": why}
-        rows.append(r)
-        done = (f"{r['epoch_s_median']:.3f} s/epoch" if r.get("epoch_s_median")
-                else f"failed: {r.get('error')}")
-        progress(f"uvm: {human_nodes(n)} nodes, {config}: {done} ({time.monotonic() - t0:.0f} s)")
-    add_ratios(rows)
-    print(render(rows, args.epochs, args.warmup))
-    for s in skipped:
-        print(f"{human_nodes(s['nodes'])} nodes: skipped ({s['why']})")
-    for line in targets(rows):
-        print(line)
-    write_json(args.json, "uvm", {
-        "model": {"features": FEATURES, "hidden": HIDDEN, "classes": CLASSES,
-                  "edges_per_node": EDGES_PER_NODE, "impl": args.impl, "chunk_rows": args.chunk_rows},
-        "epochs": args.epochs, "warmup": args.warmup, "device": probe, "rows": rows,
-        "skipped": skipped, "study": {"epoch_s": {str(k): v for k, v in STUDY["epoch_s"].items()},
-                                      "memory_gb": {str(k): v for k, v in STUDY["memory_gb"].items()},
-                                      "setup": STUDY["setup"]},
-        "targets": targets(rows)})
-    if args.plot:
-        plot(args.plot, rows)
-    return 0
-
+SUITE = UvmSuite()
+main = SUITE.main
 
 if __name__ == "__main__":
     sys.exit(main())

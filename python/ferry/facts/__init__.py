@@ -20,18 +20,18 @@ there is no CUDA driver, else {"driver_version": 13000, "runtime_version": 13000
 "compute_capability", ...}]}. Everything in the result is JSON-ready, and collect()
 never raises: a fact that cannot be read is None, with a note where it helps.
 
-This package uses only the standard library and nothing else of `ferry`, so it can be
-loaded on its own (tests do, without the native extension).
+This package uses only the standard library and nothing else of `ferry` (it does
+not even import the native module); the doctor's report (ferry/doctor/report.py)
+renders the facts.
 """
 
 from __future__ import annotations
 
-from . import parsers, report  # noqa: F401  (report: callers use facts.report.format_facts)
+from . import parsers
 from .gpu import collect_gpus
 from .host import collect_host
-from .report import format_facts
 
-__all__ = ["collect", "cuda_facts", "format_facts"]
+__all__ = ["collect", "cuda_facts"]
 
 FACTS_VERSION = 1
 

@@ -5,7 +5,8 @@
 - ``transfer``: tensors to and from the GPU by ferry's copy engine
   (``to_device``, ``to_host``);
 - ``allocators``: managed-memory allocators for PyTorch (``use_allocator``,
-  ``mem_pool``, ``allocator_stats``, ``empty_cache``).
+  ``mem_pool``, ``allocator_stats``, ``empty_cache``);
+- ``safetensors``: checkpoints to the GPU by ferry's loader (``load_safetensors``).
 
 Everything public is re-exported here: ``ferry.torch.to_device(...)``.
 """
@@ -21,4 +22,5 @@ from .allocators import (  # noqa: F401
     use_allocator,
 )
 from .pinned import default_pinned_pool, empty_pinned  # noqa: F401
+from .safetensors import load_safetensors  # noqa: F401
 from .transfer import to_device, to_host  # noqa: F401

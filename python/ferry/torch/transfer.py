@@ -121,6 +121,22 @@ def to_device(obj, device=None, non_blocking: bool = False):
     return _build(template, out)
 
 
+# New host tensors of at least this size get transparent huge pages before the
+# copy writes them: the copy's first touch of fresh 4 KiB pages ran at 13.5 GB/s
+# on the H200 VM (all threads), of THP at 42.9 GB/s.
+_HUGE_MIN_BYTES = 4 << 20
+
+
+def _new_host(torch, src):
+    from .. import _ferry
+
+    t = torch.empty(src.shape, dtype=src.dtype)
+    n = t.numel() * t.element_size()
+    if n >= _HUGE_MIN_BYTES:
+        _ferry.advise_huge(t.data_ptr(), n)
+    return t
+
+
 def to_host(obj, out=None, non_blocking: bool = False):
     """A CPU copy of obj (a CUDA tensor or any nesting of dicts, lists and
     tuples of them), moved by ferry's engine in one call.
@@ -162,13 +178,13 @@ def to_host(obj, out=None, non_blocking: bool = False):
         src = t if t.is_contiguous() else t.contiguous()
         if device is not None and src.device != device:
             # One call serves one device: the others go by themselves.
-            target = targets[i] if targets[i] is not None else torch.empty(src.shape, dtype=src.dtype)
+            target = targets[i] if targets[i] is not None else _new_host(torch, src)
             copy_many([target], [src])
             targets[i] = target
             continue
         device = src.device
         if targets[i] is None:
-            targets[i] = torch.empty(src.shape, dtype=src.dtype)
+            targets[i] = _new_host(torch, src)
         if src.numel():
             dsts.append(targets[i])
             srcs.append(src)

@@ -1,0 +1,74 @@
+"""The shape of a `ferry bench` suite (nvbandwidth's test cases): a key, a one-line
+description, a "can this machine run it" check and a run method.
+
+    class CopySuite(Suite):                     # `ferry bench copy --help`: the module's docstring
+        key = "copy"
+        description = "pageable host<->GPU copies: ferry beside cudaMemcpy and torch"
+
+        def add_arguments(self, parser):     # the suite's own options (--json is given)
+            parser.add_argument("--sizes", default="4K,1G")
+
+        def waived(self, args):              # default: needs a CUDA device
+            return super().waived(args)      # None, or why this machine cannot run it
+
+        def run(self, args) -> int:          # prints its tables, returns the exit status
+            ...
+            write_json(args.json, self.key, results)
+            return 0
+
+    SUITE = CopySuite()
+    main = SUITE.main                        # `python -m ferry.bench.copy`, tests
+
+`main(argv)` parses the arguments (`ferry bench copy --help` shows them), asks
+`waived()`, and prints "ferry bench copy: waived: <why>" (exit status 0) instead of
+running where the machine cannot; `run()` may also raise `Waived(why)` when it
+learns so late (e.g. from a probe process). Register the module in
+bench/__init__.py's SUITE_MODULES: `ferry bench --help` then lists it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class Waived(Exception):
+    """This machine cannot run the suite (or one of its checks); the message says why."""
+
+
+class Suite:
+    key: str = ""  # `ferry bench KEY`
+    description: str = ""  # one line, in `ferry bench --help`
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """The suite's own options; --json FILE is already there."""
+
+    def waived(self, args: argparse.Namespace) -> str | None:
+        """Why this machine cannot run the suite, or None. Default: it needs a CUDA device."""
+        from .. import _ferry, measure
+
+        why = measure.gpu_absent_reason(_ferry.cuda_info())
+        return None if why is None else f"needs a CUDA device: {why}"
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Measures, prints ferry beside its baseline, writes args.json; the exit status."""
+        raise NotImplementedError
+
+    def parser(self) -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(prog=f"ferry bench {self.key}",
+                                    description=sys.modules[type(self).__module__].__doc__ or self.description,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--json", metavar="FILE", help="write the results as JSON (with the machine's facts)")
+        self.add_arguments(p)
+        return p
+
+    def main(self, argv: list[str] | None = None) -> int:
+        args = self.parser().parse_args(argv)
+        try:
+            why = self.waived(args)
+            if why is None:
+                return self.run(args)
+        except Waived as e:
+            why = str(e)
+        print(f"ferry bench {self.key}: waived: {why}")
+        return 0

@@ -1,0 +1,77 @@
+// file.cpp — open/fstat/pread/preadv2/mmap/posix_fadvise, errno returns.
+#include "os/file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace ferry::os {
+
+int open_for_reading(const char* path, bool direct, int* fd_out) noexcept {
+  int flags = O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0);
+  int fd;
+  do {
+    fd = ::open(path, flags);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return errno;
+  *fd_out = fd;
+  return 0;
+}
+
+int regular_file_size(int fd, uint64_t* bytes_out) noexcept {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return errno;
+  if (S_ISDIR(st.st_mode)) return EISDIR;
+  if (!S_ISREG(st.st_mode)) return EINVAL;
+  *bytes_out = static_cast<uint64_t>(st.st_size);
+  return 0;
+}
+
+int read_at(int fd, void* buffer, size_t bytes, uint64_t offset, size_t* got) noexcept {
+  size_t done = 0;
+  while (done < bytes) {
+    ssize_t n = ::pread(fd, static_cast<char*>(buffer) + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) break;  // end of file
+    done += static_cast<size_t>(n);
+  }
+  *got = done;
+  return 0;
+}
+
+int map_file_readonly(int fd, size_t bytes, void** out) noexcept {
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return errno;
+  *out = p;
+  return 0;
+}
+
+int is_cached(int fd, uint64_t offset, bool* cached_out) noexcept {
+  char byte;
+  struct iovec iov = {&byte, 1};
+  for (;;) {
+    ssize_t n = ::preadv2(fd, &iov, 1, static_cast<off_t>(offset), RWF_NOWAIT);
+    if (n >= 0) {
+      *cached_out = n > 0;
+      return 0;
+    }
+    if (errno == EAGAIN) {
+      *cached_out = false;
+      return 0;
+    }
+    if (errno != EINTR) return errno;
+  }
+}
+
+int advise_sequential_reads(int fd) noexcept { return ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); }
+
+bool is_terminal(int fd) noexcept { return ::isatty(fd) == 1; }
+
+}  // namespace ferry::os

@@ -1,0 +1,51 @@
+// file.h — the system calls a checkpoint loader makes on files: open for
+// reading (buffered or O_DIRECT), size, positioned reads, read-only mappings,
+// page-cache residency and read-ahead advice.
+//
+// The contract of memory.h: every function returns 0 or an errno value, sets
+// its outputs only on success, throws nothing and applies no policy (when to
+// use O_DIRECT, what to do when it is refused: that is load/pipeline's job).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry::os {
+
+// The alignment O_DIRECT reads use here: file offset, length and buffer
+// address. 4 KiB is a multiple of every logical block size Linux disks report
+// up to 4Kn, and the page size.
+constexpr size_t kDirectIoAlignment = 4096;
+
+// open(path, O_RDONLY | O_CLOEXEC [| O_DIRECT]). A file system without
+// O_DIRECT (tmpfs) gives EINVAL.
+int open_for_reading(const char* path, bool direct, int* fd_out) noexcept;
+
+// fstat: the size of a regular file; EISDIR for a directory, EINVAL for
+// anything else that is not a regular file (a FIFO, a device).
+int regular_file_size(int fd, uint64_t* bytes_out) noexcept;
+
+// pread until `bytes` are read or the file ends (retrying EINTR and partial
+// reads). *got is how many bytes arrived (fewer than asked only at the end of
+// the file). O_DIRECT descriptors need buffer, offset and bytes aligned to
+// kDirectIoAlignment.
+int read_at(int fd, void* buffer, size_t bytes, uint64_t offset, size_t* got) noexcept;
+
+// mmap(PROT_READ, MAP_SHARED) of [0, bytes) of fd; bytes > 0.
+int map_file_readonly(int fd, size_t bytes, void** out) noexcept;
+
+// Whether the page of fd holding byte `offset` is in the page cache: a
+// one-byte preadv2(RWF_NOWAIT), which reads only cached data (EAGAIN
+// otherwise). Unlike mincore, it answers for files the caller may not write
+// (mincore reports only mapped pages for those since Linux 5.2).
+// EOPNOTSUPP where the file system has no RWF_NOWAIT.
+int is_cached(int fd, uint64_t offset, bool* cached_out) noexcept;
+
+// posix_fadvise(POSIX_FADV_SEQUENTIAL) over the whole file: larger read-ahead
+// for buffered reads of a file that is not cached.
+int advise_sequential_reads(int fd) noexcept;
+
+// Whether file descriptor fd is a terminal (isatty); false on any error.
+bool is_terminal(int fd) noexcept;
+
+}  // namespace ferry::os
