@@ -52,6 +52,15 @@
                       "can hang in malloc); the plain and TSan builds run this case";              \
   } while (0)
 
+// ThreadSanitizer refuses to start threads in the child of a threaded process
+// (die_after_fork); a pool starts its first-touch helpers in any new chunk.
+#define FERRYTEST_SKIP_IF_TSAN_CHILD_THREADS()                                                     \
+  do {                                                                                             \
+    if (FERRYTEST_TSAN)                                                                            \
+      GTEST_SKIP() << "ThreadSanitizer does not start threads after a multi-threaded fork; the "   \
+                      "plain build runs this case";                                                \
+  } while (0)
+
 namespace ferrytest {
 
 struct ChildEnd {

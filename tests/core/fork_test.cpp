@@ -119,11 +119,11 @@ TEST(Fork, InheritedPoolWithATargetPipelineRefusesAndTheChildExits) {
 
 TEST(Fork, TheChildCreatesAndUsesItsOwnPool) {
   FERRYTEST_SKIP_IF_ASAN_FORK();
+  FERRYTEST_SKIP_IF_TSAN_CHILD_THREADS();
   auto inherited = std::make_unique<Pool>(small_pool(20));
   void* kept = inherited->allocate(1000);
   const ferrytest::ChildEnd end = ferrytest::run_in_child([&](const Say& say) {
-    const bool background = !FERRYTEST_TSAN;  // TSan refuses threads started after a threaded fork
-    Pool own(small_pool(background ? 20 : 0));
+    Pool own(small_pool(20));
     const auto data = random_bytes(5 * MiB + 3, 3);
     void* p = own.allocate(data.size());
     std::memcpy(p, data.data(), data.size());
@@ -151,6 +151,7 @@ TEST(Fork, TheChildCreatesAndUsesItsOwnPool) {
 
 TEST(Fork, ForkWhileOtherThreadsUseThePool) {
   FERRYTEST_SKIP_IF_ASAN_FORK();
+  FERRYTEST_SKIP_IF_TSAN_CHILD_THREADS();
   // Threads inside the pool (its lock held, chunks half mapped) at the fork:
   // the child still refuses cleanly and can make a pool of its own.
   Pool pool(small_pool(1));
@@ -165,17 +166,19 @@ TEST(Fork, ForkWhileOtherThreadsUseThePool) {
         if (rng() % 8 == 0) pool.trim();
       }
     });
-  for (int round = 0; round < 20; ++round) {
+  std::string failure;  // asserted after the threads are joined
+  for (int round = 0; round < 20 && failure.empty(); ++round) {
     const ferrytest::ChildEnd end = ferrytest::run_in_child([&](const Say& say) {
       int bad = !refuses([&] { pool.allocate(10); }, "allocate", say);
       Pool own(small_pool());
       own.deallocate(own.allocate(3 * MiB));
       return bad;
     });
-    ASSERT_TRUE(end.clean()) << "round " << round << ": " << end.describe();
+    if (!end.clean()) failure = "round " + std::to_string(round) + ": " + end.describe();
   }
   stop = true;
   for (auto& t : users) t.join();
+  ASSERT_TRUE(failure.empty()) << failure;
   const PoolStats s = pool.stats();
   EXPECT_EQ(s.kind[0].in_use.current + s.kind[1].in_use.current, 0u);
   EXPECT_EQ(s.allocations, s.frees);
