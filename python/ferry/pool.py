@@ -98,6 +98,20 @@ class Pool:
         clearing recycled memory cost); notes."""
         return self._native.stats()
 
+    def chunks(self) -> list:
+        """[(base, nbytes, generation)] of the pool's live chunks, by address: the
+        ranges a transfer library registers (``ferry.nixl``). Every allocation lies
+        inside one chunk. ``generation`` is the ``chunk_generation`` at which the
+        chunk came in, or at which ``trim()`` last returned part of it to the OS
+        (new pages back that part: register the chunk again)."""
+        return self._native.chunks()
+
+    @property
+    def chunk_generation(self) -> int:
+        """A number that grows whenever ``chunks()`` would change (a chunk added,
+        released, or partly returned to the OS). Cheap (no lock): poll it."""
+        return self._native.chunk_generation
+
     @property
     def pinned(self) -> bool:
         return self._native.pinned

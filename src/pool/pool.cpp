@@ -182,6 +182,7 @@ Chunk& Pool::Impl::insert_chunk_locked(const MappedChunk& m) {
   assert(inserted);  // the kernel gives an address to one live mapping at a time
   Chunk& c = it->second;
   c.idle_since = Clock::now();
+  c.generation = bump_generation_locked();
   available[index(m.kind)].insert(m.base, m.base, m.bytes, SpanState::zero);
   KindStats& k = kind_stats(counters, m.kind);
   counter_add(k.reserved, m.bytes);
@@ -304,6 +305,12 @@ std::vector<Chunk*> Pool::Impl::idle_chunks_locked(Clock::time_point idle_before
   return out;
 }
 
+uint64_t Pool::Impl::bump_generation_locked() {
+  const uint64_t next = chunk_generation.load(std::memory_order_relaxed) + 1;
+  chunk_generation.store(next, std::memory_order_release);
+  return next;
+}
+
 void Pool::Impl::account_chunk_release_locked(const Chunk& c) {
   const MappedChunk& m = c.mapping;
   const size_t committed = m.bytes - c.released_bytes;
@@ -326,6 +333,7 @@ uint64_t Pool::Impl::release_chunks_locked(std::unique_lock<std::mutex>& lock, c
     committed += c->mapping.bytes - c->released_bytes;
     held.push_back(chunks.extract(c->mapping.base));
   }
+  bump_generation_locked();  // the chunks left `chunks`: a registrar must drop them
   lock.unlock();
   for (const auto& node : held) {
     const MappedChunk& m = node.mapped().mapping;
@@ -373,6 +381,7 @@ uint64_t Pool::Impl::release_parts_locked(std::unique_lock<std::mutex>& lock, ui
     }
     set.insert(c.mapping.base, part.range.begin, part.range.size, SpanState::released);
     c.released_bytes += part.range.size;
+    c.generation = bump_generation_locked();  // new pages will back this part
     KindStats& k = kind_stats(counters, c.mapping.kind);
     counter_sub(k.cached, part.range.size);
     counter_sub(k.committed, part.range.size);
@@ -488,6 +497,7 @@ void Pool::Impl::shutdown() noexcept {
     std::lock_guard lock(mu);
     for (const auto& [base, c] : chunks) registered.push_back(c.mapping);
     chunks.clear();
+    bump_generation_locked();
   }
   for (const MappedChunk& m : registered) {
     if (hooks) hooks->on_chunk_release(reinterpret_cast<void*>(m.base), m.bytes);
@@ -606,6 +616,19 @@ Pool::SharedLocation Pool::shared_location(const void* p) const {
   const Chunk& c = std::prev(it)->second;
   if (a >= c.end() || c.mapping.fd < 0) return {};
   return SharedLocation{c.mapping.fd, a - c.mapping.base};
+}
+
+std::vector<Pool::ChunkView> Pool::chunks() const {
+  impl_->refuse_if_forked();
+  std::lock_guard lock(impl_->mu);
+  std::vector<ChunkView> out;
+  out.reserve(impl_->chunks.size());
+  for (const auto& [base, c] : impl_->chunks) out.push_back(ChunkView{base, c.mapping.bytes, c.generation});
+  return out;
+}
+
+uint64_t Pool::chunk_generation() const noexcept {
+  return impl_->chunk_generation.load(std::memory_order_acquire);
 }
 
 }  // namespace ferry

@@ -172,6 +172,24 @@ class Pool {
   };
   SharedLocation shared_location(const void* p) const;
 
+  // The pool's chunks, for a transfer library that registers memory (NIXL,
+  // RDMA): each live chunk's range and the generation at which its pages last
+  // changed: when it was inserted, or when trim() returned part of it to the
+  // OS (MADV_DONTNEED: a registration that pinned the old pages is stale
+  // then, so redo it). Any allocation lies inside one chunk.
+  struct ChunkView {
+    uintptr_t base = 0;
+    size_t bytes = 0;
+    uint64_t generation = 0;
+  };
+  // A snapshot of the live chunks, by address; chunks being prepared or
+  // released are not in it. Thread-safe (takes the pool's lock briefly).
+  std::vector<ChunkView> chunks() const;
+  // Moves (grows) whenever chunks() would change: a chunk inserted, one taken
+  // out for release, part of one returned to the OS. Lock-free: poll it and
+  // call chunks() when it moved. Starts at 0.
+  uint64_t chunk_generation() const noexcept;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -85,7 +85,8 @@
 // Threads: callers; the background releaser (release_delay_ms > 0); the
 // target worker (target_bytes > 0); FirstTouch's helpers, started and joined
 // inside one prepare_chunk(). ~Pool stops and joins them all before it
-// releases the chunks. zeroed_bytes and zero_ns are atomics, outside mu.
+// releases the chunks. zeroed_bytes and zero_ns are atomics, outside mu;
+// chunk_generation is an atomic written under mu and read without it.
 //
 // fork(): in a forked child those threads do not exist and mu may be held by
 // one of them, so a pool created before the fork refuses every operation
@@ -122,6 +123,7 @@ struct Chunk {
   size_t released_bytes = 0;       // mu: bytes in span state released
   size_t releasing_bytes = 0;      // mu: parts out for MADV_DONTNEED right now
   Clock::time_point idle_since{};  // mu: when live_allocations last became 0
+  uint64_t generation = 0;         // mu: chunk_generation when inserted or when pages of it were last released
 
   bool idle() const { return live_allocations == 0 && releasing_bytes == 0; }
   uintptr_t end() const { return mapping.base + mapping.bytes; }
@@ -202,6 +204,8 @@ struct Pool::Impl {
   // most `max_bytes`. Parts whose madvise fails return to their old state.
   uint64_t release_parts_locked(std::unique_lock<std::mutex>& lock, uint64_t max_bytes);
   void account_chunk_release_locked(const Chunk& c);
+  // The next chunk_generation, stored and returned (Pool::chunks()).
+  uint64_t bump_generation_locked();
 
   // Created before a fork() of this process: see "fork()" above.
   bool forked() const noexcept { return generation != fork_generation(); }
@@ -236,6 +240,9 @@ struct Pool::Impl {
   std::atomic<bool> cancel_target{false};  // no lock: set by shutdown(), polled by the target's preparation
 
   std::atomic<uint64_t> zeroed_bytes{0}, zero_ns{0};  // no lock: counted by allocating threads
+  // Pool::chunk_generation(): bumped under mu with every change of `chunks`
+  // or of a chunk's pages (bump_generation_locked), read without a lock.
+  std::atomic<uint64_t> chunk_generation{0};
 
   // Started by the constructor, joined by shutdown(); no lock (owner only).
   std::thread releaser, target_worker;

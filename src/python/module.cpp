@@ -367,6 +367,14 @@ NB_MODULE(_ferry, m) {
              d["zero_recycled"] = h.pool->options().zero_recycled;
              return d;
            })
+      .def("chunks",
+           [](PoolHandle& h) {
+             nb::list out;  // Pool::chunks() copies under the pool's lock; Python objects are made after
+             for (const ferry::Pool::ChunkView& c : h.pool->chunks())
+               out.append(nb::make_tuple(c.base, c.bytes, c.generation));
+             return out;
+           })
+      .def_prop_ro("chunk_generation", [](const PoolHandle& h) { return h.pool->chunk_generation(); })
       .def_prop_ro("pinned", [](const PoolHandle& h) { return h.pinned; })
       .def_prop_ro("device", [](const PoolHandle& h) { return h.device; });
 
