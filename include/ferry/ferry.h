@@ -6,7 +6,18 @@
  *  - on failure ferry_last_error() returns a thread-local message that says what
  *    went wrong and with which value; it stays valid until the next failing call
  *    on the same thread;
- *  - handles are opaque typed pointers; create/destroy come in pairs;
+ *  - handles are opaque typed pointers; create/destroy come in pairs. A call
+ *    on a destroyed handle (use after destroy, double destroy) or on a handle
+ *    of another kind returns FERRY_ERROR_INVALID_ARGUMENT saying so, as long as
+ *    fewer than 4096 handles were destroyed after it. Undefined: a pointer that
+ *    never was a ferry handle, a handle destroyed 4096 or more destroys ago, and
+ *    destroying a handle while another thread still uses it;
+ *  - fork(): pools, engines, copies and channels created before fork() refuse
+ *    every call in the child with FERRY_ERROR_NOT_SUPPORTED (their threads,
+ *    pinned memory and CUDA state belong to the parent); in the child,
+ *    ferry_pool_free does nothing and destroy releases nothing (the child's
+ *    copy of the memory goes with the child). New handles created in the child
+ *    work (CUDA ones as far as CUDA allows after fork). The parent is unaffected;
  *  - no CUDA header is needed to use this header (streams are void*).
  *
  * A changed signature becomes NAME_v2 and the old one stays; FERRY_API_VERSION
@@ -94,9 +105,11 @@ FERRY_API ferry_status_t ferry_option_info(size_t index, const char** name,
                                            const char** default_value, const char** doc);
 
 /* Fault injection for error-path tests: "call:N" makes call number N+1 of
- * that kind fail once; "call:N+" makes every call after the first N fail.
- * Calls: mmap, madvise, memfd, touch, register. Several rules separated by ','.
- * "" clears. Also read from FERRY_FAULT_INJECT at start. */
+ * that kind fail once; "call:N+" makes every call after the first N fail;
+ * "=ERRNO" at the end (e.g. "madvise:0=EAGAIN") picks the errno reported.
+ * Calls: mmap, madvise, memfd, touch, register; N: 0 .. 10^9, digits only.
+ * Several rules separated by ','. "" clears. Also read from FERRY_FAULT_INJECT
+ * at start. A bad spec changes nothing and fails quoting the bad rule. */
 FERRY_API ferry_status_t ferry_set_fault_injection(const char* spec);
 
 /* ---- devices ----------------------------------------------------------- */
@@ -134,11 +147,13 @@ typedef struct ferry_pool_options {
   ferry_huge_policy_t huge_pages;
   size_t limit_bytes;          /* hard limit on reserved bytes; 0 = none */
   int zero_recycled;           /* zero recycled memory before reuse */
-  int touch_threads;           /* 0 = one per core, at most 16 */
-  int64_t release_delay_ms;    /* background release after this idle time; 0 = only trim */
+  int touch_threads;           /* 0 .. 1024; 0 = one per core, at most 16 */
+  int64_t release_delay_ms;    /* background release after this idle time, 0 .. 86400000 (a day);
+                                  0 = only trim */
   size_t release_batch_bytes;  /* cap per background round */
-  int numa_node;               /* -1: none (pinned pools: the GPU's node); -2: never bind */
-  size_t target_bytes;         /* reserve (and pin) this much in the background at creation */
+  int numa_node;               /* 0 .. 1023; -1: none (pinned pools: the GPU's node); -2: never bind */
+  size_t target_bytes;         /* reserve (and pin) this much in the background at creation;
+                                  more than the machine's memory: FERRY_ERROR_OUT_OF_MEMORY */
 } ferry_pool_options_t;
 
 typedef struct ferry_counter {
@@ -166,7 +181,8 @@ static inline ferry_status_t ferry_pool_options_init(ferry_pool_options_t* out) 
   if (out) out->struct_size = sizeof *out;
   return ferry_pool_options_defaults(out);
 }
-/* options may be NULL (defaults). */
+/* options may be NULL (defaults). A value out of its range above:
+ * FERRY_ERROR_INVALID_ARGUMENT naming the field and quoting the value. */
 FERRY_API ferry_status_t ferry_pool_create(const ferry_pool_options_t* options, ferry_pool_t* out);
 FERRY_API ferry_status_t ferry_pinned_pool_create(const ferry_pool_options_t* options, int device,
                                                   ferry_pool_t* out);

@@ -23,7 +23,7 @@ back writes here (``Channel(use_gdrcopy=True)``), and why not.
 
 from __future__ import annotations
 
-from . import _ferry
+from . import _args, _ferry
 from ._resolve import device_address
 from .errors import InvalidArgumentError
 
@@ -62,7 +62,9 @@ class Channel:
         spin_us: int = 20,
         use_gdrcopy: bool = False,
     ):
-        self._native = _ferry.Channel(device, idle_us, slots, timeout_ms, spin_us, use_gdrcopy)
+        self._native = _ferry.Channel(
+            _args.u32(device, "device", hi=(1 << 31) - 1), _args.u32(idle_us, "idle_us"), _args.u32(slots, "slots"),
+            _args.u32(timeout_ms, "timeout_ms"), _args.u32(spin_us, "spin_us"), _args.flag(use_gdrcopy, "use_gdrcopy"))
 
     def write(self, dev_ptr, data) -> None:
         """Copy `data` (bytes or any contiguous buffer) to device memory at dev_ptr."""
@@ -74,6 +76,7 @@ class Channel:
     def read(self, dev_ptr, n: int | None = None) -> bytes:
         """n bytes of device memory at dev_ptr (n defaults to a tensor's size)."""
         address, capacity = device_address(dev_ptr, "dev_ptr")
+        n = _args.optional_size(n, "n")
         if n is None:
             if capacity is None:
                 raise InvalidArgumentError("read(dev_ptr, n): n is needed for an int address")
@@ -91,6 +94,7 @@ class Channel:
     def fill(self, dev_ptr, value: int, n: int | None = None) -> None:
         """Set n bytes at dev_ptr to `value` (0..255; n defaults to a tensor's size)."""
         address, capacity = device_address(dev_ptr, "dev_ptr")
+        n = _args.optional_size(n, "n")
         if n is None:
             if capacity is None:
                 raise InvalidArgumentError("fill(dev_ptr, value, n): n is needed for an int address")
@@ -124,8 +128,9 @@ class Channel:
         """Nanoseconds of each of `iterations` requests timed in C++ (for benchmarks):
         op is "write", "read", "fill" (nbytes at dev_ptr) or "ping"."""
         address, capacity = device_address(dev_ptr, "dev_ptr")
+        nbytes = _args.size(nbytes, "nbytes")
         _check_fits("dev_ptr", nbytes, capacity)
-        return self._native.time_ns(op, address, nbytes, iterations)
+        return self._native.time_ns(op, address, nbytes, _args.u32(iterations, "iterations", 1, (1 << 31) - 1))
 
     def close(self) -> None:
         """Stop the kernel and free everything (idempotent)."""

@@ -25,7 +25,7 @@ the stream after the call runs after the copy.
 
 from __future__ import annotations
 
-from . import _ferry
+from . import _args, _ferry
 from ._resolve import resolve
 
 
@@ -117,7 +117,7 @@ class Registration:
     def __init__(self, obj, nbytes: int | None = None, device: int = 0):
         addr, n, _ = resolve(obj, writable=False)
         if nbytes is not None:
-            n = nbytes
+            n = _args.size(nbytes)
         if n is None:
             from .errors import InvalidArgumentError
 

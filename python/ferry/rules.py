@@ -35,6 +35,8 @@ from .units import fmt_bytes as _fmt_bytes
 from .units import fmt_gbps as _gbps
 from .units import percent as _pct
 
+from .facts.parsers import cpulist_ids, thp_setting
+
 __all__ = [
     "SEVERITIES",
     "Finding",
@@ -139,46 +141,20 @@ def _str(value: Any, what: str) -> Optional[str]:
 
 
 def _sysfs_choice(value: Any, what: str) -> Optional[str]:
-    """A THP setting: accepts "madvise" or the raw sysfs form "always [madvise] never"."""
+    """A THP setting: "madvise" or the raw sysfs form "always [madvise] never"
+    (facts.parsers.thp_setting: one parser for both). Garbage is a ValueError."""
     text = _str(value, what)
     if text is None:
         return None
-    text = text.strip()
-    if "[" in text:
-        start, end = text.find("["), text.find("]")
-        if end <= start:
-            raise ValueError(f"{what}: cannot read the selected value in {value!r}")
-        text = text[start + 1 : end]
-    return text.lower() or None
+    try:
+        return thp_setting(text)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
 
 
-def parse_cpulist(text: str) -> set[int]:
-    """Parses a Linux cpulist ("0-3,8,10-15", "0-31:2/4") into a set of ids.
-
-    Raises ValueError, quoting the text, on anything else."""
-    if not isinstance(text, str):
-        raise TypeError(f"cpulist must be a string, got {type(text).__name__} {text!r}")
-    ids: set[int] = set()
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            span, _, stride = part.partition(":")
-            lo_s, dash, hi_s = span.partition("-")
-            lo = int(lo_s)
-            hi = int(hi_s) if dash else lo
-            used, group = 1, 1
-            if stride:
-                used_s, _, group_s = stride.partition("/")
-                used, group = int(used_s), int(group_s)
-            if lo < 0 or hi < lo or used < 1 or group < used:
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"bad cpulist {text!r} (at {part!r})") from None
-        for base in range(lo, hi + 1, group):
-            ids.update(i for i in range(base, min(base + used, hi + 1)))
-    return ids
+# The cpulist parser of ferry (facts.parsers): "0-3,8,10-15", "0-31:2/4" -> a set of
+# ids; ValueError quoting the text for anything else.
+parse_cpulist = cpulist_ids
 
 
 def _cpus(value: Any, what: str) -> Optional[set[int]]:

@@ -9,11 +9,12 @@
 #include "cuda/gdrcopy.h"
 
 using ferry::capi::guarded;
+using ferry::capi::live;
 using ferry::capi::read_struct;
 using ferry::capi::require;
 using ferry::capi::write_struct;
 
-struct ferry_channel {
+struct ferry_channel : ferry::capi::HandleOf<ferry::capi::kChannelMagic> {
   std::unique_ptr<ferry::cuda::Channel> channel;
 };
 
@@ -73,16 +74,17 @@ ferry_status_t ferry_channel_create(int device, const ferry_channel_options_t* o
 
 ferry_status_t ferry_channel_destroy(ferry_channel_t channel) {
   return guarded([&] {
-    require(channel, "channel");
-    std::unique_ptr<ferry_channel> owned(channel);
-    owned->channel->close();
+    ferry::capi::destroy(channel, "channel", [](ferry_channel& h) {
+      std::unique_ptr<ferry::cuda::Channel> owned = std::move(h.channel);
+      owned->close();  // an error is reported; the channel is freed either way
+    });
   });
 }
 
 ferry_status_t ferry_channel_write(ferry_channel_t channel, void* dev_dst, const void* src,
                                    size_t n) {
   return guarded([&] {
-    require(channel, "channel");
+    live(channel, "channel");
     channel->channel->write(dev_dst, src, n);
   });
 }
@@ -90,21 +92,21 @@ ferry_status_t ferry_channel_write(ferry_channel_t channel, void* dev_dst, const
 ferry_status_t ferry_channel_read(ferry_channel_t channel, void* dst, const void* dev_src,
                                   size_t n) {
   return guarded([&] {
-    require(channel, "channel");
+    live(channel, "channel");
     channel->channel->read(dst, dev_src, n);
   });
 }
 
 ferry_status_t ferry_channel_fill(ferry_channel_t channel, void* dev_dst, int value, size_t n) {
   return guarded([&] {
-    require(channel, "channel");
+    live(channel, "channel");
     channel->channel->fill(dev_dst, value, n);
   });
 }
 
 ferry_status_t ferry_channel_signal(ferry_channel_t channel, uint32_t* dev_flag, uint32_t value) {
   return guarded([&] {
-    require(channel, "channel");
+    live(channel, "channel");
     channel->channel->signal(dev_flag, value);
   });
 }
@@ -112,7 +114,7 @@ ferry_status_t ferry_channel_signal(ferry_channel_t channel, uint32_t* dev_flag,
 ferry_status_t ferry_channel_wait(ferry_channel_t channel, const uint32_t* dev_flag, uint32_t value,
                                   uint64_t timeout_us, int* reached) {
   return guarded([&] {
-    require(channel, "channel");
+    live(channel, "channel");
     require(reached, "reached");
     *reached = channel->channel->wait(dev_flag, value, timeout_us) ? 1 : 0;
   });
@@ -120,7 +122,7 @@ ferry_status_t ferry_channel_wait(ferry_channel_t channel, const uint32_t* dev_f
 
 ferry_status_t ferry_channel_ping(ferry_channel_t channel, double* round_trip_us) {
   return guarded([&] {
-    require(channel, "channel");
+    live(channel, "channel");
     require(round_trip_us, "round_trip_us");
     *round_trip_us = channel->channel->ping();
   });
@@ -128,7 +130,7 @@ ferry_status_t ferry_channel_ping(ferry_channel_t channel, double* round_trip_us
 
 ferry_status_t ferry_channel_get_stats(ferry_channel_t channel, ferry_channel_stats_t* out) {
   return guarded([&] {
-    require(channel, "channel");
+    live(channel, "channel");
     require(out, "out");
     ferry::capi::caller_struct_size(out, "out");  // before the work
     const ferry::cuda::ChannelStats s = channel->channel->stats();

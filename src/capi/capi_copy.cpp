@@ -9,15 +9,16 @@
 #include "cuda/registration.h"
 
 using ferry::capi::guarded;
+using ferry::capi::live;
 using ferry::capi::require;
 
-struct ferry_engine {
+struct ferry_engine : ferry::capi::HandleOf<ferry::capi::kEngineMagic> {
   std::unique_ptr<ferry::cuda::CopyEngine> engine;
 };
-struct ferry_copy_state {
+struct ferry_copy_state : ferry::capi::HandleOf<ferry::capi::kCopyMagic> {
   ferry::cuda::Completion completion;
 };
-struct ferry_registration {
+struct ferry_registration : ferry::capi::HandleOf<ferry::capi::kRegistrationMagic> {
   std::unique_ptr<ferry::cuda::Registration> registration;
 };
 
@@ -62,15 +63,12 @@ ferry_status_t ferry_engine_create(int device, ferry_engine_t* out) {
 }
 
 ferry_status_t ferry_engine_destroy(ferry_engine_t engine) {
-  return guarded([&] {
-    require(engine, "engine");
-    delete engine;
-  });
+  return guarded([&] { ferry::capi::destroy(engine, "engine", [](ferry_engine& h) { h.engine.reset(); }); });
 }
 
 ferry_status_t ferry_copy(ferry_engine_t engine, void* dst, const void* src, size_t bytes) {
   return guarded([&] {
-    require(engine, "engine");
+    live(engine, "engine");
     engine->engine->copy(dst, src, bytes);
   });
 }
@@ -78,7 +76,7 @@ ferry_status_t ferry_copy(ferry_engine_t engine, void* dst, const void* src, siz
 ferry_status_t ferry_copy_async(ferry_engine_t engine, void* dst, const void* src, size_t bytes, void* stream,
                                 ferry_strategy_t strategy, ferry_copy_t* out) {
   return guarded([&] {
-    require(engine, "engine");
+    live(engine, "engine");
     require(out, "out");
     *out = nullptr;
     auto h = std::make_unique<ferry_copy_state>();
@@ -97,7 +95,7 @@ ferry_status_t ferry_copy_many_async(ferry_engine_t engine, void* const* dsts, c
                                      const size_t* sizes, size_t count, void* stream, ferry_strategy_t strategy,
                                      ferry_copy_t* out) {
   return guarded([&] {
-    require(engine, "engine");
+    live(engine, "engine");
     require(out, "out");
     *out = nullptr;
     auto ops = items_of(dsts, srcs, sizes, count);
@@ -110,21 +108,21 @@ ferry_status_t ferry_copy_many_async(ferry_engine_t engine, void* const* dsts, c
 ferry_status_t ferry_copy_many(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
                                const size_t* sizes, size_t count, void* stream) {
   return guarded([&] {
-    require(engine, "engine");
+    live(engine, "engine");
     engine->engine->copy_many(items_of(dsts, srcs, sizes, count), static_cast<cudaStream_t>(stream));
   });
 }
 
 ferry_status_t ferry_copy_wait(ferry_copy_t copy) {
   return guarded([&] {
-    require(copy, "copy");
+    live(copy, "copy");
     copy->completion.wait();
   });
 }
 
 ferry_status_t ferry_copy_query(ferry_copy_t copy, int* done) {
   return guarded([&] {
-    require(copy, "copy");
+    live(copy, "copy");
     require(done, "done");
     *done = copy->completion.query() ? 1 : 0;
   });
@@ -132,7 +130,7 @@ ferry_status_t ferry_copy_query(ferry_copy_t copy, int* done) {
 
 ferry_status_t ferry_copy_get_event(ferry_copy_t copy, void** event) {
   return guarded([&] {
-    require(copy, "copy");
+    live(copy, "copy");
     require(event, "event");
     *event = copy->completion.event();
   });
@@ -140,7 +138,7 @@ ferry_status_t ferry_copy_get_event(ferry_copy_t copy, void** event) {
 
 ferry_status_t ferry_copy_get_strategy(ferry_copy_t copy, ferry_strategy_t* strategy) {
   return guarded([&] {
-    require(copy, "copy");
+    live(copy, "copy");
     require(strategy, "strategy");
     *strategy = static_cast<ferry_strategy_t>(static_cast<int>(copy->completion.strategy()));
   });
@@ -148,13 +146,14 @@ ferry_status_t ferry_copy_get_strategy(ferry_copy_t copy, ferry_strategy_t* stra
 
 ferry_status_t ferry_copy_release(ferry_copy_t copy) {
   return guarded([&] {
-    require(copy, "copy");
-    std::unique_ptr<ferry_copy_state> owned(copy);
-    try {
-      owned->completion.wait();  // never free state the engine still uses
-    } catch (const ferry::Error&) {
-      // its error was (or can no longer be) reported through ferry_copy_wait
-    }
+    ferry::capi::destroy(copy, "copy", [](ferry_copy_state& h) {
+      try {
+        h.completion.wait();  // never free state the engine still uses
+      } catch (const ferry::Error&) {
+        // its error was (or can no longer be) reported through ferry_copy_wait
+      }
+      h.completion = ferry::cuda::Completion();
+    });
   });
 }
 
@@ -170,8 +169,8 @@ ferry_status_t ferry_register(void* ptr, size_t bytes, int device, ferry_registr
 
 ferry_status_t ferry_unregister(ferry_registration_t registration) {
   return guarded([&] {
-    require(registration, "registration");
-    delete registration;
+    ferry::capi::destroy(registration, "registration",
+                         [](ferry_registration& h) { h.registration.reset(); });
   });
 }
 

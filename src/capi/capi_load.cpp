@@ -10,11 +10,12 @@
 #include "cuda/file_loader.h"
 
 using ferry::capi::guarded;
+using ferry::capi::live;
 using ferry::capi::read_struct;
 using ferry::capi::require;
 using ferry::capi::write_struct;
 
-struct ferry_loader {
+struct ferry_loader : ferry::capi::HandleOf<ferry::capi::kLoaderMagic> {
   std::unique_ptr<ferry::cuda::Loader> loader;
 };
 
@@ -95,8 +96,7 @@ ferry_status_t ferry_loader_create(const ferry_loader_options_t* options, int de
 
 ferry_status_t ferry_loader_destroy(ferry_loader_t loader) {
   return guarded([&] {
-    require(loader, "loader");
-    delete loader;
+    ferry::capi::destroy(loader, "loader", [](ferry_loader& h) { h.loader.reset(); });
   });
 }
 
@@ -104,7 +104,7 @@ ferry_status_t ferry_loader_load(ferry_loader_t loader, const char* const* files
                                  const ferry_load_range_t* ranges, size_t range_count, void* stream,
                                  ferry_load_stats_t* stats) {
   return guarded([&] {
-    require(loader, "loader");
+    live(loader, "loader");
     if (stats) ferry::capi::caller_struct_size(stats, "stats");  // refused before the load, not after
     if (file_count) require(files, "files");
     if (range_count) require(ranges, "ranges");

@@ -7,11 +7,12 @@
 #include "pool/pool.h"
 
 using ferry::capi::guarded;
+using ferry::capi::live;
 using ferry::capi::read_struct;
 using ferry::capi::require;
 using ferry::capi::write_struct;
 
-struct ferry_pool {
+struct ferry_pool : ferry::capi::HandleOf<ferry::capi::kPoolMagic> {
   std::unique_ptr<ferry::Pool> pool;
 };
 
@@ -111,16 +112,13 @@ ferry_status_t ferry_pinned_pool_create(const ferry_pool_options_t* options, int
 }
 
 ferry_status_t ferry_pool_destroy(ferry_pool_t pool) {
-  return guarded([&] {
-    require(pool, "pool");
-    delete pool;
-  });
+  return guarded([&] { ferry::capi::destroy(pool, "pool", [](ferry_pool& h) { h.pool.reset(); }); });
 }
 
 ferry_status_t ferry_pool_alloc(ferry_pool_t pool, size_t bytes, size_t alignment, ferry_huge_t huge,
                                 void** out) {
   return guarded([&] {
-    require(pool, "pool");
+    live(pool, "pool");
     require(out, "out");
     *out = nullptr;
     *out = pool->pool->allocate(bytes, alignment ? alignment : 256, to_cpp(huge));
@@ -129,7 +127,7 @@ ferry_status_t ferry_pool_alloc(ferry_pool_t pool, size_t bytes, size_t alignmen
 
 ferry_status_t ferry_pool_free(ferry_pool_t pool, void* ptr) {
   return guarded([&] {
-    require(pool, "pool");
+    live(pool, "pool");
     require(ptr, "ptr");
     pool->pool->deallocate(ptr);
   });
@@ -137,7 +135,7 @@ ferry_status_t ferry_pool_free(ferry_pool_t pool, void* ptr) {
 
 ferry_status_t ferry_pool_trim(ferry_pool_t pool, size_t keep_bytes, size_t* released) {
   return guarded([&] {
-    require(pool, "pool");
+    live(pool, "pool");
     size_t n = pool->pool->trim(keep_bytes);
     if (released) *released = n;
   });
@@ -145,14 +143,14 @@ ferry_status_t ferry_pool_trim(ferry_pool_t pool, size_t keep_bytes, size_t* rel
 
 ferry_status_t ferry_pool_wait_ready(ferry_pool_t pool) {
   return guarded([&] {
-    require(pool, "pool");
+    live(pool, "pool");
     pool->pool->wait_ready();
   });
 }
 
 ferry_status_t ferry_pool_get_stats(ferry_pool_t pool, ferry_pool_stats_t* out) {
   return guarded([&] {
-    require(pool, "pool");
+    live(pool, "pool");
     require(out, "out");
     ferry::capi::caller_struct_size(out, "out");  // before the work
     ferry::PoolStats s = pool->pool->stats();
@@ -178,7 +176,7 @@ ferry_status_t ferry_pool_get_stats(ferry_pool_t pool, ferry_pool_stats_t* out) 
 
 ferry_status_t ferry_pool_get_note(ferry_pool_t pool, size_t index, const char** note) {
   return guarded([&] {
-    require(pool, "pool");
+    live(pool, "pool");
     require(note, "note");
     ferry::PoolStats s = pool->pool->stats();
     if (index >= s.notes.size())

@@ -43,7 +43,7 @@ Strategy parse_strategy(const std::string& text) {
   for (Strategy s : {Strategy::automatic, Strategy::direct, Strategy::staged, Strategy::pin_in_place,
                      Strategy::hybrid, Strategy::cuda, Strategy::sm})
     if (text == strategy_name(s)) return s;
-  throw InvalidArgument("copy strategy '" + text +
+  throw InvalidArgument("copy strategy '" + printable(text) +
                         "': expected auto, direct, staged, pin-in-place, hybrid, cuda or sm");
 }
 
@@ -84,34 +84,36 @@ MachineProfile parse_profile(const std::string& text) {
       return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
     };
     if (strip(line).empty()) continue;
-    const std::string where = "profile line " + std::to_string(number) + " '" + strip(line) + "'";
+    const std::string where = "profile line " + std::to_string(number) + " '" + printable(strip(line)) + "'";
     if (eq == std::string::npos) throw InvalidArgument(where + ": expected key = value");
     const std::string key = strip(line.substr(0, eq)), value = strip(line.substr(eq + 1));
     auto share = [&] {
       char* end = nullptr;
       double v = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end || v < 0 || v > 1) throw InvalidArgument(where + ": expected a share 0..1");
+      if (value.empty() || *end || !(v >= 0 && v <= 1)) throw InvalidArgument(where + ": expected a share 0..1");
       return v;
     };
-    auto positive = [&] {
-      uint64_t v = parse_size(value, where);
-      if (v == 0) throw InvalidArgument(where + ": must be > 0");
-      return v;
+    auto bytes_in = [&](uint64_t lo, uint64_t hi) {
+      const uint64_t v = parse_size(value, where);
+      if (v < lo || v > hi)
+        throw InvalidArgument(where + ": expected " + format_bytes(lo) + " .. " + format_bytes(hi));
+      return static_cast<size_t>(v);
     };
+    auto count_in = [&](int64_t lo, int64_t hi) { return static_cast<int>(parse_integer(value, where, lo, hi)); };
     if (key == "cuda_below_bytes") p.cuda_below_bytes[0] = p.cuda_below_bytes[1] = parse_size(value, where);
     else if (key == "cuda_below_bytes_h2d") p.cuda_below_bytes[0] = parse_size(value, where);
     else if (key == "cuda_below_bytes_d2h") p.cuda_below_bytes[1] = parse_size(value, where);
-    else if (key == "staging_chunk_bytes") p.staging_chunk_bytes = positive();
-    else if (key == "staging_slots") p.staging_slots = static_cast<int>(positive());
-    else if (key == "workers") p.workers = static_cast<int>(parse_integer(value, where));
+    else if (key == "staging_chunk_bytes") p.staging_chunk_bytes = bytes_in(4096, kMaxStagingChunkBytes);
+    else if (key == "staging_slots") p.staging_slots = count_in(2, kMaxStagingSlots);
+    else if (key == "workers") p.workers = count_in(0, kMaxThreads);
     else if (key == "hybrid_below_bytes") p.hybrid_below_bytes = parse_size(value, where);
     else if (key == "hybrid_pinned_share_h2d") p.hybrid_pinned_share[0] = share();
     else if (key == "hybrid_pinned_share_d2h") p.hybrid_pinned_share[1] = share();
-    else if (key == "pin_piece_bytes") p.pin_piece_bytes = positive();
+    else if (key == "pin_piece_bytes") p.pin_piece_bytes = bytes_in(2u << 20, kMaxPinPieceBytes);
     else if (key == "batch_sm_below_bytes") p.batch_sm_below_bytes = parse_size(value, where);
-    else if (key == "eager_chunk_bytes") p.eager_chunk_bytes = positive();
-    else if (key == "eager_slots") p.eager_slots = static_cast<int>(std::min<uint64_t>(positive(), 4096));
-    else if (key == "eager_areas") p.eager_areas = static_cast<int>(std::min<uint64_t>(positive(), 64));
+    else if (key == "eager_chunk_bytes") p.eager_chunk_bytes = bytes_in(1, kMaxStagingChunkBytes);
+    else if (key == "eager_slots") p.eager_slots = count_in(1, 4096);
+    else if (key == "eager_areas") p.eager_areas = count_in(1, 64);
     else if (key == "eager_async_below_bytes") p.eager_async_below_bytes = parse_size(value, where);
     else throw InvalidArgument(where + ": unknown key '" + key + "'");
   }

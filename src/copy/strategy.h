@@ -70,6 +70,12 @@ struct MachineProfile {
 
 // "key = value" lines, '#' comments. parse throws InvalidArgument naming the
 // line and key; unknown keys are errors too (a stale profile must not be half read).
+// Ranges: staging_chunk_bytes 4 KiB .. 1 GiB, staging_slots 2 .. 256, workers
+// 0 .. 1024, pin_piece_bytes a multiple of 2 MiB up to 64 GiB, shares 0 .. 1,
+// eager_chunk_bytes up to 1 GiB, eager_slots 1 .. 4096, eager_areas 1 .. 64.
+inline constexpr size_t kMaxStagingChunkBytes = size_t{1} << 30;
+inline constexpr int kMaxStagingSlots = 256;
+inline constexpr size_t kMaxPinPieceBytes = size_t{64} << 30;
 std::string format_profile(const MachineProfile& p);
 MachineProfile parse_profile(const std::string& text);
 

@@ -37,4 +37,21 @@ std::string format_bytes(size_t bytes) {
   return buf;
 }
 
+std::string printable(std::string_view text) {
+  constexpr size_t kMax = 200;
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < kMax; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (text.size() > kMax) out += "...";
+  return out;
+}
+
 }  // namespace ferry

@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "ferry/ferry.h"
 
@@ -70,5 +71,10 @@ std::string format_bytes(size_t bytes);
 // "0x7f3a2c000000" ("0x0" for NULL): addresses in messages.
 std::string format_address(uintptr_t address);
 inline std::string format_address(const void* p) { return format_address(reinterpret_cast<uintptr_t>(p)); }
+
+// Text from outside (an environment value, a spec, a file line) as it can be
+// quoted in a message: bytes outside printable ASCII as \xNN, at most 200
+// characters (then "..."), so a message is never cut at a NUL or garbled.
+std::string printable(std::string_view text);
 
 }  // namespace ferry

@@ -2,16 +2,47 @@
 #include "core/fault.h"
 
 #include <array>
+#include <cerrno>
 #include <cstdlib>
 #include <mutex>
 
 #include "core/error.h"
+#include "core/fork.h"
 #include "core/options.h"
 
 namespace ferry {
 namespace {
 
 constexpr const char* kNames[] = {"mmap", "madvise", "memfd", "touch", "register"};
+
+// The errno values a rule may name: those the wrapped calls can really return.
+struct ErrnoName {
+  const char* name;
+  int value;
+};
+constexpr ErrnoName kErrnos[] = {{"EAGAIN", EAGAIN}, {"ENOMEM", ENOMEM}, {"EINVAL", EINVAL},
+                                 {"EPERM", EPERM},   {"EACCES", EACCES}, {"EFAULT", EFAULT},
+                                 {"EIO", EIO},       {"ENOSPC", ENOSPC}, {"EBUSY", EBUSY},
+                                 {"EMFILE", EMFILE}};
+
+// N of a rule: digits only (no sign, no blanks), at most kMaxFaultCount.
+bool parse_count(const std::string& text, long* out) {
+  if (text.empty() || text.size() > 10) return false;
+  long v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  if (v > kMaxFaultCount) return false;
+  *out = v;
+  return true;
+}
+
+int parse_errno(const std::string& text) {
+  for (const auto& e : kErrnos)
+    if (text == e.name) return e.value;
+  return 0;
+}
 
 struct State {
   std::mutex mu;
@@ -22,6 +53,8 @@ struct State {
 
 State& state() {
   static State s;
+  static const bool held = (hold_across_fork(&s.mu), true);  // a forked child may inject faults
+  (void)held;
   return s;
 }
 
@@ -40,24 +73,34 @@ std::vector<FaultRule> parse_fault_spec(const std::string& spec) {
     while (!item.empty() && item.front() == ' ') item.erase(item.begin());
     while (!item.empty() && item.back() == ' ') item.pop_back();
     if (item.empty()) continue;
-    size_t colon = item.find(':');
-    auto bad = [&](const char* why) {
-      return InvalidArgument("fault injection rule '" + item + "': " + why +
-                             " (expected call:N or call:N+, calls: mmap, madvise, memfd, touch, register)");
+    auto bad = [&](const std::string& why) {
+      return InvalidArgument("fault injection rule '" + printable(item) + "': " + why +
+                             " (expected call:N, call:N+, optionally =ERRNO; calls: mmap, madvise, "
+                             "memfd, touch, register)");
     };
+    const size_t colon = item.find(':');
     if (colon == std::string::npos) throw bad("missing ':'");
     std::string name = item.substr(0, colon), count = item.substr(colon + 1);
-    FaultRule r{FaultPoint::count_, 0, false};
+    FaultRule r{FaultPoint::count_, 0, false, 0};
     for (int i = 0; i < static_cast<int>(FaultPoint::count_); ++i)
       if (name == kNames[i]) r.point = static_cast<FaultPoint>(i);
     if (r.point == FaultPoint::count_) throw bad("unknown call");
+    if (const size_t eq = count.find('='); eq != std::string::npos) {
+      const std::string err = count.substr(eq + 1);
+      r.error = parse_errno(err);
+      if (r.error == 0) {
+        std::string names;
+        for (const auto& e : kErrnos) names += std::string(names.empty() ? "" : ", ") + e.name;
+        throw bad("unknown errno '" + err + "' (known: " + names + ")");
+      }
+      count.resize(eq);
+    }
     if (!count.empty() && count.back() == '+') {
       r.persistent = true;
       count.pop_back();
     }
-    char* end = nullptr;
-    r.after = std::strtol(count.c_str(), &end, 10);
-    if (count.empty() || *end != '\0' || r.after < 0) throw bad("N must be a count >= 0");
+    if (!parse_count(count, &r.after))
+      throw bad("N must be a count 0 .. " + std::to_string(kMaxFaultCount) + ", digits only");
     rules.push_back(r);
   }
   return rules;
@@ -72,7 +115,7 @@ void set_fault_injection(const std::string& spec) {
   s.loaded = true;
 }
 
-bool fault_injected(FaultPoint point) noexcept {
+int fault_error(FaultPoint point, int usual_error) noexcept {
   State& s = state();
   std::lock_guard lock(s.mu);
   if (!s.loaded) {
@@ -84,11 +127,12 @@ bool fault_injected(FaultPoint point) noexcept {
       // A bad spec is reported by options(); here it injects nothing.
     }
   }
-  if (s.rules.empty()) return false;
+  if (s.rules.empty()) return 0;
   long n = ++s.calls[static_cast<size_t>(point)];  // this call's number, from 1
   for (const auto& r : s.rules)
-    if (r.point == point && (n == r.after + 1 || (r.persistent && n > r.after))) return true;
-  return false;
+    if (r.point == point && (n == r.after + 1 || (r.persistent && n > r.after)))
+      return r.error != 0 ? r.error : usual_error;
+  return 0;
 }
 
 }  // namespace ferry

@@ -20,53 +20,56 @@ namespace {
 const OptionSpec kOptions[] = {
     {"FERRY_CHUNK_SIZE", "64MiB",
      "bytes the arena reserves from the OS at a time (a multiple of 2 MiB)", OptionType::size,
-     nullptr},
+     nullptr, 0, 0},
     {"FERRY_COPY_SPIN_US", "100",
      "how long idle copy threads keep looking for work before they sleep (a sleeping thread takes "
-     "15-35 us to wake in a VM); 0 = sleep at once",
-     OptionType::integer, nullptr},
+     "15-35 us to wake in a VM), 0 .. 1000000; 0 = sleep at once",
+     OptionType::integer, nullptr, 0, 1'000'000},
     {"FERRY_COPY_STRATEGY", "auto",
      "force a copy strategy: auto, direct, staged, pin-in-place, hybrid, cuda, sm (sm: pinned memory only)",
-     OptionType::choice, "auto|direct|staged|pin-in-place|hybrid|cuda|sm"},
-    {"FERRY_COPY_WORKERS", "0", "copy threads shared by every device's engine; 0 = one per core, at most 16",
-     OptionType::integer, nullptr},
+     OptionType::choice, "auto|direct|staged|pin-in-place|hybrid|cuda|sm", 0, 0},
+    {"FERRY_COPY_WORKERS", "0",
+     "copy threads shared by every device's engine, 0 .. 1024; 0 = one per core, at most 16",
+     OptionType::integer, nullptr, 0, kMaxThreads},
     {"FERRY_FAULT_INJECT", "",
-     "make chosen system or CUDA calls fail, for error-path tests: call:N[+],... "
+     "make chosen system or CUDA calls fail, for error-path tests: call:N[+][=ERRNO],... "
      "(calls: mmap, madvise, memfd, touch, register)",
-     OptionType::text, nullptr},
+     OptionType::text, nullptr, 0, 0},
     {"FERRY_HUGE_PAGES", "auto",
      "how huge chunks get huge pages: auto (hugetlb if reserved, else THP), hugetlb, thp, off",
-     OptionType::choice, "auto|hugetlb|thp|off"},
+     OptionType::choice, "auto|hugetlb|thp|off", 0, 0},
     {"FERRY_LOAD_DIRECT_IO", "auto",
      "checkpoint loads: O_DIRECT reads: auto (files mostly not in the page cache), never, always",
-     OptionType::choice, "auto|never|always"},
+     OptionType::choice, "auto|never|always", 0, 0},
     {"FERRY_LOAD_MAPPED_PERCENT", "0",
-     "checkpoint loads (experimental): percent of page-cache bytes DMA'd from registered file mappings",
-     OptionType::integer, nullptr},
+     "checkpoint loads (experimental): percent of page-cache bytes DMA'd from registered file mappings, 0 .. 100",
+     OptionType::integer, nullptr, 0, 100},
     {"FERRY_LOAD_SLOT", "16MiB", "checkpoint loads: bytes per read and per staging slot (a multiple of 4 KiB)",
-     OptionType::size, nullptr},
+     OptionType::size, nullptr, 0, 0},
     {"FERRY_LOAD_STAGING", "512MiB",
-     "checkpoint loads: pinned staging memory per loader, the host memory a load adds", OptionType::size, nullptr},
-    {"FERRY_LOAD_THREADS", "0", "checkpoint loads: reader threads; 0 = one per core, at most 16",
-     OptionType::integer, nullptr},
+     "checkpoint loads: pinned staging memory per loader, the host memory a load adds", OptionType::size, nullptr,
+     0, 0},
+    {"FERRY_LOAD_THREADS", "0", "checkpoint loads: reader threads, 0 .. 1024; 0 = one per core, at most 16",
+     OptionType::integer, nullptr, 0, kMaxThreads},
     {"FERRY_PROFILE", "",
      "machine profile file for the copy engine; empty = $XDG_CACHE_HOME/ferry/profile.txt "
      "(written by `ferry bench copy --calibrate`), built-in defaults when absent",
-     OptionType::text, nullptr},
+     OptionType::text, nullptr, 0, 0},
     {"FERRY_POOL_LIMIT", "0", "hard limit on bytes a pool reserves from the OS; 0 = none",
-     OptionType::size, nullptr},
+     OptionType::size, nullptr, 0, 0},
     {"FERRY_RELEASE_BATCH", "128MiB",
      "most bytes the background releaser returns to the OS per round", OptionType::size,
-     nullptr},
+     nullptr, 0, 0},
     {"FERRY_RELEASE_DELAY_MS", "0",
-     "background release: chunks free for this long go back to the OS; 0 = only on trim",
-     OptionType::integer, nullptr},
+     "background release: chunks free for this long go back to the OS, 0 .. 86400000 (a day); "
+     "0 = only on trim",
+     OptionType::integer, nullptr, 0, kMaxReleaseDelayMs},
     {"FERRY_TOUCH_THREADS", "0",
-     "threads that first-touch a new chunk; 0 = one per core, at most 16", OptionType::integer,
-     nullptr},
+     "threads that first-touch a new chunk, 0 .. 1024; 0 = one per core, at most 16",
+     OptionType::integer, nullptr, 0, kMaxThreads},
     {"FERRY_ZERO_RECYCLED", "0",
      "zero recycled memory before handing it out again (else it is uninitialized, like torch.empty; alloc(zero=True) clears one allocation)",
-     OptionType::boolean, nullptr},
+     OptionType::boolean, nullptr, 0, 0},
 };
 
 const OptionSpec* find_spec(const std::string& name) {
@@ -87,13 +90,13 @@ void validate(const OptionSpec& spec, const std::string& value) {
   switch (spec.type) {
     case OptionType::size: parse_size(value, what); break;
     case OptionType::boolean: parse_bool(value, what); break;
-    case OptionType::integer: parse_integer(value, what); break;
+    case OptionType::integer: parse_integer(value, what, spec.min_value, spec.max_value); break;
     case OptionType::text:
       if (what == "FERRY_FAULT_INJECT") {
         try {
           parse_fault_spec(value);
         } catch (const InvalidArgument& e) {
-          throw InvalidArgument(what + "='" + value + "': " + e.what());
+          throw InvalidArgument(what + "='" + printable(value) + "': " + e.what());
         }
       }
       break;
@@ -106,7 +109,7 @@ void validate(const OptionSpec& spec, const std::string& value) {
         if (all.substr(pos, bar - pos) == value) return;
         pos = bar + 1;
       }
-      throw InvalidArgument(what + "='" + value + "': expected one of " + all);
+      throw InvalidArgument(what + "='" + printable(value) + "': expected one of " + all);
     }
   }
 }
@@ -118,10 +121,11 @@ std::span<const OptionSpec> option_table() { return kOptions; }
 uint64_t parse_size(const std::string& text, const std::string& what) {
   const std::string t = trim(text);
   auto bad = [&](const char* why) {
-    return InvalidArgument(what + "='" + text + "': " + why +
+    return InvalidArgument(what + "='" + printable(text) + "': " + why +
                            " (expected a byte count such as 4096, 64MiB, 1G)");
   };
   if (t.empty() || !std::isdigit(static_cast<unsigned char>(t[0]))) throw bad("not a size");
+  if (t.find('\0') != std::string::npos) throw bad("not a size");
   errno = 0;
   char* end = nullptr;
   unsigned long long n = std::strtoull(t.c_str(), &end, 10);
@@ -150,16 +154,25 @@ bool parse_bool(const std::string& text, const std::string& what) {
   for (auto& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
   if (t == "0" || t == "false" || t == "no" || t == "off") return false;
-  throw InvalidArgument(what + "='" + text + "': expected 1/0, true/false, yes/no or on/off");
+  throw InvalidArgument(what + "='" + printable(text) + "': expected 1/0, true/false, yes/no or on/off");
 }
 
-int64_t parse_integer(const std::string& text, const std::string& what) {
+int64_t parse_integer(const std::string& text, const std::string& what, int64_t min_value,
+                      int64_t max_value) {
   const std::string t = trim(text);
   errno = 0;
   char* end = nullptr;
   long long v = std::strtoll(t.c_str(), &end, 10);
-  if (t.empty() || *end != '\0' || errno == ERANGE)
-    throw InvalidArgument(what + "='" + text + "': expected an integer");
+  const bool digits = t.find('\0') == std::string::npos && !t.empty() && (std::isdigit(static_cast<unsigned char>(t[0])) ||
+                                     ((t[0] == '-' || t[0] == '+') && t.size() > 1 &&
+                                      std::isdigit(static_cast<unsigned char>(t[1]))));
+  const bool bounded = min_value != INT64_MIN || max_value != INT64_MAX;
+  const std::string range =
+      bounded ? " " + std::to_string(min_value) + " .. " + std::to_string(max_value) : "";
+  if (!digits || *end != '\0')
+    throw InvalidArgument(what + "='" + printable(text) + "': expected an integer" + range);
+  if (errno == ERANGE || v < min_value || v > max_value)
+    throw InvalidArgument(what + "='" + printable(text) + "': out of range (expected an integer" + range + ")");
   return v;
 }
 
@@ -170,7 +183,7 @@ Options Options::parse(const std::vector<std::pair<std::string, std::string>>& e
     if (name.rfind("FERRY_", 0) != 0) continue;
     const OptionSpec* spec = find_spec(name);
     if (!spec)
-      throw InvalidArgument("unknown option " + name + "='" + value +
+      throw InvalidArgument("unknown option " + printable(name) + "='" + printable(value) +
                             "' (run `ferry options` for the list)");
     validate(*spec, value);
     o.values_[name] = trim(value);
@@ -188,7 +201,8 @@ const std::string& Options::raw(const char* name, OptionType type) const {
 uint64_t Options::size(const char* name) const { return parse_size(raw(name, OptionType::size), name); }
 bool Options::boolean(const char* name) const { return parse_bool(raw(name, OptionType::boolean), name); }
 int64_t Options::integer(const char* name) const {
-  return parse_integer(raw(name, OptionType::integer), name);
+  const OptionSpec* spec = find_spec(name);
+  return parse_integer(raw(name, OptionType::integer), name, spec->min_value, spec->max_value);
 }
 const std::string& Options::text(const char* name) const { return raw(name, OptionType::text); }
 

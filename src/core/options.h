@@ -2,9 +2,12 @@
 // FERRY_* environment variables once.
 //
 // Invariants: every FERRY_ variable in the environment names a row of the table
-// (else InvalidArgument quoting it); every value parses by its row's type (else
-// InvalidArgument quoting the value and what was expected). Parsing is a pure
-// function of (name, value) pairs so that it is tested without touching environ.
+// (else InvalidArgument quoting it); every value parses by its row's type and
+// lies in its row's range (else InvalidArgument quoting the value and what was
+// expected). Counts and durations are range-checked here, where they are
+// parsed, so no caller converts an out-of-range value (a 10^13 ms release
+// delay once overflowed into a busy loop). Parsing is a pure function of
+// (name, value) pairs so that it is tested without touching environ.
 #pragma once
 
 #include <cstddef>
@@ -19,12 +22,21 @@ namespace ferry {
 
 enum class OptionType { size, boolean, integer, choice, text };
 
+// Ranges shared by the option table and the option structs it fills (the
+// pool checks the same bounds for values that come from code, not FERRY_*).
+// A release delay longer than a day is no different from "only trim" (0),
+// and a bounded delay keeps every ms -> ns conversion far from overflow.
+inline constexpr int64_t kMaxReleaseDelayMs = 86'400'000;
+inline constexpr int64_t kMaxThreads = 1024;  // touch and copy threads
+
 struct OptionSpec {
   const char* name;           // environment variable, e.g. "FERRY_CHUNK_SIZE"
   const char* default_value;  // as it would be written in the environment
   const char* doc;            // one line for `ferry options` and docs
   OptionType type;
   const char* choices;        // for choice: "a|b|c"
+  int64_t min_value;          // for integer: the accepted range, inclusive
+  int64_t max_value;
 };
 
 std::span<const OptionSpec> option_table();
@@ -53,6 +65,8 @@ const Options& options();
 // Value parsers, exposed for tests. Throw InvalidArgument naming `what`.
 uint64_t parse_size(const std::string& text, const std::string& what);
 bool parse_bool(const std::string& text, const std::string& what);
-int64_t parse_integer(const std::string& text, const std::string& what);
+// Decimal integer in [min_value, max_value]; the message gives the range.
+int64_t parse_integer(const std::string& text, const std::string& what,
+                      int64_t min_value = INT64_MIN, int64_t max_value = INT64_MAX);
 
 }  // namespace ferry

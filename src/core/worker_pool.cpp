@@ -1,40 +1,46 @@
 // worker_pool.cpp — FIFO thread pool and TaskGroup.
 #include "core/worker_pool.h"
 
+#include "core/fork.h"
+
 namespace ferry {
 
-WorkerPool::WorkerPool(int threads) {
-  if (threads < 1) threads = 1;
-  threads_.reserve(threads);
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+WorkerPool::WorkerPool(int threads)
+    : state_(std::make_unique<State>()), size_(threads < 1 ? 1 : threads), generation_(fork_generation()) {
+  state_->threads.reserve(size_);
+  for (int i = 0; i < size_; ++i) state_->threads.emplace_back([s = state_.get()] { run(*s); });
 }
 
 WorkerPool::~WorkerPool() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
+  if (generation_ != fork_generation()) {
+    abandon_in_child(state_);
+    return;
   }
-  cv_.notify_all();
-  for (auto& t : threads_) t.join();
+  {
+    std::lock_guard lock(state_->mu);
+    state_->stopping = true;
+  }
+  state_->cv.notify_all();
+  for (auto& t : state_->threads) t.join();
 }
 
 void WorkerPool::submit(std::function<void()> task) {
   {
-    std::lock_guard lock(mu_);
-    queue_.push_back(std::move(task));
+    std::lock_guard lock(state_->mu);
+    state_->queue.push_back(std::move(task));
   }
-  cv_.notify_one();
+  state_->cv.notify_one();
 }
 
-void WorkerPool::run() {
+void WorkerPool::run(State& s) {
   for (;;) {
     std::function<void()> task;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      std::unique_lock lock(s.mu);
+      s.cv.wait(lock, [&] { return s.stopping || !s.queue.empty(); });
+      if (s.queue.empty()) return;  // stopping and drained
+      task = std::move(s.queue.front());
+      s.queue.pop_front();
     }
     task();  // tasks report their own errors (TaskGroup); they must not throw
   }

@@ -4,13 +4,17 @@
 // The copy engine keeps one WorkerPool for its whole life: spawning threads per
 // copy costs tens of microseconds each and was the naive staged copy's weakness.
 // Locking: one mutex guards the queue; tasks run without it.
+// fork(): in a forked child the workers do not exist; ~WorkerPool there
+// abandons the queue instead of joining them (core/fork.h).
 #pragma once
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -25,15 +29,22 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   void submit(std::function<void()> task);
-  int size() const noexcept { return static_cast<int>(threads_.size()); }
+  int size() const noexcept { return size_; }
 
  private:
-  void run();
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
-  std::vector<std::thread> threads_;
+  // On the heap so that a forked child can abandon it whole: destroying a
+  // condition variable the parent's workers waited on hangs there.
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> queue;  // guarded by mu
+    bool stopping = false;                    // guarded by mu
+    std::vector<std::thread> threads;
+  };
+  static void run(State& s);
+  std::unique_ptr<State> state_;
+  int size_ = 0;
+  uint64_t generation_ = 0;  // fork_generation() at creation
 };
 
 // Counts outstanding tasks; wait() blocks until all called done() and rethrows

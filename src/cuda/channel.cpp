@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/fork.h"
 #include "cuda/channel_layout.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
@@ -177,13 +178,17 @@ struct Channel::Impl {
   std::mutex broken_mutex;
   std::string broken_reason;  // guarded by broken_mutex
   int broken_code = 0;        // guarded by broken_mutex
+  const uint64_t generation = fork_generation();  // a forked child refuses it (core/fork.h)
 
   ~Impl() { free_resources(); }
 
-  // Counts a request in flight; refuses when closed or broken.
+  bool forked() const noexcept { return generation != fork_generation(); }
+
+  // Counts a request in flight; refuses when closed, broken or inherited by a forked child.
   class Active {
    public:
     explicit Active(Impl& c) : c_(c) {
+      if (c_.forked()) throw NotSupported(forked_child_message("this ferry channel"));
       c_.active.fetch_add(1, std::memory_order_seq_cst);
       if (c_.closing.load(std::memory_order_seq_cst)) {
         c_.active.fetch_sub(1, std::memory_order_seq_cst);
@@ -471,6 +476,10 @@ Channel::Channel(int device, const ChannelOptions& options) : impl_(std::make_un
 }
 
 Channel::~Channel() {
+  if (impl_->forked()) {  // no CUDA call in a forked child
+    abandon_in_child(impl_);
+    return;
+  }
   try {
     close();
   } catch (...) {
@@ -543,6 +552,7 @@ double Channel::ping() {
 
 ChannelStats Channel::stats() const {
   Impl& c = *impl_;
+  if (c.forked()) throw NotSupported(forked_child_message("this ferry channel"));
   ChannelStats s;
   s.requests = c.requests.load(std::memory_order_relaxed);
   s.launches = c.launches.load(std::memory_order_relaxed);
@@ -564,6 +574,7 @@ bool Channel::closed() const noexcept { return impl_->closing.load(std::memory_o
 
 void Channel::close() {
   Impl& c = *impl_;
+  if (c.forked()) return;  // the parent's kernel and memory are not the child's to stop
   if (c.closing.exchange(true, std::memory_order_seq_cst)) return;
   const auto limit = milliseconds(c.options.timeout_ms);
   auto wait_for = [](auto&& ready, Clock::duration within) {

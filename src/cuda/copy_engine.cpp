@@ -22,6 +22,7 @@
 #include "copy/plan.h"
 #include "copy/staging_plan.h"
 #include "core/error.h"
+#include "core/fork.h"
 #include "core/fault.h"
 #include "core/options.h"
 #include "core/worker_pool.h"
@@ -54,19 +55,22 @@ struct CopyState {
   std::mutex mu;
   std::exception_ptr error;              // guarded by mu
   std::vector<Completion> parts;         // a batch's pageable copies; set before it is returned
+  const uint64_t generation = fork_generation();
 
+  bool forked() const noexcept { return generation != fork_generation(); }
   void fail(std::exception_ptr e) noexcept {
     std::lock_guard lock(mu);
     if (!error) error = e;
     abort = true;
   }
   ~CopyState() {
-    if (done) cudaEventDestroy(done);
+    if (done && !forked()) cudaEventDestroy(done);  // no CUDA call in a forked child
   }
 };
 
 void Completion::wait() {
   if (!state_) throw InvalidArgument("wait() on an empty Completion");
+  if (state_->forked()) throw NotSupported(forked_child_message("this ferry copy"));
   for (auto& part : state_->parts) {
     try {
       part.wait();
@@ -96,6 +100,7 @@ void Completion::wait() {
 
 bool Completion::query() {
   if (!state_) throw InvalidArgument("query() on an empty Completion");
+  if (state_->forked()) throw NotSupported(forked_child_message("this ferry copy"));
   for (auto& part : state_->parts)
     if (!part.query()) return false;
   if (!state_->host_tasks.finished()) return false;
@@ -314,7 +319,12 @@ struct CopyEngine::Impl {
   std::unique_ptr<WorkerPool> pinner;  // one thread that unregisters pieces behind their DMA
   mutable std::mutex stats_mu;
   CopyEngineStats stats;  // guarded by stats_mu
+  const uint64_t generation = fork_generation();  // a forked child refuses it (core/fork.h)
 
+  bool forked() const noexcept { return generation != fork_generation(); }
+  void refuse_if_forked() const {
+    if (forked()) throw NotSupported(forked_child_message("this ferry copy engine"));
+  }
   int worker_count() const {
     int w = options.workers > 0 ? options.workers : options.profile.workers;
     return w > 0 ? w : std::min(os::usable_cores(), 16);
@@ -636,6 +646,10 @@ CopyEngine::CopyEngine(CopyEngineOptions options) : impl_(std::make_unique<Impl>
 }
 
 CopyEngine::~CopyEngine() {
+  if (impl_->forked()) {  // no join, no CUDA call in a forked child
+    abandon_in_child(impl_);
+    return;
+  }
   Impl& m = *impl_;
   try {
     ScopedDevice on(m.options.device);
@@ -649,6 +663,7 @@ CopyEngine::~CopyEngine() {
 }
 
 void CopyEngine::warm_up() {
+  impl_->refuse_if_forked();
   ScopedDevice on(impl_->options.device);
   impl_->areas->release(impl_->areas->acquire(), false);
 }
@@ -709,6 +724,7 @@ Strategy CopyEngine::plan(void* dst, const void* src, size_t bytes, Strategy str
 
 Strategy CopyEngine::Impl::decide(void* dst, const void* src, size_t bytes, Strategy strategy, Direction* dir,
                                   PointerLookup& lookup) {
+  refuse_if_forked();  // every copy call decides first
   Classified c = classify_pair(dst, src, bytes, lookup, options.device);
   *dir = c.dir;
   if (c.device_to_device) return Strategy::direct;
@@ -820,6 +836,7 @@ void CopyEngine::copy_many(std::span<const CopyOp> ops, cudaStream_t stream, Str
 Completion CopyEngine::impl_copy_many(std::span<const CopyOp> ops, cudaStream_t stream, Strategy strategy,
                                       bool wait) {
   Impl& m = *impl_;
+  m.refuse_if_forked();
   if (ops.empty()) throw InvalidArgument("copy_many: no items");
   // Validate every item before anything is enqueued; one lookup asks the
   // driver once per allocation, not several times per item.
@@ -906,6 +923,7 @@ Completion CopyEngine::impl_copy_many(std::span<const CopyOp> ops, cudaStream_t 
 }
 
 CopyEngineStats CopyEngine::stats() const {
+  impl_->refuse_if_forked();
   std::lock_guard lock(impl_->stats_mu);
   return impl_->stats;
 }

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/fork.h"
 #include "core/options.h"
 #include "core/worker_pool.h"
 #include "cuda/cuda_check.h"
@@ -254,6 +255,8 @@ struct Loader::Impl {
   explicit Impl(const LoaderOptions& o) : target(o), workers(o.threads + 1) {}
   DeviceTarget target;
   WorkerPool workers;  // readers + the mapped worker
+  const uint64_t generation = fork_generation();  // a forked child refuses it (core/fork.h)
+  bool forked() const noexcept { return generation != fork_generation(); }
 };
 
 Loader::Loader(LoaderOptions options) : options_(options) {
@@ -264,12 +267,17 @@ Loader::Loader(LoaderOptions options) : options_(options) {
 }
 
 Loader::~Loader() {
+  if (impl_ && impl_->forked()) {  // no join, no CUDA call in a forked child
+    abandon_in_child(impl_);
+    return;
+  }
   DeviceRestore restore;  // releasing the pinned pool makes the loader's device current
   impl_.reset();
 }
 
 LoadStats Loader::load(std::span<const std::string> files, std::span<const load::FileRange> ranges,
                        cudaStream_t stream) {
+  if (impl_->forked()) throw NotSupported(forked_child_message("this ferry loader"));
   if (busy_.exchange(true))
     throw InvalidArgument("this Loader is already running a load (one at a time: use one Loader per thread)");
   struct Idle {

@@ -8,13 +8,15 @@
 
 #include "core/error.h"
 #include "core/fault.h"
+#include "core/fork.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "os/mapping.h"
 
 namespace ferry::cuda {
 
-Registration::Registration(void* ptr, size_t bytes, int device) : device_(device) {
+Registration::Registration(void* ptr, size_t bytes, int device)
+    : device_(device), generation_(fork_generation()) {
   if (!ptr) throw InvalidArgument("register: ptr must not be NULL");
   if (bytes == 0) throw InvalidArgument("register: size 0");
   if (os::range_is_mapped(ptr, bytes) != 0)
@@ -37,6 +39,7 @@ Registration::Registration(void* ptr, size_t bytes, int device) : device_(device
 }
 
 Registration::~Registration() {
+  if (generation_ != fork_generation()) return;  // a forked child: the registration is the parent's
   cudaSetDevice(device_);
   cudaHostUnregister(base_);
   cudaGetLastError();

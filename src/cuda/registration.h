@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace ferry::cuda {
 
@@ -27,6 +28,7 @@ class Registration {
   void* base_ = nullptr;
   size_t bytes_ = 0;
   int device_ = 0;
+  uint64_t generation_ = 0;  // fork_generation() at creation: a forked child leaves it alone
 };
 
 }  // namespace ferry::cuda

@@ -24,7 +24,7 @@ int huge_page_shift(size_t page_bytes) {
 }
 
 int advise(void* p, size_t bytes, int advice) noexcept {
-  if (fault_injected(FaultPoint::madvise)) return EINVAL;
+  if (int err = fault_error(FaultPoint::madvise, EINVAL)) return err;
   return ::madvise(p, bytes, advice) == 0 ? 0 : errno;
 }
 
@@ -49,14 +49,14 @@ int map_aligned(size_t bytes, size_t alignment, int prot, int flags, void** out)
 }  // namespace
 
 int map_anonymous(size_t bytes, size_t alignment, void** out) noexcept {
-  if (fault_injected(FaultPoint::mmap)) return ENOMEM;
+  if (int err = fault_error(FaultPoint::mmap, ENOMEM)) return err;
   return map_aligned(bytes, alignment, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, out);
 }
 
 int map_hugetlb(size_t bytes, size_t page_bytes, void** out) noexcept {
   const int shift = huge_page_shift(page_bytes);
   if (shift < 0 || bytes == 0 || bytes % page_bytes != 0) return EINVAL;
-  if (fault_injected(FaultPoint::mmap)) return ENOMEM;
+  if (int err = fault_error(FaultPoint::mmap, ENOMEM)) return err;
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | (shift << MAP_HUGE_SHIFT), -1, 0);
   if (p == MAP_FAILED) return errno;
@@ -71,7 +71,7 @@ int create_memfd(const char* name, size_t bytes, size_t huge_page_bytes, int* fd
     if (shift < 0 || bytes % huge_page_bytes != 0) return EINVAL;
     flags |= MFD_HUGETLB | (static_cast<unsigned>(shift) << MFD_HUGE_SHIFT);
   }
-  if (fault_injected(FaultPoint::memfd)) return ENOMEM;
+  if (int err = fault_error(FaultPoint::memfd, ENOMEM)) return err;
   const int fd = ::memfd_create(name, flags);
   if (fd < 0) return errno;
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -84,7 +84,7 @@ int create_memfd(const char* name, size_t bytes, size_t huge_page_bytes, int* fd
 }
 
 int map_shared(int fd, size_t bytes, size_t alignment, void** out) noexcept {
-  if (fault_injected(FaultPoint::mmap)) return ENOMEM;
+  if (int err = fault_error(FaultPoint::mmap, ENOMEM)) return err;
   void* reservation = nullptr;
   int err = map_aligned(bytes, alignment, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                         &reservation);

@@ -72,8 +72,10 @@ std::string parse_thp_setting(std::string_view text) {
   int brackets = 0;
   const auto all = words(text);
   for (std::string_view w : all) {
-    if (w.size() >= 2 && w.front() == '[' && w.back() == ']') {
-      selected = w.substr(1, w.size() - 2);
+    const std::string_view inner = w.size() >= 2 ? w.substr(1, w.size() - 2) : std::string_view();
+    if (w.size() >= 2 && w.front() == '[' && w.back() == ']' &&
+        inner.find_first_of("[]") == std::string_view::npos) {  // "[always]]" is garbage
+      selected = inner;
       ++brackets;
     } else if (w.find_first_of("[]") != std::string_view::npos) {
       return "";
@@ -128,6 +130,12 @@ int usable_cores() noexcept {
   }
   const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;
+}
+
+uint64_t physical_memory_bytes() noexcept {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
 }
 
 }  // namespace ferry::os

@@ -39,4 +39,7 @@ int read_free_hugepages(size_t page_bytes, uint64_t* out);
 // CPUs this thread may run on (sched_getaffinity), at least 1.
 int usable_cores() noexcept;
 
+// The machine's physical memory in bytes (sysconf), 0 when unknown.
+uint64_t physical_memory_bytes() noexcept;
+
 }  // namespace ferry::os

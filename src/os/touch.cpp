@@ -19,7 +19,7 @@ void touch_slice(char* begin, char* end) noexcept {
 }  // namespace
 
 int touch_pages(void* p, size_t bytes, int threads) noexcept {
-  if (fault_injected(FaultPoint::touch)) return ENOMEM;
+  if (int err = fault_error(FaultPoint::touch, ENOMEM)) return err;
   char* const base = static_cast<char*>(p);
   const size_t units = (bytes + kHugePage2MBytes - 1) / kHugePage2MBytes;
   const size_t workers = std::clamp<size_t>(units, 1, static_cast<size_t>(std::max(threads, 1)));

@@ -3,6 +3,7 @@
 #include "pool/arena.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "core/error.h"
@@ -22,6 +23,12 @@ const char* choice_name(Backing b) {
   }
   return "?";
 }
+
+// A refusal the kernel may not repeat (memory pressure, a busy mm): the chunk
+// goes without, the next chunk tries again. Anything else is remembered.
+bool transient(int err) { return err == EAGAIN || err == ENOMEM; }
+
+std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
 
 }  // namespace
 
@@ -185,7 +192,13 @@ MappedChunk Arena::map_chunk(size_t bytes, PageKind kind) {
         throw OsError(std::string(call) + " of a " + size_text + " pool chunk", err);
       mapped = true;
       if (int err = os::advise_huge(reinterpret_cast<void*>(m.base), bytes)) {
-        refuse(i, kThp, std::string("THP: madvise(MADV_HUGEPAGE) refused (") + std::strerror(err) + ")", true);
+        if (transient(err))
+          fall_back(kThp,
+                    "THP: madvise(MADV_HUGEPAGE) failed for a " + size_text + " chunk (" + errno_text(err) +
+                        "); that chunk uses small pages, the next one tries THP again",
+                    false);
+        else
+          refuse(i, kThp, std::string("THP: madvise(MADV_HUGEPAGE) refused (") + std::strerror(err) + ")", true);
         backing = Backing::small_pages;
       } else {
         backing = Backing::thp;
@@ -198,9 +211,11 @@ MappedChunk Arena::map_chunk(size_t bytes, PageKind kind) {
       if (kind == PageKind::small && !refused(kNoHugeAdvice)) {
         if (int err = os::advise_no_huge(reinterpret_cast<void*>(m.base), bytes))
           fall_back(kNoHugeAdvice,
-                    std::string("madvise(MADV_NOHUGEPAGE) refused (") + std::strerror(err) +
-                        "); small chunks get no advice",
-                    true);
+                    transient(err) ? "madvise(MADV_NOHUGEPAGE) failed for a " + size_text + " chunk (" +
+                                         errno_text(err) + "); that chunk has no advice, the next one tries again"
+                                   : std::string("madvise(MADV_NOHUGEPAGE) refused (") + std::strerror(err) +
+                                         "); small chunks get no advice",
+                    !transient(err));
       }
     }
   }

@@ -16,7 +16,8 @@
 // the refused feature is not tried again for each chunk), counts a fallback
 // and keeps a note "what was refused; what is used instead". Too few (but
 // some) free hugetlb pages for one chunk is noted but not remembered, since a
-// smaller chunk may fit later.
+// smaller chunk may fit later; so is a transient madvise failure (EAGAIN,
+// ENOMEM): that chunk goes without the advice, the next one asks again.
 //
 // Locking: mu_ guards the remembered refusals, the notes and the fallback
 // count; it is a leaf (the pool may hold its own mutex around notes() and

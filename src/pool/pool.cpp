@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/options.h"
 #include "pool/first_touch.h"
 #include "pool/pool_impl.h"
 #include "pool/stats.h"
@@ -73,18 +74,7 @@ size_t zero_spans(const std::vector<Span>& spans, int threads) {
 }
 
 const PoolOptions& validated(const PoolOptions& o) {
-  if (o.chunk_bytes == 0 || o.chunk_bytes % kChunkGranule != 0)
-    throw InvalidArgument("ferry pool: chunk_bytes=" + std::to_string(o.chunk_bytes) + " (" +
-                          format_bytes(o.chunk_bytes) + ") must be a nonzero multiple of 2 MiB");
-  if (o.chunk_bytes > kMaxRequest)
-    throw InvalidArgument("ferry pool: chunk_bytes=" + std::to_string(o.chunk_bytes) +
-                          " is beyond the 128 TiB address space");
-  if (o.touch_threads < 0)
-    throw InvalidArgument("ferry pool: touch_threads=" + std::to_string(o.touch_threads) +
-                          " must be >= 0 (0 = one per core, at most 16)");
-  if (o.release_delay_ms < 0)
-    throw InvalidArgument("ferry pool: release_delay_ms=" + std::to_string(o.release_delay_ms) +
-                          " must be >= 0 (0 = no background release)");
+  o.validate();
   return o;
 }
 
@@ -422,7 +412,9 @@ size_t Pool::Impl::trim(size_t keep_bytes) {
 }
 
 void Pool::Impl::run_releaser() {
-  const auto delay = std::chrono::milliseconds(options.release_delay_ms);
+  // validate() bounds the delay (a day), so now() +/- delay never overflows:
+  // an overflowed deadline lies in the past and turned this loop into a spin.
+  const auto delay = std::chrono::milliseconds(std::min(options.release_delay_ms, kMaxReleaseDelayMs));
   std::unique_lock lock(mu);
   while (!stopping) {
     release_cv.wait_for(lock, delay, [&] { return stopping; });
@@ -535,7 +527,13 @@ Pool::Pool(PoolOptions options, std::shared_ptr<ChunkHooks> hooks)
   }
 }
 
-Pool::~Pool() { impl_->shutdown(); }
+Pool::~Pool() {
+  if (impl_->forked()) {
+    abandon_in_child(impl_);
+    return;
+  }
+  impl_->shutdown();
+}
 
 namespace {
 
@@ -571,30 +569,46 @@ void* Pool::Impl::allocate_public(size_t bytes, size_t alignment, HugeWant huge,
 }
 
 void* Pool::allocate(size_t bytes, size_t alignment, HugeWant huge, bool zero) {
+  impl_->refuse_if_forked();
   return impl_->allocate_public(bytes, alignment, huge, zero, false);
 }
 
 void* Pool::allocate_cached(size_t bytes, size_t alignment, HugeWant huge, bool zero) {
+  impl_->refuse_if_forked();
   return impl_->allocate_public(bytes, alignment, huge, zero, true);
 }
 
-void Pool::deallocate(void* p) { impl_->deallocate(reinterpret_cast<uintptr_t>(p)); }
+void Pool::deallocate(void* p) {
+  if (impl_->forked()) return;  // the child's copy of the memory goes with the child
+  impl_->deallocate(reinterpret_cast<uintptr_t>(p));
+}
 
-size_t Pool::trim(size_t keep_bytes) { return impl_->trim(keep_bytes); }
+size_t Pool::trim(size_t keep_bytes) {
+  impl_->refuse_if_forked();
+  return impl_->trim(keep_bytes);
+}
 
 size_t Pool::allocation_size(const void* p) const {
+  impl_->refuse_if_forked();
   std::lock_guard lock(impl_->mu);
   auto it = impl_->live.find(reinterpret_cast<uintptr_t>(p));
   return it == impl_->live.end() ? 0 : it->second.size;
 }
 
-void Pool::wait_ready() { impl_->wait_ready(); }
+void Pool::wait_ready() {
+  impl_->refuse_if_forked();
+  impl_->wait_ready();
+}
 
-PoolStats Pool::stats() const { return impl_->stats(); }
+PoolStats Pool::stats() const {
+  impl_->refuse_if_forked();
+  return impl_->stats();
+}
 
 const PoolOptions& Pool::options() const { return impl_->options; }
 
 Pool::SharedLocation Pool::shared_location(const void* p) const {
+  impl_->refuse_if_forked();
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   std::lock_guard lock(impl_->mu);
   auto it = impl_->chunks.upper_bound(a);
@@ -605,6 +619,7 @@ Pool::SharedLocation Pool::shared_location(const void* p) const {
 }
 
 std::vector<Pool::ChunkView> Pool::chunks() const {
+  impl_->refuse_if_forked();
   std::lock_guard lock(impl_->mu);
   std::vector<ChunkView> out;
   out.reserve(impl_->chunks.size());

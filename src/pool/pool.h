@@ -58,6 +58,8 @@ class ChunkHooks {
   virtual void on_chunk_release(void* base, size_t bytes) noexcept = 0;
 };
 
+inline constexpr int kMaxNumaNode = 1023;  // Linux: at most 1024 NUMA nodes
+
 struct PoolOptions {
   size_t chunk_bytes = 64u << 20;     // multiple of 2 MiB
   bool memfd = false;                 // back chunks by memfd (MAP_SHARED) instead of anonymous memory
@@ -67,7 +69,8 @@ struct PoolOptions {
   int touch_threads = 0;              // 0 = one per core, at most 16
   int64_t release_delay_ms = 0;       // background release of chunks free this long; 0 = off
   size_t release_batch_bytes = 128u << 20;  // cap per background round
-  int numa_node = -1;                 // bind chunks to this node (mbind); -1 = no binding
+  int numa_node = -1;                 // bind chunks to this node (mbind), 0 .. 1023; -1 = no binding
+                                      // (pinned pools: the GPU's node), -2 = never bind
   // The target: ONE chunk of target_bytes (rounded up to 2 MiB), reserved,
   // touched and registered (one registration) in the background at creation;
   // it serves any allocation up to its size, or many smaller ones.
@@ -79,6 +82,11 @@ struct PoolOptions {
   // default 64 MiB register after their touch; a target or a big
   // allocation's own chunk overlaps the two).
   size_t register_lead_bytes = 64u << 20;
+
+  // Throws InvalidArgument naming the field and quoting the value when one is
+  // out of range (chunk_bytes, touch_threads, release_delay_ms, numa_node), and
+  // OutOfMemory when target_bytes exceeds the machine's memory. Pool() calls it.
+  void validate() const;
 
   // Defaults from the FERRY_* options (core/options.h); throws InvalidArgument.
   static PoolOptions from_environment();

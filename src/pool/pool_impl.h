@@ -87,6 +87,11 @@
 // inside one prepare_chunk(). ~Pool stops and joins them all before it
 // releases the chunks. zeroed_bytes and zero_ns are atomics, outside mu;
 // chunk_generation is an atomic written under mu and read without it.
+//
+// fork(): in a forked child those threads do not exist and mu may be held by
+// one of them, so a pool created before the fork refuses every operation
+// there (NotSupported), deallocate does nothing, and ~Pool abandons the Impl
+// without joining, locking or unmapping anything (core/fork.h).
 #pragma once
 
 #include <atomic>
@@ -102,6 +107,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
+#include "core/fork.h"
 #include "pool/arena.h"
 #include "pool/pool.h"
 #include "pool/range_set.h"
@@ -200,11 +207,18 @@ struct Pool::Impl {
   // The next chunk_generation, stored and returned (Pool::chunks()).
   uint64_t bump_generation_locked();
 
+  // Created before a fork() of this process: see "fork()" above.
+  bool forked() const noexcept { return generation != fork_generation(); }
+  void refuse_if_forked() const {
+    if (forked()) throw NotSupported(forked_child_message("this ferry pool"));
+  }
+
   void run_releaser();
   void run_target(Clock::time_point created);
 
   const PoolOptions options;
   const std::shared_ptr<ChunkHooks> hooks;
+  const uint64_t generation = fork_generation();
   const PageKind target_kind;
   // target_bytes rounded up to 2 MiB: the size of the one target chunk.
   const size_t target_chunk_bytes;

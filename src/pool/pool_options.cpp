@@ -1,9 +1,10 @@
-// pool_options.cpp — PoolOptions from the FERRY_* option table, and the
-// names of backings.
+// pool_options.cpp — PoolOptions: their ranges, their values from the FERRY_*
+// option table, and the names of backings.
 #include <string>
 
 #include "core/error.h"
 #include "core/options.h"
+#include "os/sysfs.h"
 #include "pool/pool.h"
 
 namespace ferry {
@@ -16,6 +17,38 @@ const char* backing_name(Backing b) noexcept {
     case Backing::hugetlb_1g: return "hugetlb_1g";
   }
   return "unknown";
+}
+
+namespace {
+
+constexpr size_t kChunkGranule = size_t{2} << 20;
+constexpr size_t kAddressSpace = size_t{1} << 47;  // the x86-64 user address space
+
+void check_range(const char* name, int64_t value, int64_t lo, int64_t hi, const char* meaning) {
+  if (value < lo || value > hi)
+    throw InvalidArgument("ferry pool: " + std::string(name) + "=" + std::to_string(value) +
+                          ": expected " + std::to_string(lo) + " .. " + std::to_string(hi) + " (" +
+                          meaning + ")");
+}
+
+}  // namespace
+
+void PoolOptions::validate() const {
+  if (chunk_bytes == 0 || chunk_bytes % kChunkGranule != 0 || chunk_bytes > kAddressSpace)
+    throw InvalidArgument("ferry pool: chunk_bytes=" + std::to_string(chunk_bytes) + " (" +
+                          format_bytes(chunk_bytes) +
+                          "): expected a nonzero multiple of 2 MiB, at most 128 TiB");
+  check_range("touch_threads", touch_threads, 0, kMaxThreads, "0 = one per core, at most 16");
+  check_range("release_delay_ms", release_delay_ms, 0, kMaxReleaseDelayMs,
+              "0 = only trim releases memory; at most a day");
+  check_range("numa_node", numa_node, -2, kMaxNumaNode, "-1 = no binding, -2 = never bind");
+  // A target the machine cannot hold would only fail, or swap, later and
+  // slowly; say so now.
+  const uint64_t memory = os::physical_memory_bytes();
+  if (target_bytes > 0 && memory > 0 && target_bytes > memory)
+    throw OutOfMemory("ferry pool: target_bytes=" + std::to_string(target_bytes) + " (" +
+                      format_bytes(target_bytes) + ") is more than this machine's memory (" +
+                      format_bytes(memory) + ")");
 }
 
 PoolOptions PoolOptions::from_options(const Options& o) {
@@ -31,15 +64,8 @@ PoolOptions PoolOptions::from_options(const Options& o) {
                                    : HugePolicy::automatic;
   p.limit_bytes = o.size("FERRY_POOL_LIMIT");
   p.release_batch_bytes = o.size("FERRY_RELEASE_BATCH");
-  p.release_delay_ms = o.integer("FERRY_RELEASE_DELAY_MS");
-  if (p.release_delay_ms < 0)
-    throw InvalidArgument("FERRY_RELEASE_DELAY_MS=" + std::to_string(p.release_delay_ms) +
-                          ": expected milliseconds >= 0 (0 = only trim releases memory)");
-  const int64_t threads = o.integer("FERRY_TOUCH_THREADS");
-  if (threads < 0 || threads > 1024)
-    throw InvalidArgument("FERRY_TOUCH_THREADS=" + std::to_string(threads) +
-                          ": expected 0 (one per core, at most 16) .. 1024");
-  p.touch_threads = static_cast<int>(threads);
+  p.release_delay_ms = o.integer("FERRY_RELEASE_DELAY_MS");  // range-checked by the table
+  p.touch_threads = static_cast<int>(o.integer("FERRY_TOUCH_THREADS"));
   p.zero_recycled = o.boolean("FERRY_ZERO_RECYCLED");
   return p;
 }

@@ -17,6 +17,7 @@
 #include "cuda/copy_engine.h"
 #include "pool/pool.h"
 #include "python/handles.h"
+#include "python/gil.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -26,7 +27,7 @@ namespace ferry::python {
 // Nanoseconds of each allocate+deallocate pair of `bytes`, after one warm-up
 // pair (so every timed pair recycles).
 std::vector<uint64_t> pool_recycle_ns(PoolHandle& h, size_t bytes, size_t alignment, int iterations) {
-  nb::gil_scoped_release unlocked;
+  ferry::python::GilRelease unlocked;
   Pool& pool = *h.pool;
   pool.deallocate(pool.allocate(bytes, alignment));
   std::vector<uint64_t> ns;
@@ -53,7 +54,7 @@ void* as_ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
 std::vector<uint64_t> copy_ns(cuda::CopyEngine& e, uintptr_t dst, uintptr_t src, size_t n, const std::string& strategy,
                               int iterations) {
   Strategy s = parse_strategy(strategy);
-  nb::gil_scoped_release unlocked;
+  ferry::python::GilRelease unlocked;
   e.copy(as_ptr(dst), as_ptr(src), n, s);
   std::vector<uint64_t> ns;
   for (int i = 0; i < iterations; ++i) {
@@ -72,7 +73,7 @@ std::vector<uint64_t> copy_ns(cuda::CopyEngine& e, uintptr_t dst, uintptr_t src,
 std::vector<uint64_t> host_memcpy_ns(size_t bytes, int threads, int iterations) {
   if (bytes == 0 || threads < 1 || threads > 1024 || iterations < 1)
     throw nb::value_error("host_memcpy_ns: needs bytes >= 1, 1 <= threads <= 1024, iterations >= 1");
-  nb::gil_scoped_release unlocked;
+  ferry::python::GilRelease unlocked;
   std::unique_ptr<char[]> src(new char[bytes]), dst(new char[bytes]);  // not touched yet
   const size_t slice = (bytes / threads + 4095) / 4096 * 4096;
   std::barrier sync(threads + 1);  // twice per copy: start, end
@@ -117,7 +118,7 @@ std::vector<uint64_t> batch_ns(cuda::CopyEngine& e, const std::vector<uintptr_t>
   std::vector<cuda::CopyOp> ops(dsts.size());
   for (size_t i = 0; i < ops.size(); ++i) ops[i] = {as_ptr(dsts[i]), as_ptr(srcs[i]), sizes[i]};
   Strategy s = parse_strategy(strategy);
-  nb::gil_scoped_release unlocked;
+  ferry::python::GilRelease unlocked;
   std::vector<uint64_t> ns;
   cuda::StreamHandle stream;
   for (int i = -1; i < iterations; ++i) {
@@ -138,20 +139,20 @@ void bind_bench(nb::module_& m) {
           std::vector<void*> d(dsts.size());
           std::vector<const void*> s(srcs.size());
           for (size_t i = 0; i < d.size(); ++i) d[i] = as_ptr(dsts[i]), s[i] = as_ptr(srcs[i]);
-          nb::gil_scoped_release unlocked;
+          ferry::python::GilRelease unlocked;
           return cuda::time_memcpy_loop_ns(d.data(), s.data(), sizes.data(), d.size(), iterations);
         },
         "dsts"_a, "srcs"_a, "sizes"_a, "iterations"_a = 10);
   m.def("copy_ns", &copy_ns, "engine"_a, "dst"_a, "src"_a, "nbytes"_a, "strategy"_a = "auto", "iterations"_a = 5);
   m.def("cuda_memcpy_ns",
         [](uintptr_t dst, uintptr_t src, size_t n, int iterations) {
-          nb::gil_scoped_release unlocked;
+          ferry::python::GilRelease unlocked;
           return cuda::time_cuda_memcpy_ns(as_ptr(dst), as_ptr(src), n, iterations);
         },
         "dst"_a, "src"_a, "nbytes"_a, "iterations"_a = 5);
   m.def("cuda_memcpy_async_ns",
         [](uintptr_t dst, uintptr_t src, size_t n, int iterations) {
-          nb::gil_scoped_release unlocked;
+          ferry::python::GilRelease unlocked;
           return cuda::time_cuda_memcpy_async_ns(as_ptr(dst), as_ptr(src), n, iterations);
         },
         "dst"_a, "src"_a, "nbytes"_a, "iterations"_a = 5);
@@ -160,7 +161,7 @@ void bind_bench(nb::module_& m) {
            const std::string& strategy, int iterations) {
           const bool plain = strategy == "cudaMemcpy";
           Strategy s = plain ? Strategy::automatic : parse_strategy(strategy);
-          nb::gil_scoped_release unlocked;
+          ferry::python::GilRelease unlocked;
           return cuda::time_bidirectional_ns(plain ? nullptr : &e, as_ptr(dev_a), as_ptr(host_a), as_ptr(host_b),
                                              as_ptr(dev_b), n, s, iterations);
         },
@@ -174,20 +175,20 @@ void bind_bench(nb::module_& m) {
         "iterations"_a = 1000);
   m.def("cuda_host_alloc_seconds",
         [](size_t bytes, int device) {
-          nb::gil_scoped_release unlocked;
+          ferry::python::GilRelease unlocked;
           auto t = cuda::time_cuda_host_alloc(bytes, device);
           return std::vector<double>{t.alloc, t.free};
         },
         "nbytes"_a, "device"_a = 0);
   m.def("cuda_host_alloc_free_ns",
         [](size_t bytes, int iterations, int device) {
-          nb::gil_scoped_release unlocked;
+          ferry::python::GilRelease unlocked;
           return cuda::time_cuda_host_alloc_free_ns(bytes, iterations, device);
         },
         "nbytes"_a, "iterations"_a = 100, "device"_a = 0);
   m.def("cuda_host_register_seconds",
         [](uintptr_t ptr, size_t bytes, int device) {
-          nb::gil_scoped_release unlocked;
+          ferry::python::GilRelease unlocked;
           auto t = cuda::time_cuda_host_register(reinterpret_cast<void*>(ptr), bytes, device);
           return std::vector<double>{t.alloc, t.free};
         },

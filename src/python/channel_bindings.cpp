@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "cuda/channel.h"
 #include "cuda/gdrcopy.h"
+#include "python/gil.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -48,7 +49,7 @@ nb::bytes read_bytes(cuda::Channel& c, uintptr_t dev_src, size_t n) {
   if (!out) throw nb::python_error();
   nb::bytes result = nb::steal<nb::bytes>(out);
   {
-    nb::gil_scoped_release unlocked;  // `out` is not shared with anyone yet
+    ferry::python::GilRelease unlocked;  // `out` is not shared with anyone yet
     c.read(PyBytes_AsString(out), address(dev_src), n);
   }
   return result;
@@ -66,7 +67,7 @@ std::vector<uint64_t> time_requests_ns(cuda::Channel& c, const std::string& op, 
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<unsigned char>(i * 131u + 7u);
   std::vector<uint64_t> ns;
   ns.reserve(static_cast<size_t>(iterations));
-  nb::gil_scoped_release unlocked;
+  ferry::python::GilRelease unlocked;
   for (int i = 0; i < iterations; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     if (op == "write") c.write(address(dev_ptr), host.data(), nbytes);
@@ -108,14 +109,14 @@ void bind_channel(nb::module_& m) {
              o.timeout_ms = timeout_ms;
              o.spin_us = spin_us;
              o.use_gdrcopy = use_gdrcopy;
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              new (c) cuda::Channel(device, o);
            },
            "device"_a, "idle_us"_a, "slots"_a, "timeout_ms"_a, "spin_us"_a, "use_gdrcopy"_a)
       .def("write",
            [](cuda::Channel& c, uintptr_t dev_dst, nb::handle data) {
              HeldBuffer b(data, false);
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              c.write(address(dev_dst), b.data(), b.size());
            },
            "dev_dst"_a, "data"_a)
@@ -123,37 +124,37 @@ void bind_channel(nb::module_& m) {
       .def("read_into",
            [](cuda::Channel& c, uintptr_t dev_src, nb::handle out) {
              HeldBuffer b(out, true);
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              c.read(b.data(), address(dev_src), b.size());
            },
            "dev_src"_a, "out"_a)
       .def("fill",
            [](cuda::Channel& c, uintptr_t dev_dst, int value, size_t n) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              c.fill(address(dev_dst), value, n);
            },
            "dev_dst"_a, "value"_a, "nbytes"_a)
       .def("signal",
            [](cuda::Channel& c, uintptr_t dev_flag, uint32_t value) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              c.signal(static_cast<uint32_t*>(address(dev_flag)), value);
            },
            "dev_flag"_a, "value"_a)
       .def("wait",
            [](cuda::Channel& c, uintptr_t dev_flag, uint32_t value, uint64_t timeout_us) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              return c.wait(static_cast<const uint32_t*>(address(dev_flag)), value, timeout_us);
            },
            "dev_flag"_a, "value"_a, "timeout_us"_a)
       .def("ping",
            [](cuda::Channel& c) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              return c.ping();
            })
       .def("stats", [](const cuda::Channel& c) { return stats_dict(c.stats()); })
       .def("close",
            [](cuda::Channel& c) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              c.close();
            })
       .def("time_ns", &time_requests_ns, "op"_a, "dev_ptr"_a, "nbytes"_a, "iterations"_a)

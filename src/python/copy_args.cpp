@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "python/args.h"
 
 namespace nb = nanobind;
 
@@ -91,7 +92,8 @@ CopyArg resolve_copy_arg(nb::handle obj, bool writable, const char* role) {
     }
     return a;
   }
-  if (PyBool_Check(obj.ptr())) throw InvalidArgument(std::string(role) + " is a bool, not an address or a buffer");
+  if (PyBool_Check(obj.ptr()))
+    throw InvalidArgument(std::string(role) + "=" + arg_repr(obj) + ": a bool is not an address or a buffer");
   if (is_torch_tensor(obj)) return from_tensor(obj, role);
   if (nb::hasattr(obj, "__cuda_array_interface__"))
     return from_cuda_array_interface(obj.attr("__cuda_array_interface__"), role);
@@ -107,12 +109,13 @@ std::vector<uintptr_t> addresses(nb::handle obj, const char* role) {
     for (size_t i = 0; i < n; ++i) {
       PyObject* v = items[i];
       if (!PyLong_Check(v) || PyBool_Check(v))
-        throw InvalidArgument(std::string(role) + "[" + std::to_string(i) + "] is a " + Py_TYPE(v)->tp_name +
-                              ", not an address");
+        throw InvalidArgument(std::string(role) + "[" + std::to_string(i) + "]=" + arg_repr(v) +
+                              ": expected an integer from 0 to 2**64-1");
       out[i] = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(v));
       if (PyErr_Occurred()) {
         PyErr_Clear();
-        throw InvalidArgument(std::string(role) + "[" + std::to_string(i) + "] is not an address from 0 to 2**64-1");
+        throw InvalidArgument(std::string(role) + "[" + std::to_string(i) + "]=" + arg_repr(v) +
+                              ": expected an integer from 0 to 2**64-1");
       }
     }
     return out;

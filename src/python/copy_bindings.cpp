@@ -14,7 +14,9 @@
 #include "cuda/pointer_lookup.h"
 #include "cuda/registration.h"
 #include "os/memory.h"
+#include "python/args.h"
 #include "python/copy_args.h"
+#include "python/gil.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -45,18 +47,6 @@ cuda::CopyEngine& engine_for(int device) {
     engines[device] = new cuda::CopyEngine(cuda::CopyEngineOptions::from_environment(device));
   });
   return *engines[device];
-}
-
-size_t size_arg(nb::handle h, const char* role) {
-  if (!PyLong_Check(h.ptr()) || PyBool_Check(h.ptr()))
-    throw InvalidArgument(std::string(role) + " must be an int, not " + Py_TYPE(h.ptr())->tp_name);
-  long long v = PyLong_AsLongLong(h.ptr());
-  if (PyErr_Occurred() || v < 0) {
-    PyErr_Clear();
-    throw InvalidArgument(std::string(role) + "=" + nb::cast<std::string>(nb::str(h)) +
-                          ": expected a byte count from 0 to 2**63-1");
-  }
-  return static_cast<size_t>(v);
 }
 
 // The device of a device pointer, or -1 (host memory, managed memory, unknown).
@@ -95,7 +85,7 @@ Prepared prepare(nb::handle dst, nb::handle src, nb::handle nbytes, nb::handle s
   int dev = d.cuda_device >= 0 ? d.cuda_device : s.cuda_device;
   const int torch_device = (d.torch || s.torch) ? dev : -1;
   if (!device.is_none()) {
-    const int asked = static_cast<int>(size_arg(device, "device"));
+    const int asked = int_arg<int>(device, "device", 0, INT32_MAX);
     if (dev >= 0 && dev != asked)
       throw InvalidArgument("device=" + std::to_string(asked) + " but the tensor is on cuda:" + std::to_string(dev));
     dev = asked;
@@ -181,7 +171,7 @@ nb::object run_many(nb::handle dsts, nb::handle srcs, nb::handle sizes, nb::hand
   if (m.ops.empty()) throw InvalidArgument("copy_many: no items");
   int dev = m.device;
   if (!device.is_none()) {
-    const int asked = static_cast<int>(size_arg(device, "device"));
+    const int asked = int_arg<int>(device, "device", 0, INT32_MAX);
     if (dev >= 0 && dev != asked)
       throw InvalidArgument("device=" + std::to_string(asked) + " but the tensors are on cuda:" + std::to_string(dev));
     dev = asked;
@@ -196,7 +186,7 @@ nb::object run_many(nb::handle dsts, nb::handle srcs, nb::handle sizes, nb::hand
   cuda::CopyEngine& e = engine_for(dev);
   cuda::Completion c;
   {
-    nb::gil_scoped_release unlocked;
+    ferry::python::GilRelease unlocked;
     if (wait)
       e.copy_many(m.ops, s, st);
     else
@@ -248,7 +238,7 @@ void bind_copy(nb::module_& m) {
   nb::class_<cuda::Completion>(m, "Copy")
       .def("wait",
            [](cuda::Completion& c) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              c.wait();
            })
       .def("query", [](cuda::Completion& c) { return c.query(); })
@@ -264,7 +254,7 @@ void bind_copy(nb::module_& m) {
           const Prepared p = prepare(dst, src, nbytes, stream, device);
           const Strategy s = strategy_of(strategy);
           cuda::CopyEngine& e = engine_for(p.device);
-          nb::gil_scoped_release unlocked;
+          ferry::python::GilRelease unlocked;
           e.copy(p.dst, p.src, p.n, s, p.stream);
         },
         "dst"_a, "src"_a, "nbytes"_a = nb::none(), "stream"_a = nb::none(), "strategy"_a = nb::none(),
@@ -275,7 +265,7 @@ void bind_copy(nb::module_& m) {
           const Prepared p = prepare(dst, src, nbytes, stream, device);
           const Strategy s = strategy_of(strategy);
           cuda::CopyEngine& e = engine_for(p.device);
-          nb::gil_scoped_release unlocked;
+          ferry::python::GilRelease unlocked;
           return e.copy_async(p.dst, p.src, p.n, p.stream, s);
         },
         "dst"_a, "src"_a, "nbytes"_a = nb::none(), "stream"_a = nb::none(), "strategy"_a = nb::none(),
@@ -302,21 +292,21 @@ void bind_copy(nb::module_& m) {
       .def("__init__",
            [](cuda::CopyEngine* e, int device) {
              auto o = cuda::CopyEngineOptions::from_environment(device);
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              new (e) cuda::CopyEngine(o);
            },
            "device"_a = 0)
       .def("copy",
            [](cuda::CopyEngine& e, uintptr_t dst, uintptr_t src, size_t n, nb::handle strategy, uintptr_t stream) {
              Strategy s = strategy_of(strategy);
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              e.copy(ptr(dst), ptr(src), n, s, reinterpret_cast<cudaStream_t>(stream));
            },
            "dst"_a, "src"_a, "nbytes"_a, "strategy"_a = nb::none(), "stream"_a = 0)
       .def("copy_async",
            [](cuda::CopyEngine& e, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream, nb::handle strategy) {
              Strategy s = strategy_of(strategy);
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              return e.copy_async(ptr(dst), ptr(src), n, reinterpret_cast<cudaStream_t>(stream), s);
            },
            "dst"_a, "src"_a, "nbytes"_a, "stream"_a = 0, "strategy"_a = nb::none())
@@ -325,7 +315,7 @@ void bind_copy(nb::module_& m) {
               nb::handle strategy) {
              auto ops = int_ops(addresses(dsts, "dsts"), addresses(srcs, "srcs"), addresses(sizes, "sizes"));
              Strategy s = strategy_of(strategy);
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              return e.copy_many_async(ops, reinterpret_cast<cudaStream_t>(stream), s);
            },
            "dsts"_a, "srcs"_a, "sizes"_a, "stream"_a = 0, "strategy"_a = nb::none())
@@ -336,7 +326,7 @@ void bind_copy(nb::module_& m) {
            "dst"_a, "src"_a, "nbytes"_a, "strategy"_a = nb::none())
       .def("warm_up",
            [](cuda::CopyEngine& e) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              e.warm_up();
            })
       .def("stats", [](const cuda::CopyEngine& e) { return stats_dict(e.stats()); })
@@ -345,7 +335,7 @@ void bind_copy(nb::module_& m) {
   nb::class_<cuda::Registration>(m, "Registration")
       .def("__init__",
            [](cuda::Registration* r, uintptr_t p, size_t n, int device) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              new (r) cuda::Registration(ptr(p), n, device);
            },
            "ptr"_a, "nbytes"_a, "device"_a = 0)

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "cuda/file_loader.h"
 #include "load/safetensors.h"
+#include "python/gil.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -72,7 +73,7 @@ void bind_load(nb::module_& m) {
         [](const std::string& path) {
           load::SafetensorsHeader h;
           {
-            nb::gil_scoped_release unlocked;
+            ferry::python::GilRelease unlocked;
             h = load::read_safetensors_header(path);
           }
           return header_dict(h);
@@ -104,7 +105,7 @@ void bind_load(nb::module_& m) {
              if (!direct_io.is_none()) o.direct_io = load::parse_direct_io(nb::cast<std::string>(direct_io));
              if (!mapped_share.is_none()) o.mapped_share = nb::cast<double>(mapped_share);
              o.progress = progress_of(progress);
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              new (l) cuda::Loader(o);
            },
            "device"_a = 0, "staging_bytes"_a = nb::none(), "slot_bytes"_a = nb::none(), "threads"_a = nb::none(),
@@ -119,7 +120,7 @@ void bind_load(nb::module_& m) {
              for (size_t i = 0; i < ranges.size(); ++i) ranges[i] = {file_index[i], offsets[i], sizes[i], dsts[i]};
              cuda::LoadStats st;
              {
-               nb::gil_scoped_release unlocked;
+               ferry::python::GilRelease unlocked;
                st = l.load(files, ranges, reinterpret_cast<cudaStream_t>(stream));
              }
              return stats_dict(st);

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "cuda/managed_allocator.h"
 #include "pool/managed_options.h"
+#include "python/gil.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -59,7 +60,7 @@ void bind_managed(nb::module_& m) {
   m.def("managed_trim",
         [](const std::string& name, int device) {
           const ManagedKind kind = parse_managed_kind(name);
-          nb::gil_scoped_release unlocked;
+          ferry::python::GilRelease unlocked;
           return cuda::managed_trim(kind, device);
         },
         "name"_a, "device"_a = -1);

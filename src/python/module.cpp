@@ -19,7 +19,9 @@
 #include "cuda/device.h"
 #include "cuda/pinned_pool.h"
 #include "pool/pool.h"
+#include "python/args.h"
 #include "python/handles.h"
+#include "python/gil.h"
 
 namespace ferry::python {
 void bind_bench(nanobind::module_& m);
@@ -140,37 +142,45 @@ nb::object buffer_dlpack(nb::handle self, nb::kwargs kwargs) {
 }
 
 ferry::PoolOptions pool_options(const nb::dict& d) {
+  using ferry::python::bool_arg;
+  using ferry::python::int_arg;
+  using ferry::python::size_arg;
   ferry::PoolOptions o = ferry::PoolOptions::from_environment();
   for (auto [key, value] : d) {
-    std::string k = nb::cast<std::string>(key);
+    const std::string k = ferry::python::str_arg(key, "pool option name");
     if (value.is_none()) continue;
-    if (k == "chunk_bytes") o.chunk_bytes = nb::cast<size_t>(value);
-    else if (k == "memfd") o.memfd = nb::cast<bool>(value);
+    const char* name = k.c_str();
+    if (k == "chunk_bytes") o.chunk_bytes = size_arg(value, name);
+    else if (k == "memfd") o.memfd = bool_arg(value, name);
     else if (k == "huge_pages") {
-      std::string v = nb::cast<std::string>(value);
+      std::string v = ferry::python::str_arg(value, name);
       if (v == "auto") o.huge_pages = ferry::HugePolicy::automatic;
       else if (v == "hugetlb") o.huge_pages = ferry::HugePolicy::hugetlb;
       else if (v == "thp") o.huge_pages = ferry::HugePolicy::thp;
       else if (v == "off") o.huge_pages = ferry::HugePolicy::off;
       else throw ferry::InvalidArgument("huge_pages='" + v + "': expected auto, hugetlb, thp or off");
-    } else if (k == "limit_bytes") o.limit_bytes = nb::cast<size_t>(value);
-    else if (k == "zero_recycled") o.zero_recycled = nb::cast<bool>(value);
-    else if (k == "touch_threads") o.touch_threads = nb::cast<int>(value);
-    else if (k == "release_delay_ms") o.release_delay_ms = nb::cast<int64_t>(value);
-    else if (k == "release_batch_bytes") o.release_batch_bytes = nb::cast<size_t>(value);
-    else if (k == "numa_node") o.numa_node = nb::cast<int>(value);
-    else if (k == "target_bytes") o.target_bytes = nb::cast<size_t>(value);
+    } else if (k == "limit_bytes") o.limit_bytes = size_arg(value, name);
+    else if (k == "zero_recycled") o.zero_recycled = bool_arg(value, name);
+    else if (k == "touch_threads") o.touch_threads = int_arg<int>(value, name, 0, ferry::kMaxThreads);
+    else if (k == "release_delay_ms")
+      o.release_delay_ms = int_arg<int64_t>(value, name, 0, ferry::kMaxReleaseDelayMs);
+    else if (k == "release_batch_bytes") o.release_batch_bytes = size_arg(value, name);
+    else if (k == "numa_node") o.numa_node = int_arg<int>(value, name, -2, ferry::kMaxNumaNode);
+    else if (k == "target_bytes") o.target_bytes = size_arg(value, name);
     else if (k == "target_huge")
-      o.target_kind = nb::cast<bool>(value) ? ferry::HugeWant::yes : ferry::HugeWant::no;
-    else if (k == "register_lead_bytes") o.register_lead_bytes = nb::cast<size_t>(value);
+      o.target_kind = bool_arg(value, name) ? ferry::HugeWant::yes : ferry::HugeWant::no;
+    else if (k == "register_lead_bytes") o.register_lead_bytes = size_arg(value, name);
     else throw ferry::InvalidArgument("unknown pool option '" + k + "'");
   }
+  o.validate();  // ranges, named and quoted, before any thread starts
   return o;
 }
 
 ferry::HugeWant huge_want(nb::handle h) {
   if (h.is_none()) return ferry::HugeWant::automatic;
-  return nb::cast<bool>(h) ? ferry::HugeWant::yes : ferry::HugeWant::no;
+  if (!PyBool_Check(h.ptr()))
+    throw ferry::InvalidArgument("huge=" + ferry::python::arg_repr(h) + ": expected None, True or False");
+  return h.ptr() == Py_True ? ferry::HugeWant::yes : ferry::HugeWant::no;
 }
 
 nb::dict counter_dict(const ferry::Counter& c) {
@@ -255,6 +265,12 @@ nb::object cuda_info() {
 NB_MODULE(_ferry, m) {
   m.doc() = "ferry's native core (use the `ferry` package, not this module)";
 
+  // Exit with daemon threads inside ferry calls must not abort (python/gil.h).
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function(&ferry::python::wait_for_calls_at_exit));
+  // Daemon threads still hold pools and buffers when the interpreter ends;
+  // nanobind would report those as reference leaks of the bindings.
+  nb::set_leak_warnings(false);
+
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -281,8 +297,8 @@ NB_MODULE(_ferry, m) {
   });
   m.def("check_options", [] { ferry::options(); },
         "Raise InvalidArgumentError if a FERRY_* variable is unknown or has a bad value.");
-  m.def("set_fault_injection", [](const std::string& spec) { ferry::set_fault_injection(spec); },
-        "spec"_a);
+  m.def("set_fault_injection",
+        [](nb::handle spec) { ferry::set_fault_injection(ferry::python::str_arg(spec, "spec")); }, "spec"_a.none());
   m.def("cuda_info", &cuda_info,
         "CUDA driver/runtime versions and device properties; None without a driver.");
   m.def("device_count", [] { return ferry::cuda::device_count(); });
@@ -301,10 +317,11 @@ NB_MODULE(_ferry, m) {
 
   nb::class_<PoolHandle>(m, "Pool")
       .def("__init__",
-           [](PoolHandle* h, nb::dict options, bool pinned, int device) {
+           [](PoolHandle* h, nb::dict options, bool pinned, nb::handle device_arg) {
              ferry::PoolOptions o = pool_options(options);
+             const int device = ferry::python::int_arg<int>(device_arg, "device", 0, INT32_MAX);
              new (h) PoolHandle();
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              if (pinned)
                h->pool = ferry::cuda::make_pinned_pool(o, device);
              else
@@ -312,9 +329,12 @@ NB_MODULE(_ferry, m) {
              h->pinned = pinned;
              h->device = pinned ? device : -1;
            },
-           "options"_a, "pinned"_a = false, "device"_a = 0)
+           "options"_a, "pinned"_a = false, "device"_a.none() = 0)
       .def("alloc",
-           [](PoolHandle& h, size_t bytes, size_t alignment, nb::handle huge, bool zero) {
+           [](PoolHandle& h, nb::handle nbytes, nb::handle alignment_arg, nb::handle huge, nb::handle zero_arg) {
+             const size_t bytes = ferry::python::size_arg(nbytes, "nbytes");
+             const size_t alignment = ferry::python::size_arg(alignment_arg, "alignment");
+             const bool zero = ferry::python::bool_arg(zero_arg, "zero");
              const ferry::HugeWant want = huge_want(huge);
              // From cached memory with the GIL held: no system call, no wait,
              // cheaper than releasing the GIL. Else (a new chunk to reserve,
@@ -323,21 +343,22 @@ NB_MODULE(_ferry, m) {
              void* p = !clears || bytes <= kClearWithGil ? h.pool->allocate_cached(bytes, alignment, want, zero)
                                                          : nullptr;
              if (!p) {
-               nb::gil_scoped_release unlocked;
+               ferry::python::GilRelease unlocked;
                p = h.pool->allocate(bytes, alignment, want, zero);
              }
              return new_buffer(h, p, bytes);
            },
-           "nbytes"_a, "alignment"_a = 256, "huge"_a = nb::none(), "zero"_a = false)
+           "nbytes"_a.none(), "alignment"_a.none() = 256, "huge"_a.none() = nb::none(), "zero"_a.none() = false)
       .def("trim",
-           [](PoolHandle& h, size_t keep) {
-             nb::gil_scoped_release unlocked;
+           [](PoolHandle& h, nb::handle keep_arg) {
+             const size_t keep = ferry::python::size_arg(keep_arg, "keep_bytes");
+             ferry::python::GilRelease unlocked;
              return h.pool->trim(keep);
            },
-           "keep_bytes"_a = 0)
+           "keep_bytes"_a.none() = 0)
       .def("wait_ready",
            [](PoolHandle& h) {
-             nb::gil_scoped_release unlocked;
+             ferry::python::GilRelease unlocked;
              h.pool->wait_ready();
            })
       .def("stats",

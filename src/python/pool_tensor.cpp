@@ -18,6 +18,8 @@
 
 #include "core/error.h"
 #include "pool/pool.h"
+#include "python/args.h"
+#include "python/gil.h"
 #include "python/handles.h"
 
 namespace nb = nanobind;
@@ -82,10 +84,11 @@ void destroy_capsule(PyObject* capsule) noexcept {
 // against overflow.
 size_t read_shape(nb::handle shape, int64_t* out, size_t* count) {
   auto dim = [&](PyObject* o, size_t i) {
-    const long long d = PyLong_AsLongLong(o);
-    if (d == -1 && PyErr_Occurred()) {
+    const long long d = PyBool_Check(o) ? -1 : PyLong_AsLongLong(o);  // a bool is not a dimension
+    if (PyBool_Check(o) || (d == -1 && PyErr_Occurred())) {
       PyErr_Clear();
-      throw InvalidArgument("pool_tensor: shape[" + std::to_string(i) + "] is not an integer");
+      throw InvalidArgument("pool_tensor: shape[" + std::to_string(i) + "]=" + arg_repr(nb::handle(o)) +
+                            ": expected an integer >= 0");
     }
     if (d < 0)
       throw InvalidArgument("pool_tensor: shape[" + std::to_string(i) + "]=" + std::to_string(d) + " is negative");
@@ -100,7 +103,10 @@ size_t read_shape(nb::handle shape, int64_t* out, size_t* count) {
     return 1;
   }
   nb::object seq = nb::steal(PySequence_Fast(shape.ptr(), "pool_tensor: shape must be an int or a sequence of ints"));
-  if (!seq.is_valid()) throw nb::python_error();
+  if (!seq.is_valid()) {
+    PyErr_Clear();
+    throw InvalidArgument("pool_tensor: shape=" + arg_repr(shape) + ": expected an int or a sequence of ints");
+  }
   const size_t ndim = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr()));
   if (ndim > kMaxDims)
     throw InvalidArgument("pool_tensor: " + std::to_string(ndim) + " dimensions (at most " + std::to_string(kMaxDims) +
@@ -126,7 +132,7 @@ nb::object pool_tensor(PoolHandle& h, nb::handle shape, uint8_t code, uint8_t bi
   void* p = !clears || bytes <= (size_t{1} << 20) ? h.pool->allocate_cached(bytes, alignment, HugeWant::automatic, zero)
                                                   : nullptr;
   if (!p) {
-    nb::gil_scoped_release unlocked;
+    ferry::python::GilRelease unlocked;
     p = h.pool->allocate(bytes, alignment, HugeWant::automatic, zero);
   }
   t->pool = h.pool;

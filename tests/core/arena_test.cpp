@@ -139,6 +139,45 @@ TEST_F(ArenaTest, RefusedThpAdviceIsNotedAndNotRetried) {
   fresh.unmap(c);
 }
 
+TEST_F(ArenaTest, TransientThpAdviceFailureIsRetriedOnTheNextChunk) {
+  const std::string thp = thp_setting(false);
+  if (thp != "always" && thp != "madvise") GTEST_SKIP() << "THP enabled is '" << thp << "'";
+  for (const char* err : {"EAGAIN", "ENOMEM"}) {
+    Arena arena(options(HugePolicy::thp));
+    set_fault_injection(std::string("madvise:0=") + err);  // only the first madvise fails
+    MappedChunk a = arena.reserve(2 * MiB, PageKind::huge);
+    EXPECT_EQ(a.backing, Backing::small_pages) << err;
+    EXPECT_TRUE(has_note(arena, "that chunk uses small pages, the next one tries THP again")) << all_notes(arena);
+    EXPECT_EQ(arena.fallbacks(), 1u);
+    MappedChunk b = arena.reserve(2 * MiB, PageKind::huge);
+    EXPECT_EQ(b.backing, Backing::thp) << err << ": one transient failure switched the arena to small pages";
+    EXPECT_TRUE(smaps_of(b).advised_huge);
+    EXPECT_EQ(arena.fallbacks(), 1u);
+    set_fault_injection("madvise:0+=EAGAIN");  // failing every time: each chunk still asks
+    MappedChunk c = arena.reserve(2 * MiB, PageKind::huge);
+    MappedChunk d = arena.reserve(2 * MiB, PageKind::huge);
+    EXPECT_EQ(c.backing, Backing::small_pages);
+    EXPECT_EQ(d.backing, Backing::small_pages);
+    EXPECT_EQ(arena.fallbacks(), 3u);
+    set_fault_injection("");
+    MappedChunk e = arena.reserve(2 * MiB, PageKind::huge);
+    EXPECT_EQ(e.backing, Backing::thp);
+    for (const MappedChunk& m : {a, b, c, d, e}) arena.unmap(m);
+  }
+}
+
+TEST_F(ArenaTest, TransientNoHugeAdviceFailureIsRetriedOnTheNextChunk) {
+  Arena arena(options(HugePolicy::automatic));
+  set_fault_injection("madvise:0=EAGAIN");
+  MappedChunk a = arena.reserve(2 * MiB, PageKind::small);
+  MappedChunk b = arena.reserve(2 * MiB, PageKind::small);
+  EXPECT_TRUE(has_note(arena, "that chunk has no advice, the next one tries again")) << all_notes(arena);
+  EXPECT_FALSE(smaps_of(a).advised_no_huge);
+  EXPECT_TRUE(smaps_of(b).advised_no_huge) << "the transient failure was remembered";
+  arena.unmap(a);
+  arena.unmap(b);
+}
+
 TEST_F(ArenaTest, RefusedNoHugeAdviceIsNotedOnce) {
   Arena arena(options(HugePolicy::automatic));
   set_fault_injection("madvise:0");

@@ -199,6 +199,8 @@ TEST(Sysfs, ParseThpSetting) {
       {"[always] [madvise] never", ""},    // two selected
       {"always [madvise never", ""},       // broken bracket
       {"[] madvise", ""},                  // empty selection
+      {"[always]]", ""},                   // found by tests/fuzz/sysfs_fuzz.cpp: was "always]"
+      {"[[always]", ""},
   };
   for (const auto& c : cases) EXPECT_EQ(parse_thp_setting(c.text), c.want) << "'" << c.text << "'";
 }

@@ -930,7 +930,7 @@ TEST_F(PoolTest, OptionsAreChecked) {
     const char* message;
   } cases[] = {
       {"chunk 3 MiB", [] { PoolOptions o; o.chunk_bytes = 3 * MiB; return o; }(),
-       "chunk_bytes=3145728 (3 MiB) must be a nonzero multiple of 2 MiB"},
+       "chunk_bytes=3145728 (3 MiB): expected a nonzero multiple of 2 MiB"},
       {"chunk 0", [] { PoolOptions o; o.chunk_bytes = 0; return o; }(), "chunk_bytes=0"},
       {"touch threads", [] { PoolOptions o; o.touch_threads = -1; return o; }(), "touch_threads=-1"},
       {"delay", [] { PoolOptions o; o.release_delay_ms = -5; return o; }(), "release_delay_ms=-5"},
@@ -968,8 +968,8 @@ TEST_F(PoolTest, OptionsFromTheEnvironmentTable) {
   for (const auto& [name, value, message] :
        std::vector<std::tuple<const char*, const char*, const char*>>{
            {"FERRY_CHUNK_SIZE", "3MiB", "FERRY_CHUNK_SIZE=3145728 (3 MiB): expected a nonzero multiple of 2 MiB"},
-           {"FERRY_TOUCH_THREADS", "-2", "FERRY_TOUCH_THREADS=-2"},
-           {"FERRY_RELEASE_DELAY_MS", "-1", "FERRY_RELEASE_DELAY_MS=-1"},
+           {"FERRY_TOUCH_THREADS", "-2", "FERRY_TOUCH_THREADS='-2'"},
+           {"FERRY_RELEASE_DELAY_MS", "-1", "FERRY_RELEASE_DELAY_MS='-1'"},
            {"FERRY_HUGE_PAGES", "maybe", "maybe"}}) {
     try {
       PoolOptions::from_options(Options::parse({{name, value}}));

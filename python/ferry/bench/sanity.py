@@ -152,6 +152,134 @@ def check_fault_injection_leaves_pool_usable():
     pool.alloc(MiB).release()
 
 
+# ---- fork and exit: each case runs in a fresh interpreter, so that a hang or an
+# abort is reported here instead of taking the sanity run with it.
+
+def _child_script(code: str, timeout: float = 120.0) -> str:
+    """Runs `code` in a new Python process; its stdout, or AssertionError with the why."""
+    import subprocess
+    import textwrap
+
+    try:
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"hung: no exit within {timeout:.0f} s") from None
+    tail = (r.stderr or "").strip().splitlines()[-3:]
+    if r.returncode != 0 or "terminate called" in r.stderr:
+        raise AssertionError(f"exit status {r.returncode}: {' | '.join(tail)}")
+    return r.stdout
+
+
+# Forks 5 children that call `use` on objects made before the fork; each must get
+# NotSupportedError naming fork() and exit cleanly (sys.exit: destructors run).
+_FORK_TEMPLATE = """
+import os, sys, ferry
+{setup}
+for _ in range(5):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            {use}
+            code = 3
+        except ferry.NotSupportedError as e:
+            code = 0 if "fork" in str(e) else 4
+        except BaseException:
+            code = 5
+        sys.exit(code)
+    status = os.waitpid(pid, 0)[1]
+    assert status == 0, f"child status {{status}}"
+{after}
+print("ok")
+"""
+
+
+def _fork_case(setup: str, use: str, after: str) -> None:
+    out = _child_script(_FORK_TEMPLATE.format(setup=setup, use=use, after=after))
+    assert out.strip().endswith("ok"), out
+
+
+def check_fork_child_refuses_inherited_pool():
+    _fork_case("p = ferry.Pool(release_delay_ms=50, chunk_bytes=2 << 20); b = p.alloc(3 << 20)",
+               "p.alloc(100)", "p.alloc(100).release()")
+
+
+def check_fork_child_makes_its_own_pool():
+    out = _child_script("""
+        import os, sys, ferry
+        p = ferry.Pool(release_delay_ms=50); b = p.alloc(100)
+        for _ in range(5):
+            pid = os.fork()
+            if pid == 0:
+                q = ferry.Pool(release_delay_ms=20, chunk_bytes=2 << 20)
+                data = os.urandom(3 << 20); c = q.alloc(len(data)); memoryview(c)[:] = data
+                sys.exit(0 if bytes(memoryview(c)) == data else 3)
+            assert os.waitpid(pid, 0)[1] == 0
+        print("ok")
+    """)
+    assert out.strip() == "ok", out
+
+
+def check_exit_with_daemon_threads_in_pool_calls():
+    _child_script("""
+        import threading, time, ferry
+        p = ferry.Pool(release_delay_ms=1, chunk_bytes=2 << 20)
+        def loop():
+            while True:
+                p.alloc(3 << 20).release(); p.trim()
+        for _ in range(4):
+            threading.Thread(target=loop, daemon=True).start()
+        time.sleep(0.5)
+    """)
+
+
+def check_fork_child_refuses_inherited_pinned_pool():
+    _need_gpu()
+    _fork_case("p = ferry.PinnedPool(device=0, chunk_bytes=16 << 20); b = p.alloc(1 << 20)",
+               "p.alloc(100)", "assert p.alloc(4096).pinned")
+
+
+_GPU_BUFFERS = """
+from ferry import _ferry
+n = 8 << 20
+dev = _ferry.cuda_malloc(n)
+src = bytearray(os.urandom(n))
+"""
+
+
+def check_fork_child_refuses_inherited_engine():
+    _need_gpu()
+    # device=0: the engine refuses before any CUDA call (an int address alone
+    # would first be looked up in the driver, which CUDA does not allow after fork).
+    _fork_case(_GPU_BUFFERS + "ferry.copy(dev, src, device=0)", "ferry.copy(dev, src, device=0)",
+               "back = bytearray(n); ferry.copy(back, dev, device=0); assert back == src; _ferry.cuda_free(dev)")
+
+
+def check_fork_child_refuses_inherited_channel():
+    _need_gpu()
+    _fork_case(_GPU_BUFFERS + "ch = ferry.Channel(device=0); ch.write(dev, bytes(src[:4096]))",
+               "ch.write(dev, b'x' * 8)",
+               "assert ch.read(dev, 4096) == bytes(src[:4096]); ch.close(); _ferry.cuda_free(dev)")
+
+
+def check_exit_with_daemon_threads_copying():
+    _need_gpu()
+    _child_script("""
+        import os, threading, time, ferry
+        from ferry import _ferry
+        n = 16 << 20
+        def loop():
+            dev = _ferry.cuda_malloc(n)
+            src = bytearray(os.urandom(n)); back = bytearray(n)
+            while True:
+                ferry.copy(dev, src); ferry.copy(back, dev)
+                assert back == src
+        for _ in range(3):
+            threading.Thread(target=loop, daemon=True).start()
+        time.sleep(1.0)
+    """)
+
+
 CHECKS = [
     ("pool_recycles_exact_sizes", check_pool_recycles_exact_sizes),
     ("buffer_release_twice_frees_once", check_buffer_release_twice_frees_once),
@@ -164,6 +292,13 @@ CHECKS = [
     ("channel_write_read", check_channel_write_read),
     ("channel_refuses_large_payloads", check_channel_refuses_large_payloads),
     ("gdrcopy_backend", check_gdrcopy_backend),
+    ("fork_child_refuses_inherited_pool", check_fork_child_refuses_inherited_pool),
+    ("fork_child_makes_its_own_pool", check_fork_child_makes_its_own_pool),
+    ("exit_with_daemon_threads_in_pool_calls", check_exit_with_daemon_threads_in_pool_calls),
+    ("fork_child_refuses_inherited_pinned_pool", check_fork_child_refuses_inherited_pinned_pool),
+    ("fork_child_refuses_inherited_engine", check_fork_child_refuses_inherited_engine),
+    ("fork_child_refuses_inherited_channel", check_fork_child_refuses_inherited_channel),
+    ("exit_with_daemon_threads_copying", check_exit_with_daemon_threads_copying),
 ]
 
 

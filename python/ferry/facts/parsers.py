@@ -3,7 +3,10 @@
 Every function here takes text (or bytes, or plain values) and returns a value; none
 touches the file system. Bad or empty input gives None (or an empty container where
 that is the natural answer), never an exception, so that readers in host.py and
-gpu.py can pass whatever they read straight through.
+gpu.py can pass whatever they read straight through. The strict forms that raise
+ValueError quoting the text (cpulist_ids, thp_setting) are for callers that must
+tell garbage from "unknown" (rules.py). Work is bounded for every input: no range is
+expanded beyond MAX_CPU_ID, no number has more than MAX_DIGITS digits.
 """
 
 from __future__ import annotations
@@ -13,13 +16,19 @@ from typing import Iterable
 
 # --- small helpers -----------------------------------------------------------------
 
+# Longest number any of these files holds (2**64 has 20 digits); longer is garbage.
+MAX_DIGITS = 40
+
 
 def parse_int(text: str | None, base: int = 10) -> int | None:
     """An integer from a one-value file such as "16\\n"; None for empty or garbage."""
     if text is None:
         return None
+    text = text.strip()
+    if len(text) > MAX_DIGITS:
+        return None
     try:
-        return int(text.strip(), base)
+        return int(text, base)
     except ValueError:
         return None
 
@@ -27,28 +36,42 @@ def parse_int(text: str | None, base: int = 10) -> int | None:
 # --- transparent huge pages ----------------------------------------------------------
 
 
-def parse_thp_setting(text: str | None) -> str | None:
-    """The selected value of a THP setting: "always [madvise] never" -> "madvise".
-
-    A file holding one bare word (no brackets) is taken as that word; several words
-    with none in brackets is ambiguous and gives None.
-    """
-    if not text:
+def thp_setting(text: str) -> str | None:
+    """The selected value of a THP setting, strictly: "always [madvise] never" ->
+    "madvise"; a file holding one bare word is that word; blank text is None
+    (unknown). Raises ValueError quoting the text for anything else: several
+    selections, several words with none selected, a stray bracket. The same rule
+    as the library's parse_thp_setting (src/os/sysfs.cpp)."""
+    words = text.split()
+    if not words:
         return None
-    selected = re.findall(r"\[([^\[\]\s]+)\]", text)
+    selected = []
+    for word in words:
+        inner = word[1:-1]
+        if len(word) >= 2 and word[0] == "[" and word[-1] == "]" and inner and "[" not in inner and "]" not in inner:
+            selected.append(inner)
+        elif "[" in word or "]" in word:
+            raise ValueError(f"THP setting {text!r}: stray bracket in {word!r}")
     if len(selected) == 1:
         return selected[0]
-    if selected:
-        return None
-    words = text.split()
-    if len(words) == 1 and "[" not in text and "]" not in text:
+    if not selected and len(words) == 1:
         return words[0]
-    return None
+    raise ValueError(f"THP setting {text!r}: expected one selected value such as 'always [madvise] never'")
+
+
+def parse_thp_setting(text: str | None) -> str | None:
+    """thp_setting(), leniently: None for empty, missing or garbled text."""
+    if not text:
+        return None
+    try:
+        return thp_setting(text)
+    except ValueError:
+        return None
 
 
 # --- /proc/meminfo, node meminfo ------------------------------------------------------
 
-_MEMINFO_LINE = re.compile(r"^(?:Node\s+\d+\s+)?([A-Za-z0-9_()]+):\s+(\d+)(?:\s+(kB))?\s*$")
+_MEMINFO_LINE = re.compile(r"^(?:Node\s+\d+\s+)?([A-Za-z0-9_()]+):\s+([0-9]{1,%d})(?:\s+(kB))?\s*$" % MAX_DIGITS)
 
 
 def parse_meminfo(text: str | None) -> dict[str, int]:
@@ -105,30 +128,58 @@ def parse_cpuinfo_flags(text: str | None) -> list[str] | None:
 
 # --- cpulists ----------------------------------------------------------------------
 
-_CPULIST_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
+# Largest CPU (or node) id a cpulist may name: the kernel's NR_CPUS is at most
+# 8192 today; the bound keeps "0-20000000" from expanding 20 million ids.
+MAX_CPU_ID = (1 << 16) - 1
+# Most ids all ranges of one cpulist may expand to, counting repeats.
+_MAX_CPULIST_IDS = 1 << 17
+
+# "N", "N-M" or the kernel's stride form "N-M:used/group" (every group of
+# `group` ids starting at N, the first `used` of them).
+_CPULIST_ITEM = re.compile(r"^([0-9]{1,10})(?:-([0-9]{1,10})(?::([0-9]{1,10})/([0-9]{1,10}))?)?$")
+
+
+def cpulist_ids(text: str) -> set[int]:
+    """A Linux cpulist ("0-3,8,10-11", "0-31:2/4") as a set of ids, strictly.
+
+    Blank text is the empty set (a node with no CPUs writes "\\n"). Raises
+    ValueError quoting the text for anything else, for an id above MAX_CPU_ID and
+    for ranges that add up to more than 2**17 ids; TypeError for a non-string."""
+    if not isinstance(text, str):
+        raise TypeError(f"cpulist must be a string, got {type(text).__name__} {text!r}")
+    stripped = text.strip()
+    if not stripped:
+        return set()
+    ids: set[int] = set()
+    budget = _MAX_CPULIST_IDS
+    for item in stripped.split(","):
+        match = _CPULIST_ITEM.match(item.strip())
+        if not match:
+            raise ValueError(f"bad cpulist {text!r} (at {item!r})")
+        first, last, used, group = match.groups()
+        lo = int(first)
+        hi = int(last) if last is not None else lo
+        used_n, group_n = (int(used), int(group)) if group is not None else (1, 1)
+        if hi < lo or used_n < 1 or group_n < used_n:
+            raise ValueError(f"bad cpulist {text!r} (at {item!r})")
+        if hi > MAX_CPU_ID:
+            raise ValueError(f"bad cpulist {text!r} (at {item!r}: ids are at most {MAX_CPU_ID})")
+        budget -= hi - lo + 1
+        if budget < 0:
+            raise ValueError(f"bad cpulist {text!r}: its ranges name more than {_MAX_CPULIST_IDS} ids")
+        for base in range(lo, hi + 1, group_n):
+            ids.update(range(base, min(base + used_n, hi + 1)))
+    return ids
 
 
 def parse_cpulist(text: str | None) -> list[int] | None:
-    """A kernel cpulist such as "0-3,8,10-11" as a sorted list of ints.
-
-    An empty list (a node with no CPUs writes "\\n") gives []; garbage gives None.
-    """
-    if text is None:
+    """cpulist_ids() as a sorted list, leniently: None for a missing or bad cpulist."""
+    if not isinstance(text, str):
         return None
-    text = text.strip()
-    if not text:
-        return []
-    cpus: set[int] = set()
-    for item in text.split(","):
-        match = _CPULIST_ITEM.match(item.strip())
-        if not match:
-            return None
-        first = int(match.group(1))
-        last = int(match.group(2)) if match.group(2) is not None else first
-        if last < first:
-            return None
-        cpus.update(range(first, last + 1))
-    return sorted(cpus)
+    try:
+        return sorted(cpulist_ids(text))
+    except ValueError:
+        return None
 
 
 def format_cpulist(cpus: Iterable[int]) -> str:
@@ -160,7 +211,7 @@ def compact_cpulist(text: str | None) -> str | None:
 
 # --- huge page directory names --------------------------------------------------------
 
-_HUGEPAGES_DIR = re.compile(r"^hugepages-(\d+)kB$")
+_HUGEPAGES_DIR = re.compile(r"^hugepages-([0-9]{1,%d})kB$" % MAX_DIGITS)
 
 
 def hugepages_dir_size(name: str | None) -> int | None:

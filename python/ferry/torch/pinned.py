@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 
-from .. import _ferry
+from .. import _args, _ferry
 from ..pool import PinnedPool
 from ._torch import torch_module as _torch
 
@@ -76,7 +76,7 @@ def _empty_pinned_other(shape, dtype, pool, zero):
         dtype = torch.get_default_dtype()
     if dtype in _dlpack_dtypes:
         return empty_pinned(shape, dtype, pool, zero=zero)
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    shape = _args.shape(shape)
     pool = pool or default_pinned_pool()
     itemsize = torch.empty((), dtype=dtype).element_size()
     numel = 1

@@ -1,0 +1,96 @@
+// args.h — checked conversions of Python arguments for the bindings.
+//
+// An argument of the wrong type or out of range raises InvalidArgumentError
+// naming the argument and quoting its repr ("limit_bytes=-1: expected a byte
+// count, an integer >= 0"), never nanobind's "incompatible function arguments"
+// nor std::bad_cast. A bool is not a number here (alloc(True) is a mistake,
+// not one byte), nor is a float (1.5 bytes, or 2.0, is refused) nor a string;
+// objects with __index__ (numpy integers) are integers. The layers below check
+// what the values mean (python/ferry/_args.py does the same for the Python
+// wrappers; C++ PoolOptions::validate() checks the pool's ranges).
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "core/error.h"
+
+namespace ferry::python {
+
+// repr(value), shortened to 80 characters.
+inline std::string arg_repr(nanobind::handle value) {
+  std::string r = nanobind::cast<std::string>(nanobind::repr(value));
+  return r.size() > 80 ? r.substr(0, 77) + "..." : r;
+}
+
+// value as a Python int, or InvalidArgument saying what was expected.
+inline nanobind::object checked_index(nanobind::handle value, const char* name, const char* expected) {
+  if (PyBool_Check(value.ptr()) || !PyIndex_Check(value.ptr()))
+    throw InvalidArgument(std::string(name) + "=" + arg_repr(value) + ": expected " + expected +
+                          (PyBool_Check(value.ptr()) ? " (a bool is not a number)" : ""));
+  PyObject* index = PyNumber_Index(value.ptr());
+  if (!index) throw nanobind::python_error();
+  return nanobind::steal(index);
+}
+
+// An integer in [lo, hi] of type T (the field it fills).
+template <class T>
+T int_arg(nanobind::handle value, const char* name, T lo = std::numeric_limits<T>::min(),
+          T hi = std::numeric_limits<T>::max()) {
+  static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
+  const std::string range = std::to_string(lo) + " .. " + std::to_string(hi);
+  nanobind::object index = checked_index(value, name, ("an integer " + range).c_str());
+  bool in_range = false;
+  T out = 0;
+  if constexpr (std::is_signed_v<T>) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    in_range = overflow == 0 && v >= static_cast<long long>(lo) && v <= static_cast<long long>(hi);
+    out = static_cast<T>(v);
+  } else {
+    if (PyObject_RichCompareBool(index.ptr(), nanobind::int_(0).ptr(), Py_GE) == 1) {
+      const unsigned long long v = PyLong_AsUnsignedLongLong(index.ptr());
+      if (PyErr_Occurred()) PyErr_Clear();  // OverflowError: above 2**64 - 1
+      else in_range = v >= static_cast<unsigned long long>(lo) && v <= static_cast<unsigned long long>(hi);
+      out = static_cast<T>(v);
+    }
+  }
+  if (!in_range)
+    throw InvalidArgument(std::string(name) + "=" + arg_repr(value) + ": out of range (expected an integer " +
+                          range + ")");
+  return out;
+}
+
+// A byte count: an integer 0 .. 2**64 - 1. A plain int (the hot path of
+// Pool.alloc) costs one conversion; anything else takes the checked way.
+inline size_t size_arg(nanobind::handle value, const char* name) {
+  if (PyLong_CheckExact(value.ptr())) {
+    const unsigned long long v = PyLong_AsUnsignedLongLong(value.ptr());
+    if (!(v == static_cast<unsigned long long>(-1) && PyErr_Occurred())) return static_cast<size_t>(v);
+    PyErr_Clear();  // negative, or above 2**64 - 1: said below
+  }
+  nanobind::object index = checked_index(value, name, "a byte count, an integer >= 0");
+  if (PyObject_RichCompareBool(index.ptr(), nanobind::int_(0).ptr(), Py_LT) == 1)
+    throw InvalidArgument(std::string(name) + "=" + arg_repr(value) +
+                          ": expected a byte count, an integer >= 0");
+  return int_arg<size_t>(index, name);
+}
+
+// True or False, nothing else ("yes", 1 and None are mistakes).
+inline bool bool_arg(nanobind::handle value, const char* name) {
+  if (!PyBool_Check(value.ptr()))
+    throw InvalidArgument(std::string(name) + "=" + arg_repr(value) + ": expected True or False");
+  return value.ptr() == Py_True;
+}
+
+// A str argument.
+inline std::string str_arg(nanobind::handle value, const char* name) {
+  if (!PyUnicode_Check(value.ptr()))
+    throw InvalidArgument(std::string(name) + "=" + arg_repr(value) + ": expected a string");
+  return nanobind::cast<std::string>(value);
+}
+
+}  // namespace ferry::python
