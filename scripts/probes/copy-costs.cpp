@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/worker_pool.h"
-#include "cuda/copy_engine.h"
+#include "cuda/copy/copy_engine.h"
 #include "cuda/driver_entry.h"
 #include "cuda/pointer_lookup.h"
 #include "os/mapping.h"

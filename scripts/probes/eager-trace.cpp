@@ -21,9 +21,9 @@
 #include "copy/host_copy.h"
 #include "copy/staging_plan.h"
 #include "core/crew.h"
-#include "cuda/copy_engine.h"
-#include "cuda/eager_copy.h"
-#include "cuda/staging_area.h"
+#include "cuda/copy/copy_engine.h"
+#include "cuda/copy/eager_copy.h"
+#include "cuda/copy/staging_area.h"
 
 using namespace ferry;
 using Clock = std::chrono::steady_clock;

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/worker_pool.h"
-#include "cuda/copy_engine.h"
+#include "cuda/copy/copy_engine.h"
 
 using namespace ferry;
 using Clock = std::chrono::steady_clock;

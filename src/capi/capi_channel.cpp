@@ -5,8 +5,8 @@
 
 #include "capi/guard.h"
 #include "capi/struct_size.h"
-#include "cuda/channel.h"
-#include "cuda/gdrcopy.h"
+#include "cuda/channel/channel.h"
+#include "cuda/channel/gdrcopy.h"
 
 using ferry::capi::guarded;
 using ferry::capi::live;

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "capi/guard.h"
-#include "cuda/copy_engine.h"
+#include "cuda/copy/copy_engine.h"
 #include "cuda/registration.h"
 
 using ferry::capi::guarded;

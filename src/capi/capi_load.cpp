@@ -1,4 +1,4 @@
-// capi_load.cpp — C API over the checkpoint loader (cuda/file_loader.h).
+// capi_load.cpp — C API over the checkpoint loader (cuda/load/file_loader.h).
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -7,7 +7,7 @@
 
 #include "capi/guard.h"
 #include "capi/struct_size.h"
-#include "cuda/file_loader.h"
+#include "cuda/load/file_loader.h"
 
 using ferry::capi::guarded;
 using ferry::capi::live;

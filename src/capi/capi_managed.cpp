@@ -18,8 +18,8 @@
 
 #include "capi/guard.h"
 #include "capi/struct_size.h"
-#include "cuda/managed_allocator.h"
-#include "pool/managed_options.h"
+#include "cuda/managed/managed_allocator.h"
+#include "managed/managed_options.h"
 
 using ferry::ManagedKind;
 using ferry::format_address;

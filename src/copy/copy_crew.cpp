@@ -1,25 +1,25 @@
 // copy_crew.cpp — the process-wide copy crew.
 #include "copy/copy_crew.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <mutex>
 
 #include "core/crew.h"
 #include "core/error.h"
+#include "core/fork.h"
 #include "core/options.h"
 #include "os/sysfs.h"
 
 namespace ferry {
 
 Crew& copy_crew() {
-  static std::mutex mu;  // guards crew and owner
+  static std::mutex mu;  // guards crew and generation
+  static const bool held = (hold_across_fork(&mu), true);  // a forked child makes its own crew
+  (void)held;
   static Crew* crew = nullptr;
-  static pid_t owner = 0;
+  static uint64_t generation = 0;
   std::lock_guard lock(mu);
-  const pid_t pid = getpid();
-  if (crew && owner == pid) return *crew;
+  if (crew && generation == fork_generation()) return *crew;
   const Options& o = options();
   int64_t threads = o.integer("FERRY_COPY_WORKERS");
   const int64_t spin = o.integer("FERRY_COPY_SPIN_US");
@@ -31,7 +31,7 @@ Crew& copy_crew() {
   // Never destroyed: the threads run for the life of the process (a crew left
   // behind by fork() is leaked on purpose, see copy_crew.h).
   crew = new Crew(static_cast<int>(threads) - 1, static_cast<int>(spin));
-  owner = pid;
+  generation = fork_generation();
   return *crew;
 }
 

@@ -1,6 +1,6 @@
 // staging_plan.h — how a list of host<->device items moves through one staging
 // area when the host issues each DMA as soon as its chunk is staged (the
-// "eager" staged copy, cuda/eager_copy.h). Pure arithmetic on sizes, no memory
+// "eager" staged copy, cuda/copy/eager_copy.h). Pure arithmetic on sizes, no memory
 // behind it: tested table-driven on any machine.
 //
 // The area is `slots` chunks of `chunk_bytes`; chunk k of a plan uses slot

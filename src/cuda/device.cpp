@@ -30,17 +30,6 @@ void set_device(int device) {
   check(cudaSetDevice(device), "cudaSetDevice");
 }
 
-DeviceRestore::DeviceRestore() noexcept {
-  if (cudaGetDevice(&previous_) != cudaSuccess) {
-    previous_ = -1;
-    cudaGetLastError();
-  }
-}
-
-DeviceRestore::~DeviceRestore() {
-  if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
-}
-
 DeviceInfo device_info(int device) {
   set_device(device);
   cudaDeviceProp p{};

@@ -36,17 +36,5 @@ DeviceInfo device_info(int device);
 // Makes `device` current on this thread; InvalidArgument for a bad index.
 void set_device(int device);
 
-// Gives the calling thread its current device back at the end of a scope in
-// which ferry may make another current (set_device, device_info, ...).
-class DeviceRestore {
- public:
-  DeviceRestore() noexcept;
-  ~DeviceRestore();  // never throws
-  DeviceRestore(const DeviceRestore&) = delete;
-  DeviceRestore& operator=(const DeviceRestore&) = delete;
-
- private:
-  int previous_ = -1;  // -1: none could be read (no driver): nothing to restore
-};
 
 }  // namespace ferry::cuda

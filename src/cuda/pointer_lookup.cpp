@@ -5,24 +5,46 @@
 
 namespace ferry::cuda {
 
-PointerInfo PointerLookup::find(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  if (const auto* r = cache_.find(a)) return r->value;
-  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+PointerAttributes query_pointer(const void* p) {
+  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,     CU_POINTER_ATTRIBUTE_IS_MANAGED,
                                       CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                                      CU_POINTER_ATTRIBUTE_DEVICE_POINTER, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+                                      CU_POINTER_ATTRIBUTE_DEVICE_POINTER,   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                      CU_POINTER_ATTRIBUTE_BUFFER_ID};
   unsigned int memory_type = 0;
   unsigned int managed = 0;  // the driver writes a bool or an int: zeroed either way
   CUdeviceptr start = 0, device = 0;
   size_t size = 0;
   int ordinal = -1;
-  void* data[] = {&memory_type, &managed, &start, &size, &device, &ordinal};
+  unsigned long long buffer_id = 0;
+  void* data[] = {&memory_type, &managed, &start, &size, &device, &ordinal, &buffer_id};
+  PointerAttributes q;
+  q.status = driver_pointer_attributes()(7, attributes, data, reinterpret_cast<CUdeviceptr>(p));
+  if (q.status != CUDA_SUCCESS) return q;
+  q.memory_type = memory_type;
+  q.managed = managed != 0;
+  q.ordinal = ordinal;
+  q.range_start = start;
+  q.range_size = size;
+  q.device_pointer = device;
+  q.buffer_id = buffer_id;
+  return q;
+}
+
+PointerInfo PointerLookup::find(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if (const auto* r = cache_.find(a)) return r->value;
+  const PointerAttributes q = query_pointer(p);
   ++queries_;
   PointerInfo info;  // pageable unless the driver says otherwise
   info.start = info.device_start = a;
   // Unknown host memory is not an error here (all attributes come back 0); an
   // error is treated as the runtime's error was: not CUDA memory.
-  if (driver_pointer_attributes()(6, attributes, data, a) != CUDA_SUCCESS) return info;
+  if (q.status != CUDA_SUCCESS) return info;
+  const bool managed = q.managed;
+  const unsigned int memory_type = q.memory_type;
+  const int ordinal = q.ordinal;
+  const uintptr_t start = q.range_start, device = q.device_pointer;
+  const size_t size = q.range_size;
   if (managed || memory_type == CU_MEMORYTYPE_DEVICE) {
     info.kind = Memory::device;
     if (!managed) info.device = ordinal;

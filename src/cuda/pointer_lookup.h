@@ -23,6 +23,21 @@ namespace ferry::cuda {
 
 enum class Memory { device, pinned_host, pageable_host };
 
+// Everything ferry asks the driver about one address, in one
+// cuPointerGetAttributes call: the single pointer query of the CUDA layer
+// (PointerLookup and the channel's range checks both use it).
+struct PointerAttributes {
+  int status = 0;                // the driver's CUresult; nonzero: the rest is unset
+  unsigned int memory_type = 0;  // CU_MEMORYTYPE_*; 0: memory the driver does not know
+  bool managed = false;
+  int ordinal = -1;              // the device of device memory
+  uintptr_t range_start = 0;     // the allocation [range_start, range_start + range_size)
+  size_t range_size = 0;         // 0: the driver reported no range
+  uintptr_t device_pointer = 0;  // pinned host memory: its device mapping (0 without a context)
+  unsigned long long buffer_id = 0;
+};
+PointerAttributes query_pointer(const void* p);
+
 struct PointerInfo {
   Memory kind = Memory::pageable_host;
   uintptr_t start = 0;         // the allocation is [start, start + size)

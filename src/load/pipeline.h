@@ -1,6 +1,6 @@
 // pipeline.h — a load's threads: reads of a ReadPlan done by several reader
 // threads into a small ring of staging slots, each slot's copies handed to a
-// Target (device memory through DMA: cuda/file_loader.cpp; host memory:
+// Target (device memory through DMA: cuda/load/file_loader.cpp; host memory:
 // host_target.h), overlapped with the next reads. Optionally a share of the
 // reads skips staging: a "mapped" worker copies them straight out of a
 // read-only mapping of the file, which the device target registers with the

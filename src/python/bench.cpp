@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/baselines.h"
-#include "cuda/copy_engine.h"
+#include "cuda/bench/baselines.h"
+#include "cuda/copy/copy_engine.h"
 #include "pool/pool.h"
 #include "python/handles.h"
 #include "python/gil.h"

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cuda/channel.h"
-#include "cuda/gdrcopy.h"
+#include "cuda/channel/channel.h"
+#include "cuda/channel/gdrcopy.h"
 #include "python/gil.h"
 
 namespace nb = nanobind;

@@ -10,7 +10,7 @@
 #include <mutex>
 
 #include "core/error.h"
-#include "cuda/copy_engine.h"
+#include "cuda/copy/copy_engine.h"
 #include "cuda/pointer_lookup.h"
 #include "cuda/registration.h"
 #include "os/memory.h"

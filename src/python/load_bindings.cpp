@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cuda/file_loader.h"
+#include "cuda/load/file_loader.h"
 #include "load/safetensors.h"
 #include "python/gil.h"
 

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "cuda/managed_allocator.h"
-#include "pool/managed_options.h"
+#include "cuda/managed/managed_allocator.h"
+#include "managed/managed_options.h"
 #include "python/gil.h"
 
 namespace nb = nanobind;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/channel_layout.h"
+#include "cuda/channel/channel_layout.h"
 #include "ferry/ferry.h"
 
 namespace {

@@ -1,7 +1,7 @@
 // managed_options_test.cpp — the PyTorch allocators' names, option strings
 // (defaults, every key, every refusal with the value quoted) and the
 // oversubscription guard's decisions and message, all without CUDA.
-#include "pool/managed_options.h"
+#include "managed/managed_options.h"
 
 #include <gtest/gtest.h>
 

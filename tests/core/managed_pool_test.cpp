@@ -5,7 +5,7 @@
 // random multi-stream run (single- and multi-threaded) that fills every live
 // allocation with its own byte and checks it on free (an overlap would show),
 // checks every reuse against the rules, and ends with all stats back at zero.
-#include "pool/managed_pool.h"
+#include "managed/managed_pool.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
 // managed_options_fuzz.cpp — the PyTorch allocators' option strings
-// (src/pool/managed_options.cpp), for every allocator kind. Invariant: the
+// (src/managed/managed_options.cpp), for every allocator kind. Invariant: the
 // canonical text of accepted options parses back to the same options.
 #include "fuzz_common.h"
-#include "pool/managed_options.h"
+#include "managed/managed_options.h"
 
 using namespace ferry;
 

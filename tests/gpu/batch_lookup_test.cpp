@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cuda/copy_engine.h"
+#include "cuda/copy/copy_engine.h"
 #include "cuda/pointer_lookup.h"
 
 namespace ferry::cuda {

@@ -16,7 +16,7 @@
 
 #include "core/error.h"
 #include "core/fault.h"
-#include "cuda/copy_engine.h"
+#include "cuda/copy/copy_engine.h"
 #include "cuda/registration.h"
 #include "test_buffers.h"
 

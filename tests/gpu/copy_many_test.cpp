@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 #include "core/fault.h"
-#include "cuda/copy_engine.h"
+#include "cuda/copy/copy_engine.h"
 #include "test_buffers.h"
 
 namespace ferry::cuda {
@@ -45,7 +45,9 @@ struct HostArena {
     }
     pageable = new HostBuffer(n);
     p = pageable->p;
-    if (kind == HostKind::registered) EXPECT_EQ(cudaHostRegister(p, n, cudaHostRegisterDefault), cudaSuccess);
+    if (kind == HostKind::registered) {
+      EXPECT_EQ(cudaHostRegister(p, n, cudaHostRegisterDefault), cudaSuccess);
+    }
   }
   ~HostArena() {
     if (kind == HostKind::pinned) cudaFreeHost(p);
@@ -125,7 +127,9 @@ void round_trip_mix(const Mix& m, bool async, uint64_t seed) {
       if (static_cast<int>(m.kinds[i]) == k)
         std::fill(covered.begin() + m.host_offset[i], covered.begin() + m.host_offset[i] + m.sizes[i], true);
     for (size_t b = 0; b < dst[k]->bytes; b += 7)
-      if (!covered[b]) ASSERT_EQ(dst[k]->p[b], 0xEE) << "byte " << b << " of host kind " << k << " written";
+      if (!covered[b]) {
+        ASSERT_EQ(dst[k]->p[b], 0xEE) << "byte " << b << " of host kind " << k << " written";
+      }
   }
 }
 
@@ -171,7 +175,9 @@ TEST(CopyMany, EagerStagedCopiesAtEverySizeAndOffset) {
       engine().copy(d.p + 5, a.p + hoff, n);
       engine().copy(b.p + hoff, d.p + 5, n);
       ASSERT_EQ(std::memcmp(a.p + hoff, b.p + hoff, n), 0) << n << " bytes at +" << hoff;
-      if (hoff) ASSERT_EQ(b.p[hoff - 1], 0x3C);
+      if (hoff) {
+        ASSERT_EQ(b.p[hoff - 1], 0x3C);
+      }
       ASSERT_EQ(b.p[hoff + n], 0x3C);
     }
 }

@@ -6,7 +6,7 @@
 // untouched; a CUDA error mid-load fails the load naming the file and range,
 // and the same loader (and a mapped share over the same file) works after it;
 // two loaders in two threads; the C API round trip.
-#include "cuda/file_loader.h"
+#include "cuda/load/file_loader.h"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

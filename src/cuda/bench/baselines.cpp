@@ -1,5 +1,5 @@
 // baselines.cpp — timings of cudaHostAlloc / cudaHostRegister for comparison.
-#include "cuda/baselines.h"
+#include "cuda/bench/baselines.h"
 
 #include <cuda_runtime_api.h>
 
@@ -7,7 +7,7 @@
 #include <exception>
 #include <thread>
 
-#include "cuda/copy_engine.h"
+#include "cuda/copy/copy_engine.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 

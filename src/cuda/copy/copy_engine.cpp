@@ -1,8 +1,8 @@
 // copy_engine.cpp — the copy engine: pointer checks, strategy choice, the
-// direct path, the eager staged path (cuda/eager_copy.h), the stream-ordered
+// direct path, the eager staged path (cuda/copy/eager_copy.h), the stream-ordered
 // pipeline (see the protocol in copy_engine.h), pin-in-place, and many items
 // in one call.
-#include "cuda/copy_engine.h"
+#include "cuda/copy/copy_engine.h"
 
 #include <cuda_runtime_api.h>
 
@@ -26,15 +26,15 @@
 #include "core/fault.h"
 #include "core/options.h"
 #include "core/worker_pool.h"
-#include "cuda/block_copy.h"
+#include "cuda/copy/block_copy.h"
 #include "cuda/cuda_check.h"
 #include "cuda/driver_entry.h"
-#include "cuda/eager_copy.h"
+#include "cuda/copy/eager_copy.h"
 #include "cuda/event_pool.h"
 #include "cuda/pinned_pool.h"
 #include "cuda/pointer_lookup.h"
 #include "cuda/scoped_device.h"
-#include "cuda/staging_area.h"
+#include "cuda/copy/staging_area.h"
 #include "os/mapping.h"
 #include "os/sysfs.h"
 
@@ -122,22 +122,16 @@ double Completion::seconds() const {
 
 namespace {
 
-std::string hex(const void* p) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%p", p);
-  return b;
-}
-
 void check_device_range(PointerLookup& lookup, const void* p, size_t bytes, const char* role) {
   size_t after = lookup.device_bytes_after(p);
   if (after != 0 && after < bytes)
-    throw InvalidArgument(std::string(role) + " " + hex(p) + ": the device allocation holds " +
+    throw InvalidArgument(std::string(role) + " " + format_address(p) + ": the device allocation holds " +
                           format_bytes(after) + " from there, the copy needs " + format_bytes(bytes));
 }
 
 void check_host_range(const void* p, size_t bytes, const char* role) {
   if (os::range_is_mapped(p, bytes) != 0)
-    throw InvalidArgument(std::string(role) + " " + hex(p) + " (+" + format_bytes(bytes) +
+    throw InvalidArgument(std::string(role) + " " + format_address(p) + " (+" + format_bytes(bytes) +
                           ") is neither device memory nor mapped host memory");
 }
 
@@ -679,7 +673,7 @@ struct Classified {
 
 void check_device_owner(const PointerInfo& info, int device, const void* p, const char* role) {
   if (info.kind == Memory::device && info.device >= 0 && info.device != device)
-    throw InvalidArgument(std::string(role) + " " + hex(p) + " is memory of device " + std::to_string(info.device) +
+    throw InvalidArgument(std::string(role) + " " + format_address(p) + " is memory of device " + std::to_string(info.device) +
                           ", but this engine copies for device " + std::to_string(device));
 }
 
@@ -689,7 +683,7 @@ Classified classify_pair(void* dst, const void* src, size_t bytes, PointerLookup
   const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
   if (d + bytes < d || s + bytes < s) throw InvalidArgument("copy range wraps around the address space");
   if (d < s + bytes && s < d + bytes)
-    throw InvalidArgument("source " + hex(src) + " and destination " + hex(dst) + " overlap (" +
+    throw InvalidArgument("source " + format_address(src) + " and destination " + format_address(dst) + " overlap (" +
                           format_bytes(bytes) + ")");
   Memory md = lookup.classify(dst, bytes), ms = lookup.classify(src, bytes);
   if (md == Memory::device) {
@@ -702,7 +696,7 @@ Classified classify_pair(void* dst, const void* src, size_t bytes, PointerLookup
   }
   if (md == Memory::device && ms == Memory::device) return {Direction::h2d, false, true, nullptr};
   if (md != Memory::device && ms != Memory::device)
-    throw InvalidArgument("neither " + hex(src) + " nor " + hex(dst) +
+    throw InvalidArgument("neither " + format_address(src) + " nor " + format_address(dst) +
                           " is device memory: ferry copies between host and device (use memcpy on the host)");
   Classified c;
   c.device_to_device = false;

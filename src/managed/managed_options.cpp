@@ -1,6 +1,6 @@
 // managed_options.cpp — names, option strings and the oversubscription guard of
-// the PyTorch allocators (pool/managed_options.h).
-#include "pool/managed_options.h"
+// the PyTorch allocators (managed/managed_options.h).
+#include "managed/managed_options.h"
 
 #include <set>
 #include <vector>

@@ -6,7 +6,7 @@
 // marked broken (then every later request fails at once); a slot is handed to
 // its next ticket only after its result was copied out; mapped memory and the
 // stream are freed only once no request is in flight and the stream is idle.
-#include "cuda/channel.h"
+#include "cuda/channel/channel.h"
 
 #include <cuda_runtime_api.h>
 #include <cudaTypedefs.h>
@@ -22,11 +22,13 @@
 
 #include "core/error.h"
 #include "core/fork.h"
-#include "cuda/channel_layout.h"
+#include "cuda/channel/channel_layout.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/driver_entry.h"
-#include "cuda/gdrcopy.h"
+#include "cuda/pointer_lookup.h"
+#include "cuda/scoped_device.h"
+#include "cuda/channel/gdrcopy.h"
 
 namespace ferry::cuda {
 
@@ -78,27 +80,6 @@ class Backoff {
   Clock::time_point start_;
   microseconds spin_;
   microseconds sleep_{20};
-};
-
-// Makes `device` current for a scope and gives the caller its device back.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ == device) {
-      previous_ = -1;
-      return;
-    }
-    check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = -1;
 };
 
 void check_options(const ChannelOptions& o) {
@@ -157,7 +138,6 @@ struct Channel::Impl {
 
   int device = -1;
   ChannelOptions options;
-  PFN_cuPointerGetAttributes_v7000 pointer_attributes = nullptr;
   cudaStream_t stream = nullptr;
   void* mapped = nullptr;               // cudaHostAlloc'ed: Control, then the slots
   Control* control = nullptr;           // host view
@@ -242,21 +222,15 @@ struct Channel::Impl {
       return InvalidArgument(std::string(what) + " " + format_address(p) + why);
     };
     if (!p) throw InvalidArgument(std::string(what) + " must not be NULL");
-    CUpointer_attribute attributes[] = {
-        CU_POINTER_ATTRIBUTE_MEMORY_TYPE,      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-        CU_POINTER_ATTRIBUTE_IS_MANAGED,       CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-        CU_POINTER_ATTRIBUTE_RANGE_SIZE,       CU_POINTER_ATTRIBUTE_BUFFER_ID};
-    unsigned int memory_type = 0;
-    int ordinal = -1;
-    unsigned int managed = 0;  // the driver writes a bool or an int: zeroed either way
-    CUdeviceptr start = 0;
-    size_t size = 0;
-    unsigned long long buffer_id = 0;
-    void* data[] = {&memory_type, &ordinal, &managed, &start, &size, &buffer_id};
-    const CUresult r = pointer_attributes(6, attributes, data, reinterpret_cast<CUdeviceptr>(p));
-    if (r != CUDA_SUCCESS)
+    const PointerAttributes q = query_pointer(p);
+    if (q.status != CUDA_SUCCESS)
       throw refuse(" is not an address the CUDA driver knows (cuPointerGetAttributes error " +
-                   std::to_string(static_cast<int>(r)) + ")");
+                   std::to_string(q.status) + ")");
+    const unsigned int memory_type = q.memory_type;
+    const bool managed = q.managed;
+    const int ordinal = q.ordinal;
+    const uintptr_t start = q.range_start;
+    const size_t size = q.range_size;
     if (memory_type == 0)
       throw refuse(" is not CUDA device memory (the driver does not know this address: "
                    "ordinary host memory, or memory already freed)");
@@ -270,7 +244,7 @@ struct Channel::Impl {
       throw refuse(" + " + std::to_string(n) + " bytes runs past the end of its allocation [" +
                    format_address(reinterpret_cast<void*>(start)) + ", +" + std::to_string(size) +
                    " bytes)");
-    return DeviceAllocation{static_cast<uintptr_t>(start), size, buffer_id};
+    return DeviceAllocation{start, size, q.buffer_id};
   }
 
   // Protocol step 2: payload, then the request words, the op word last.
@@ -315,7 +289,7 @@ struct Channel::Impl {
   void launch(uint64_t generation) {
     cudaError_t err = cudaSuccess;
     try {
-      DeviceScope scope(device);
+      ScopedDevice scope(device);
       KernelParams p{};
       p.control = control_device;
       p.slots = slots_device;
@@ -437,8 +411,8 @@ Channel::Channel(int device, const ChannelOptions& options) : impl_(std::make_un
     if (!g.available) throw NotSupported("use_gdrcopy=1: GDRCopy is not available: " + g.reason);
   }
   check_device_index(device);
-  DeviceScope scope(device);
-  c.pointer_attributes = driver_pointer_attributes();
+  ScopedDevice scope(device);
+  driver_pointer_attributes();  // a driver without it fails here, not at the first request
 
   int least = 0, greatest = 0;
   check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
@@ -607,7 +581,7 @@ void Channel::close() {
                         " ms; its memory is leaked rather than freed under a live kernel",
                     cudaErrorTimeout);
   }
-  DeviceScope scope(c.device);
+  ScopedDevice scope(c.device);
   c.free_resources();
 }
 

@@ -4,7 +4,7 @@
 //
 // Paths (copy/strategy.h picks one per item):
 //   direct   pinned host memory (or device<->device): DMAs on the caller's stream.
-//   staged, eager (cuda/eager_copy.h): synchronous copies, and async
+//   staged, eager (cuda/copy/eager_copy.h): synchronous copies, and async
 //            host->device copies below profile.eager_async_below_bytes. The
 //            caller's thread stages chunks (with the crew, copy/copy_crew.h)
 //            and issues each chunk's DMA on the caller's stream once it is

@@ -4,10 +4,10 @@
 //   device        cudaMalloc / cudaFree (the study's plain baseline);
 //   managed       cudaMallocManaged per allocation; optional prefetch to the
 //                 device on the allocating stream and cudaMemAdvise;
-//   managed_pool  ManagedPool (pool/managed_pool.h) over cudaMallocManaged
+//   managed_pool  ManagedPool (managed/managed_pool.h) over cudaMallocManaged
 //                 chunks; prefetch of each allocation (or each new chunk) on
 //                 its stream; events recorded on the freeing stream as fences.
-// Options and the oversubscription guard: pool/managed_options.h (pure).
+// Options and the oversubscription guard: managed/managed_options.h (pure).
 //
 // Every allocator is a process-wide singleton that is never destroyed: PyTorch
 // frees tensors during interpreter shutdown, after static destructors may have
@@ -30,7 +30,7 @@
 #include <string>
 #include <string_view>
 
-#include "pool/managed_options.h"
+#include "managed/managed_options.h"
 
 namespace ferry::cuda {
 
@@ -44,7 +44,7 @@ struct ManagedStats {
   uint64_t reuse_same_stream = 0, reuse_after_fence = 0, reuse_by_wait = 0;  // managed_pool
 };
 
-// Replaces the options of allocator `kind` (text: pool/managed_options.h);
+// Replaces the options of allocator `kind` (text: managed/managed_options.h);
 // applies to later allocations and chunks. InvalidArgument for bad text.
 void managed_configure(ManagedKind kind, std::string_view options);
 // The canonical text of the current options.

@@ -19,7 +19,7 @@
 // (split_edges()).
 #include <cuda/atomic>
 
-#include "cuda/channel_layout.h"
+#include "cuda/channel/channel_layout.h"
 
 namespace ferry::cuda::channel_layout {
 namespace {

@@ -1,5 +1,5 @@
 // staging_area.cpp — areas of pinned staging memory with per-slot events.
-#include "cuda/staging_area.h"
+#include "cuda/copy/staging_area.h"
 
 #include <algorithm>
 

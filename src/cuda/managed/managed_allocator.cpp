@@ -1,8 +1,8 @@
 // managed_allocator.cpp — the device, managed and managed_pool allocators (see
 // managed_allocator.h). Thin over the CUDA runtime: every call's return code is
 // checked (cuda_check.h) and becomes a ferry::Error; the policy lives in the
-// pure layers (pool/managed_pool.*, pool/managed_options.*).
-#include "cuda/managed_allocator.h"
+// pure layers (managed/managed_pool.*, managed/managed_options.*).
+#include "cuda/managed/managed_allocator.h"
 
 #include <dlfcn.h>
 
@@ -17,7 +17,8 @@
 
 #include "core/error.h"
 #include "cuda/cuda_check.h"
-#include "pool/managed_pool.h"
+#include "cuda/scoped_device.h"
+#include "managed/managed_pool.h"
 #include "pool/stats.h"
 
 namespace ferry::cuda {
@@ -26,32 +27,18 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-void check_device_index(int device) {
+// Returns `device`; InvalidArgument when no device can have that index.
+int check_device_index(int device) {
   if (device < 0 || device >= kMaxDevices)
     throw InvalidArgument("device " + std::to_string(device) + " is out of range (0.." +
                           std::to_string(kMaxDevices - 1) + ")");
+  return device;
 }
 
-// Makes `device` current for the scope; restores the previous one.
-class DeviceGuard {
+// Makes `device` current for the scope (ScopedDevice) after checking its index.
+class DeviceGuard : public ScopedDevice {
  public:
-  explicit DeviceGuard(int device) {
-    check_device_index(device);
-    check(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (prev_ != device) {
-      check(cudaSetDevice(device), "cudaSetDevice");
-      changed_ = true;
-    }
-  }
-  ~DeviceGuard() {
-    if (changed_ && cudaSetDevice(prev_) != cudaSuccess) cudaGetLastError();
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int prev_ = 0;
-  bool changed_ = false;
+  explicit DeviceGuard(int device) : ScopedDevice(check_device_index(device)) {}
 };
 
 cudaMemLocation on_device(int device) {

@@ -1,6 +1,6 @@
 // managed_pool.cpp — size classes, best fit, splitting, stream-ordered reuse and
-// coalescing of the managed pool (states and locking: pool/managed_pool.h).
-#include "pool/managed_pool.h"
+// coalescing of the managed pool (states and locking: managed/managed_pool.h).
+#include "managed/managed_pool.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,6 +1,6 @@
 // gdrcopy.cpp — run-time discovery of GDRCopy (dlopen of libgdrapi.so.2,
 // /dev/gdrdrv) and writes through its mappings. See gdrcopy.h.
-#include "cuda/gdrcopy.h"
+#include "cuda/channel/gdrcopy.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-// staging_area.h — pinned memory for eager staged copies (cuda/eager_copy.h):
+// staging_area.h — pinned memory for eager staged copies (cuda/copy/eager_copy.h):
 // an area is `slots` chunks of pinned memory, each with the event of the last
 // DMA that read or wrote it, and a copy holds one area for its whole run.
 //

@@ -1,5 +1,5 @@
 // block_copy.cu — the SM block-copy kernel (see block_copy.h).
-#include "cuda/block_copy.h"
+#include "cuda/copy/block_copy.h"
 
 #include <cuda_runtime.h>
 

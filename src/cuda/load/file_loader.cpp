@@ -1,6 +1,6 @@
 // file_loader.cpp — DeviceTarget (pinned slots, the load stream, events per
 // slot, registered file regions on the map stream) and Loader::load.
-#include "cuda/file_loader.h"
+#include "cuda/load/file_loader.h"
 
 #include <cuda_runtime_api.h>
 
@@ -16,6 +16,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/pinned_pool.h"
+#include "cuda/scoped_device.h"
 #include "os/file.h"
 #include "pool/pool.h"
 
@@ -114,7 +115,7 @@ DeviceTarget::DeviceTarget(const LoaderOptions& o)
 DeviceTarget::~DeviceTarget() { destroy(); }
 
 void DeviceTarget::destroy() noexcept {
-  DeviceRestore restore;
+  ScopedDevice restore;
   cudaSetDevice(device_);
   release_all();
   if (stream_) cudaStreamSynchronize(stream_), cudaStreamDestroy(stream_);
@@ -262,7 +263,7 @@ struct Loader::Impl {
 Loader::Loader(LoaderOptions options) : options_(options) {
   if (options_.threads == 0) options_.threads = default_threads();
   validate(options_);
-  DeviceRestore restore;  // creating the pool and streams makes the device current
+  ScopedDevice restore;  // creating the pool and streams makes the device current
   impl_ = std::make_unique<Impl>(options_);
 }
 
@@ -271,7 +272,7 @@ Loader::~Loader() {
     abandon_in_child(impl_);
     return;
   }
-  DeviceRestore restore;  // releasing the pinned pool makes the loader's device current
+  ScopedDevice restore;  // releasing the pinned pool makes the loader's device current
   impl_.reset();
 }
 
@@ -284,7 +285,7 @@ LoadStats Loader::load(std::span<const std::string> files, std::span<const load:
     std::atomic<bool>& busy;
     ~Idle() { busy = false; }
   } idle{busy_};
-  DeviceRestore restore;
+  ScopedDevice restore;
   load::FileSet set(files, options_.direct_io, options_.mapped_share > 0);
   load::ReadPlan plan = load::plan_reads(ranges, set.sizes(), set.names(), {options_.slot_bytes, kMergeGap});
   impl_->target.begin(stream);

@@ -1,7 +1,7 @@
 // managed_pool.h — the bookkeeping of ferry's pooled device-side allocator
 // (the `managed_pool` PyTorch allocator): size-class blocks carved from big
 // chunks, with stream-ordered reuse. No CUDA here: chunks come from a callback
-// (cudaMallocManaged in src/cuda/managed_allocator.cpp, plain host memory in the
+// (cudaMallocManaged in src/cuda/managed/managed_allocator.cpp, plain host memory in the
 // tests), and "the freeing stream's work is done" is an opaque Fence that the
 // CUDA layer implements with an event recorded on the freeing stream.
 //

@@ -1,6 +1,6 @@
 // eager_copy.cpp — the eager staged copy (see eager_copy.h): the caller's loop
 // that publishes chunks to the crew, issues their DMAs and helps copy.
-#include "cuda/eager_copy.h"
+#include "cuda/copy/eager_copy.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "cuda/cuda_check.h"
-#include "cuda/staging_area.h"
+#include "cuda/copy/staging_area.h"
 
 namespace ferry::cuda {
 
