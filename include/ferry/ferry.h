@@ -55,7 +55,9 @@ extern "C" {
 #endif
 
 #define FERRY_API_MAJOR 1
-#define FERRY_API_MINOR 1 /* 1.1: struct_size in every struct, ferry_managed_kind_t */
+/* 1.1: struct_size in every struct, ferry_managed_kind_t.
+ * 1.2: ferry_copy_many, ferry_copy_many_async, the ferry_loader_* functions. */
+#define FERRY_API_MINOR 2
 #define FERRY_API_VERSION ((FERRY_API_MAJOR << 16) | FERRY_API_MINOR)
 
 #if defined(__GNUC__)
