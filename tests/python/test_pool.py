@@ -183,7 +183,7 @@ def test_empty_pinned_tensors_from_a_pool():
     assert b.data_ptr() == ptr and int(b.count_nonzero()) == 0
     with pytest.raises(ferry.InvalidArgumentError, match="negative"):
         empty_pinned((4, -1), torch.float32, pool=pool)
-    with pytest.raises(ferry.InvalidArgumentError, match="not an integer"):
+    with pytest.raises(ferry.InvalidArgumentError, match="expected an integer"):
         empty_pinned((4, 2.5), torch.float32, pool=pool)
 
 
