@@ -152,7 +152,8 @@ def make_agent(name: str, *, backends: Sequence[str] = ("UCX",), backend_params:
         _nixl_call(f"{backend} backend creation for agent {name!r} with {init}", agent.create_backend, backend, init,
                    hint="NIXL's log above says why; with UCX, UCX_TLS must leave a transport that supports the "
                         "endpoints' error handling (tcp or an RDMA one for 'peer', NIXL's default), or pass "
-                        "backend_params={'UCX': {'ucx_error_handling_mode': 'none'}}")
+                        "backend_params={'UCX': {'ucx_error_handling_mode': 'none'}}; where NVIDIA GPUs are "
+                        "present NIXL also wants a CUDA transport in UCX_TLS (cuda_copy, or cuda)")
     return agent
 
 

@@ -19,6 +19,7 @@ import pytest
 
 import ferry
 import ferry.nixl as fn
+from ferry.measure import gpu_absent_reason
 
 MiB = 1 << 20
 HERE = pathlib.Path(__file__).resolve().parent
@@ -203,12 +204,19 @@ def test_example_help_needs_no_nixl():
 # ---- with NIXL ----------------------------------------------------------------------------
 
 
+def _shared_memory_tls():
+    """UCX transports for host memory between processes of one machine. NIXL 1.5 refuses
+    UCX_TLS without a CUDA transport where NVIDIA GPUs are present ("Invalid UCX_TLS=sm,self
+    ... Add cuda_copy", seen on the H200 machine), so there cuda_copy joins them."""
+    return "sm,self" if gpu_absent_reason(ferry.cuda_info()) else "cuda_copy,sm,self"
+
+
 @pytest.fixture(scope="module")
 def nixl_agents():
     """Skip unless NIXL imports and creates an agent here (probed in a fresh process)."""
     if not fn.available():
         pytest.skip(f"NIXL is not installed: {fn.unavailable_reason()}")
-    _probe_agent({"UCX_TLS": "sm,self"}, "{'UCX': {'ucx_error_handling_mode': 'none'}}")
+    _probe_agent({"UCX_TLS": _shared_memory_tls()}, "{'UCX': {'ucx_error_handling_mode': 'none'}}")
 
 
 def _probe_agent(env, backend_params="None"):
@@ -236,6 +244,8 @@ def test_nixl_scenario(nixl_tcp, scenario):
 @pytest.mark.parametrize("transport", [("tcp", None), ("sm,self", "none")], ids=["tcp", "shared-memory"])
 def test_two_processes_exchange_pool_memory(nixl_agents, request, tmp_path, mode, transport):
     tls, error_handling = transport
+    if tls == "sm,self":
+        tls = _shared_memory_tls()
     if tls == "tcp":
         request.getfixturevalue("nixl_tcp")
     out = tmp_path / "result.json"
