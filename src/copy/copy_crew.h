@@ -1,21 +1,40 @@
-// copy_crew.h — the process's one crew of copy threads, shared by the engines
-// of every device (one host budget: two GPUs do not start two sets of threads
-// on the same cores).
+// copy_crew.h — the process's crews of copy threads, shared by the engines of
+// every device (one host budget: two GPUs do not start two sets of threads on
+// the same cores), one per NUMA node that serves a GPU.
 //
-// Size: FERRY_COPY_WORKERS threads if set, else one per usable core, at most
-// 16, counting the calling thread (so the crew has one fewer). Idle threads
-// spin FERRY_COPY_SPIN_US before they sleep.
+// copy_crew(-1), and copy_crew(N) on a host with one online NUMA node, is the
+// default crew: one per process, its threads wherever the process may run, no
+// affinity set. On a host with several nodes, copy_crew(N) is node N's crew:
+// its threads are bound (sched_setaffinity) to the CPUs of N that this thread
+// may use (/sys/devices/system/node/nodeN/cpulist within sched_getaffinity),
+// so a GPU's staging memcpys run beside its staging memory (copy/numa_home.h).
+// A node none of whose CPUs may be used (numactl bound the process to another)
+// gets the default crew.
+//
+// Size of each crew: FERRY_COPY_WORKERS threads if set, else one per usable
+// core (of its node; of the process for the default crew), at most 16,
+// counting the calling thread (so the crew has one fewer). Idle threads spin
+// FERRY_COPY_SPIN_US before they sleep. A crew is made on first use and runs
+// for the life of the process.
 //
 // After fork() the child has none of the parent's threads: its first call
-// makes a new crew, and the parent's is left alone (its std::thread objects
+// makes new crews, and the parent's are left alone (their std::thread objects
 // cannot be joined or destroyed in the child).
 #pragma once
+
+#include <vector>
 
 namespace ferry {
 
 class Crew;
 
 // Throws InvalidArgument if the FERRY_COPY_* options are bad.
-Crew& copy_crew();
+Crew& copy_crew(int numa_node = -1);
+
+// The CPUs node `numa_node`'s crew binds to, from the host's facts: the
+// node's CPUs that are in `usable_cpus`, when `online_nodes` has several
+// nodes and `numa_node` is one of them; empty (the default crew) otherwise.
+std::vector<int> crew_cpus(int numa_node, const std::vector<int>& online_nodes, const std::vector<int>& node_cpus,
+                           const std::vector<int>& usable_cpus);
 
 }  // namespace ferry

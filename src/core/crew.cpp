@@ -36,9 +36,14 @@ uint32_t CrewJob::work() noexcept {
   return ran;
 }
 
-Crew::Crew(int threads, int spin_us) : spin_us_(std::max(0, spin_us)) {
+Crew::Crew(int threads, int spin_us, ThreadAffinity affinity)
+    : spin_us_(std::max(0, spin_us)), affinity_(affinity.bound() ? std::move(affinity) : ThreadAffinity{}) {
   threads_.reserve(std::max(0, threads));
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run_worker(); });
+  for (int i = 0; i < threads; ++i)
+    threads_.emplace_back([this] {
+      affinity_.apply();
+      run_worker();
+    });
 }
 
 Crew::~Crew() {

@@ -31,6 +31,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/thread_affinity.h"
+
 namespace ferry {
 
 class Crew;
@@ -72,8 +74,9 @@ class Crew {
   static constexpr int kSlots = 16;  // jobs running at once (copies in flight)
 
   // threads >= 0 workers (0: the posting thread does all the work); spin_us:
-  // how long an idle worker keeps looking for work before it sleeps.
-  Crew(int threads, int spin_us);
+  // how long an idle worker keeps looking for work before it sleeps; each
+  // worker applies `affinity` as it starts.
+  Crew(int threads, int spin_us, ThreadAffinity affinity = {});
   ~Crew();  // joins; no job may still be posted
   Crew(const Crew&) = delete;
   Crew& operator=(const Crew&) = delete;
@@ -92,6 +95,8 @@ class Crew {
   void retire(CrewJob& job) noexcept;
 
   int threads() const noexcept { return static_cast<int>(threads_.size()); }
+  // The CPUs the workers were bound to; empty when they were not.
+  const std::vector<int>& cpus() const noexcept { return affinity_.cpus; }
 
  private:
   struct alignas(64) Slot {
@@ -104,6 +109,7 @@ class Crew {
   void wake(bool sleepers_too) noexcept;
 
   const int spin_us_;
+  const ThreadAffinity affinity_;
   Slot slots_[kSlots];
   std::mutex mu_;
   std::condition_variable work_cv_;  // new work or stopping (sleepers wait here)

@@ -29,7 +29,8 @@ const OptionSpec kOptions[] = {
      "force a copy strategy: auto, direct, staged, pin-in-place, hybrid, cuda, sm (sm: pinned memory only)",
      OptionType::choice, "auto|direct|staged|pin-in-place|hybrid|cuda|sm", 0, 0},
     {"FERRY_COPY_WORKERS", "0",
-     "copy threads shared by every device's engine, 0 .. 1024; 0 = one per core, at most 16",
+     "copy threads per crew, 0 .. 1024; 0 = one per usable core of the crew's NUMA node, at most 16 "
+     "(one crew shared by every device's engine; on hosts with several NUMA nodes, one per node serving a GPU)",
      OptionType::integer, nullptr, 0, kMaxThreads},
     {"FERRY_FAULT_INJECT", "",
      "make chosen system or CUDA calls fail, for error-path tests: call:N[+][=ERRNO],... "

@@ -5,10 +5,15 @@
 
 namespace ferry {
 
-WorkerPool::WorkerPool(int threads)
+WorkerPool::WorkerPool(int threads, ThreadAffinity affinity)
     : state_(std::make_unique<State>()), size_(threads < 1 ? 1 : threads), generation_(fork_generation()) {
+  state_->affinity = std::move(affinity);
   state_->threads.reserve(size_);
-  for (int i = 0; i < size_; ++i) state_->threads.emplace_back([s = state_.get()] { run(*s); });
+  for (int i = 0; i < size_; ++i)
+    state_->threads.emplace_back([s = state_.get()] {
+      s->affinity.apply();
+      run(*s);
+    });
 }
 
 WorkerPool::~WorkerPool() {

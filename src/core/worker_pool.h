@@ -19,11 +19,14 @@
 #include <thread>
 #include <vector>
 
+#include "core/thread_affinity.h"
+
 namespace ferry {
 
 class WorkerPool {
  public:
-  explicit WorkerPool(int threads);
+  // Each thread applies `affinity` as it starts.
+  explicit WorkerPool(int threads, ThreadAffinity affinity = {});
   ~WorkerPool();  // runs what is queued, then joins
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -40,6 +43,7 @@ class WorkerPool {
     std::deque<std::function<void()>> queue;  // guarded by mu
     bool stopping = false;                    // guarded by mu
     std::vector<std::thread> threads;
+    ThreadAffinity affinity;  // read-only once the threads start
   };
   static void run(State& s);
   std::unique_ptr<State> state_;

@@ -38,9 +38,7 @@ DeviceInfo device_info(int device) {
   d.index = device;
   d.name = p.name;
   d.total_memory_bytes = p.totalGlobalMem;
-  char bus[32] = {};
-  check(cudaDeviceGetPCIBusId(bus, sizeof bus, device), "cudaDeviceGetPCIBusId");
-  d.pci_bus_id = bus;
+  d.pci_bus_id = pci_bus_id(device);
   d.cc_major = p.major;
   d.cc_minor = p.minor;
   d.multiprocessors = p.multiProcessorCount;
@@ -57,6 +55,12 @@ DeviceInfo device_info(int device) {
   d.numa_node = attr(cudaDevAttrNumaId);
   cudaGetLastError();
   return d;
+}
+
+std::string pci_bus_id(int device) {
+  char bus[32] = {};
+  check(cudaDeviceGetPCIBusId(bus, sizeof bus, device), "cudaDeviceGetPCIBusId");
+  return bus;
 }
 
 }  // namespace ferry::cuda

@@ -24,7 +24,10 @@ struct DeviceInfo {
   int concurrent_managed_access = 0;
   int can_map_host_memory = 0;
   int host_register_supported = 0;
-  int numa_node = -1;  // cudaDevAttrNumaId; -1 when unknown
+  // cudaDevAttrNumaId: the node of the GPU's own memory where it is one
+  // (coherent platforms); -1 when unknown. Not the host node nearest the GPU:
+  // that is numa_home(pci_bus_id) (copy/numa_home.h).
+  int numa_node = -1;
 };
 
 Versions versions() noexcept;
@@ -32,6 +35,9 @@ Versions versions() noexcept;
 // Throws NoDevice (with the reason) when there is no driver or device.
 int device_count();
 DeviceInfo device_info(int device);
+
+// "0000:0A:00.0" (cudaDeviceGetPCIBusId); the device must exist.
+std::string pci_bus_id(int device);
 
 // Makes `device` current on this thread; InvalidArgument for a bad index.
 void set_device(int device);

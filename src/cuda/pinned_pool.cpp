@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/fault.h"
+#include "copy/numa_home.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 
@@ -44,7 +45,7 @@ class HostRegistrar final : public ChunkHooks {
 
 std::unique_ptr<Pool> make_pinned_pool(PoolOptions options, int device) {
   DeviceInfo info = device_info(device);  // throws NoDevice / InvalidArgument
-  if (options.numa_node == -1 && info.numa_node >= 0) options.numa_node = info.numa_node;
+  if (options.numa_node == -1) options.numa_node = numa_home(info.pci_bus_id);
   return std::make_unique<Pool>(options, std::make_shared<HostRegistrar>(device));
 }
 

@@ -5,9 +5,13 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <vector>
+
+#include "os/affinity.h"
 
 namespace ferry::os {
 namespace {
@@ -38,6 +42,29 @@ int read_thp_file(const char* path, std::string* setting) {
   if (value.empty()) return EINVAL;
   *setting = std::move(value);
   return 0;
+}
+
+// 1 to 10 decimal digits (the Python parser's bound), as a number.
+bool parse_id_digits(std::string_view text, uint64_t* out) {
+  if (text.empty() || text.size() > 10) return false;
+  return parse_unsigned(text, out) && std::isdigit(static_cast<unsigned char>(text.front())) &&
+         std::isdigit(static_cast<unsigned char>(text.back()));
+}
+
+// 1 to `max_digits` hex digits.
+bool parse_hex(std::string_view text, size_t max_digits, unsigned* out) {
+  if (text.empty() || text.size() > max_digits) return false;
+  unsigned v = 0;
+  for (char c : text) {
+    const int d = std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
+                  : (c >= 'a' && c <= 'f')                    ? c - 'a' + 10
+                  : (c >= 'A' && c <= 'F')                    ? c - 'A' + 10
+                                                               : -1;
+    if (d < 0) return false;
+    v = v * 16 + static_cast<unsigned>(d);
+  }
+  *out = v;
+  return true;
 }
 
 }  // namespace
@@ -122,14 +149,107 @@ int read_free_hugepages(size_t page_bytes, uint64_t* out) {
 }
 
 int usable_cores() noexcept {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n > 0) return n;
+  try {
+    std::vector<int> cpus;
+    if (thread_cpus(&cpus) == 0 && !cpus.empty()) return static_cast<int>(cpus.size());
+  } catch (...) {  // no memory for the list: count the online CPUs instead
   }
   const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;
+}
+
+bool parse_cpulist(std::string_view text, std::vector<int>* out) {
+  constexpr uint64_t kMaxIds = uint64_t{1} << 17;
+  text = strip(text);
+  std::vector<int> ids;
+  uint64_t budget = kMaxIds;
+  while (!text.empty()) {
+    const size_t comma = text.find(',');
+    const std::string_view item = strip(text.substr(0, comma));
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+    if (comma != std::string_view::npos && text.empty()) return false;  // "0-3,"
+    // "N", "N-M" or "N-M:used/group".
+    const size_t dash = item.find('-'), colon = item.find(':'), slash = item.find('/');
+    uint64_t lo = 0, hi = 0, used = 1, group = 1;
+    if (!parse_id_digits(item.substr(0, dash), &lo)) return false;
+    hi = lo;
+    if (dash != std::string_view::npos) {
+      const std::string_view last = item.substr(dash + 1, colon == std::string_view::npos ? colon : colon - dash - 1);
+      if (!parse_id_digits(last, &hi)) return false;
+      if (colon != std::string_view::npos) {
+        if (slash == std::string_view::npos || slash < colon ||
+            !parse_id_digits(item.substr(colon + 1, slash - colon - 1), &used) ||
+            !parse_id_digits(item.substr(slash + 1), &group))
+          return false;
+      }
+    }
+    if (colon != std::string_view::npos && dash == std::string_view::npos) return false;
+    if (slash != std::string_view::npos && colon == std::string_view::npos) return false;
+    if (hi < lo || used < 1 || group < used || hi > static_cast<uint64_t>(kMaxCpuId)) return false;
+    if (hi - lo + 1 > budget) return false;
+    budget -= hi - lo + 1;
+    for (uint64_t base = lo; base <= hi; base += group)
+      for (uint64_t id = base; id < std::min(base + used, hi + 1); ++id) ids.push_back(static_cast<int>(id));
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  *out = std::move(ids);
+  return true;
+}
+
+std::string normalize_pci_bus_id(std::string_view bus_id) {
+  // [domain:]bus:device.function, hex except the function (0-7).
+  bus_id = strip(bus_id);
+  const size_t dot = bus_id.rfind('.');
+  if (dot == std::string_view::npos || dot + 2 != bus_id.size()) return "";
+  const char function = bus_id[dot + 1];
+  if (function < '0' || function > '7') return "";
+  const std::string_view head = bus_id.substr(0, dot);
+  const size_t last_colon = head.rfind(':');
+  if (last_colon == std::string_view::npos) return "";
+  const std::string_view front = head.substr(0, last_colon);
+  const size_t first_colon = front.rfind(':');
+  unsigned domain = 0, bus = 0, device = 0;
+  if (first_colon != std::string_view::npos && !parse_hex(front.substr(0, first_colon), 8, &domain)) return "";
+  const std::string_view bus_text = first_colon == std::string_view::npos ? front : front.substr(first_colon + 1);
+  if (!parse_hex(bus_text, 2, &bus) || !parse_hex(head.substr(last_colon + 1), 2, &device)) return "";
+  char out[32];
+  std::snprintf(out, sizeof out, "%04x:%02x:%02x.%c", domain, bus, device, function);
+  return out;
+}
+
+bool parse_numa_node(std::string_view text, int* out) {
+  text = strip(text);
+  if (text == "-1") {
+    *out = -1;
+    return true;
+  }
+  uint64_t v = 0;
+  if (!parse_unsigned(text, &v) || v > static_cast<uint64_t>(kMaxCpuId)) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+int read_online_nodes(std::vector<int>* nodes) {
+  std::string text;
+  if (int err = read_file("/sys/devices/system/node/online", &text)) return err;
+  return parse_cpulist(text, nodes) ? 0 : EINVAL;
+}
+
+int read_node_cpus(int node, std::vector<int>* cpus) {
+  if (node < 0 || node > kMaxCpuId) return EINVAL;
+  std::string text;
+  const std::string path = "/sys/devices/system/node/node" + std::to_string(node) + "/cpulist";
+  if (int err = read_file(path.c_str(), &text)) return err;
+  return parse_cpulist(text, cpus) ? 0 : EINVAL;
+}
+
+int read_pci_numa_node(std::string_view bus_id, int* node) {
+  const std::string name = normalize_pci_bus_id(bus_id);
+  if (name.empty()) return EINVAL;
+  std::string text;
+  if (int err = read_file(("/sys/bus/pci/devices/" + name + "/numa_node").c_str(), &text)) return err;
+  return parse_numa_node(text, node) ? 0 : EINVAL;
 }
 
 uint64_t physical_memory_bytes() noexcept {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 
+#include "core/crew.h"
 #include "core/error.h"
 #include "cuda/copy/copy_engine.h"
 #include "cuda/pointer_lookup.h"
@@ -329,7 +330,17 @@ void bind_copy(nb::module_& m) {
              ferry::python::GilRelease unlocked;
              e.warm_up();
            })
-      .def("stats", [](const cuda::CopyEngine& e) { return stats_dict(e.stats()); })
+      .def("stats",
+           [](const cuda::CopyEngine& e) {
+             nb::dict d = stats_dict(e.stats());  // refuses in a forked child
+             // Placement, fixed at creation: the host NUMA node the engine serves its
+             // device from (-1: none) and its crew (threads counting the caller; the
+             // CPUs they are bound to, [] when not bound).
+             d["numa_node"] = e.numa_node();
+             d["crew_threads"] = e.crew().threads() + 1;
+             d["crew_cpus"] = e.crew().cpus();
+             return d;
+           })
       .def_prop_ro("device", [](const cuda::CopyEngine& e) { return e.options().device; });
 
   nb::class_<cuda::Registration>(m, "Registration")

@@ -1,16 +1,23 @@
 // os_test.cpp — the OS layer on the real kernel: aligned anonymous and shared
 // mappings, memfd sharing, advice that zeroes, parallel first touch, NUMA
 // binding, hugetlb without reserved pages, fault injection at every call
-// site, and the pure sysfs parsers (table-driven).
+// site, thread affinity, the pure sysfs parsers (table-driven) and the NUMA
+// and PCI readers on this machine's sysfs.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "core/fault.h"
+#include "os/affinity.h"
 #include "os/memory.h"
 #include "os/smaps.h"
 #include "os/sysfs.h"
@@ -239,6 +246,190 @@ TEST(Sysfs, ReadersOnThisMachine) {
     EXPECT_TRUE(thp == "always" || thp == "madvise" || thp == "never") << thp;
   else
     EXPECT_EQ(err, ENOENT);
+}
+
+TEST(Sysfs, ParseCpulist) {
+  using V = std::vector<int>;
+  const struct {
+    const char* text;
+    bool ok;
+    V want;
+  } cases[] = {
+      {"0-3,8,10-11\n", true, {0, 1, 2, 3, 8, 10, 11}},
+      {"5", true, {5}},
+      {"\n", true, {}},  // a node without CPUs
+      {"", true, {}},
+      {" 3 , 1 ", true, {1, 3}},
+      {"2,0-2", true, {0, 1, 2}},  // repeats collapse
+      {"0-31:2/4", true, {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}},
+      {"1-6:1/3", true, {1, 4}},
+      {"0-2:3/3", true, {0, 1, 2}},
+      {"65535", true, {65535}},
+      {"65536", false, {}},       // above kMaxCpuId
+      {"0-65535,0-65535", true, {}},           // 2^17 ids: at the bound (checked below)
+      {"0-65535,0-65535,0", false, {}},        // one more than 2^17
+      {"3-1", false, {}},         // backwards
+      {"0-3,", false, {}},
+      {",0", false, {}},
+      {"0,,1", false, {}},
+      {"-1", false, {}},
+      {"0-", false, {}},
+      {"a", false, {}},
+      {"0-3:2", false, {}},       // stride without group
+      {"0-3:0/4", false, {}},     // used < 1
+      {"0-3:5/4", false, {}},     // used > group
+      {"3:1/2", false, {}},       // stride without range
+      {"0-3/4", false, {}},
+      {"0 1", false, {}},
+      {"12345678901", false, {}},  // 11 digits
+  };
+  for (const auto& c : cases) {
+    V got = {-7};
+    EXPECT_EQ(parse_cpulist(c.text, &got), c.ok) << "'" << c.text << "'";
+    if (c.ok && got.size() == 65536) continue;  // the bound case: too long to list
+    EXPECT_EQ(got, c.ok ? c.want : V{-7}) << "'" << c.text << "'";
+  }
+  // Random lists of ids written in the plain form parse back to the same set.
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 200; ++round) {
+    V ids;
+    for (int i = 0; i < 64; ++i)
+      if (rng() % 3 == 0) ids.push_back(i * static_cast<int>(1 + rng() % 7));
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    std::string text;
+    for (size_t i = 0; i < ids.size(); ++i) text += (i ? "," : "") + std::to_string(ids[i]);
+    V got;
+    ASSERT_TRUE(parse_cpulist(text, &got)) << text;
+    EXPECT_EQ(got, ids) << text;
+  }
+}
+
+TEST(Sysfs, NormalizePciBusId) {
+  const struct {
+    const char* text;
+    const char* want;
+  } cases[] = {
+      {"00000000:0A:00.0", "0000:0a:00.0"},  // cudaDeviceGetPCIBusId
+      {"0000:0a:00.0", "0000:0a:00.0"},      // sysfs
+      {"0a:1f.7", "0000:0a:1f.7"},
+      {"1:2:3.4", "0001:02:03.4"},
+      {" 0000:9A:00.1\n", "0000:9a:00.1"},
+      {"FFFFFFFF:ff:ff.7", "ffffffff:ff:ff.7"},
+      {"", ""},
+      {"0000:0a:00.8", ""},       // functions are 0-7
+      {"0000:0a:00", ""},
+      {"0000:0a.00.0", ""},
+      {"000000000:0a:00.0", ""},  // 9-digit domain
+      {"0000:100:00.0", ""},      // 3-digit bus
+      {"0000:0g:00.0", ""},
+      {"x:0000:0a:00.0", ""},
+      {"0000:0a:00.0.1", ""},
+      {"../../0000:0a:00.0", ""},
+  };
+  for (const auto& c : cases) EXPECT_EQ(normalize_pci_bus_id(c.text), c.want) << "'" << c.text << "'";
+}
+
+TEST(Sysfs, ParseNumaNode) {
+  const struct {
+    const char* text;
+    bool ok;
+    int want;
+  } cases[] = {{"-1\n", true, -1}, {"0\n", true, 0}, {" 3 ", true, 3}, {"65535", true, 65535},
+               {"65536", false, 0}, {"-2", false, 0}, {"", false, 0}, {"1x", false, 0}};
+  for (const auto& c : cases) {
+    int v = 777;
+    EXPECT_EQ(parse_numa_node(c.text, &v), c.ok) << "'" << c.text << "'";
+    EXPECT_EQ(v, c.ok ? c.want : 777) << "'" << c.text << "'";
+  }
+}
+
+// The value a PCI device's numa_node file holds, read without ferry.
+int numa_node_file(const std::filesystem::path& device) {
+  std::ifstream in(device / "numa_node");
+  int v = -100;
+  in >> v;
+  return v;
+}
+
+TEST(Sysfs, PciNumaNodeOfEveryDeviceOnThisMachine) {
+  const std::filesystem::path root = "/sys/bus/pci/devices";
+  if (!std::filesystem::exists(root)) GTEST_SKIP() << "no " << root << " (not Linux sysfs?)";
+  int seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    const int want = numa_node_file(entry.path());
+    ASSERT_GE(want, -1) << name;
+    int node = -100;
+    ASSERT_EQ(read_pci_numa_node(name, &node), 0) << name;
+    EXPECT_EQ(node, want) << name;
+    // CUDA's form of the same address: 8-digit domain, upper case.
+    std::string upper = "0000" + name;
+    for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    node = -100;
+    ASSERT_EQ(read_pci_numa_node(upper, &node), 0) << upper;
+    EXPECT_EQ(node, want) << upper;
+    ++seen;
+  }
+  if (seen == 0) GTEST_SKIP() << "no PCI devices in " << root;
+  int node = 5;
+  EXPECT_EQ(read_pci_numa_node("0000:0a:00", &node), EINVAL);
+  EXPECT_EQ(read_pci_numa_node("../../../etc/passwd", &node), EINVAL);
+  EXPECT_EQ(read_pci_numa_node("ffff:ff:1f.7", &node), ENOENT);  // well formed, absent
+  EXPECT_EQ(node, 5);
+}
+
+TEST(Sysfs, NumaNodesOnThisMachine) {
+  std::vector<int> nodes;
+  const int err = read_online_nodes(&nodes);
+  if (err == ENOENT) GTEST_SKIP() << "kernel without NUMA sysfs";
+  ASSERT_EQ(err, 0);
+  ASSERT_FALSE(nodes.empty());
+  std::vector<int> all, usable;
+  for (int n : nodes) {
+    std::vector<int> cpus;
+    ASSERT_EQ(read_node_cpus(n, &cpus), 0) << "node " << n;
+    all.insert(all.end(), cpus.begin(), cpus.end());
+  }
+  std::vector<int> cpus;
+  EXPECT_EQ(read_node_cpus(-1, &cpus), EINVAL);
+  EXPECT_EQ(read_node_cpus(kMaxCpuId, &cpus), ENOENT);
+  // Every CPU this thread may use belongs to some online node.
+  ASSERT_EQ(thread_cpus(&usable), 0);
+  for (int c : usable) EXPECT_NE(std::find(all.begin(), all.end(), c), all.end()) << "CPU " << c;
+}
+
+// ---- thread affinity --------------------------------------------------------
+
+TEST(Affinity, ThreadCpusCountsTheUsableCores) {
+  std::vector<int> cpus;
+  ASSERT_EQ(thread_cpus(&cpus), 0);
+  ASSERT_FALSE(cpus.empty());
+  EXPECT_TRUE(std::is_sorted(cpus.begin(), cpus.end()));
+  EXPECT_EQ(static_cast<int>(cpus.size()), usable_cores());
+}
+
+TEST(Affinity, BindingAThreadRestrictsItAndOnlyIt) {
+  std::vector<int> before;
+  ASSERT_EQ(thread_cpus(&before), 0);
+  for (int cpu : {before.front(), before.back()}) {
+    std::vector<int> inside;
+    int err = -1;
+    std::thread([&] {
+      err = bind_thread_to_cpus({cpu});
+      if (err == 0) err = thread_cpus(&inside);
+    }).join();
+    ASSERT_EQ(err, 0) << "CPU " << cpu;
+    EXPECT_EQ(inside, std::vector<int>{cpu});
+  }
+  std::vector<int> after;
+  ASSERT_EQ(thread_cpus(&after), 0);
+  EXPECT_EQ(after, before) << "binding another thread changed this one";
+  EXPECT_EQ(bind_thread_to_cpus({}), EINVAL);
+  EXPECT_EQ(bind_thread_to_cpus({-1}), EINVAL);
+  EXPECT_EQ(bind_thread_to_cpus({kMaxCpuId + 1}), EINVAL);
+  ASSERT_EQ(thread_cpus(&after), 0);
+  EXPECT_EQ(after, before) << "a refused binding changed this thread";
 }
 
 }  // namespace

@@ -1,8 +1,12 @@
-// sysfs_fuzz.cpp — the sysfs/procfs value parsers (src/os/sysfs.cpp): THP settings
-// and unsigned integers. Invariants: a THP setting is one word without blanks or
-// brackets that occurs in the text; an unsigned integer prints back as the
-// digits it was read from (without leading zeros).
+// sysfs_fuzz.cpp — the sysfs/procfs value parsers (src/os/sysfs.cpp): THP settings,
+// unsigned integers, cpulists and PCI bus ids. Invariants: a THP setting is one
+// word without blanks or brackets that occurs in the text; an unsigned integer
+// prints back as the digits it was read from (without leading zeros); a cpulist
+// is sorted distinct ids in range, and the plain list it prints parses back the
+// same; a normalized bus id is its own normal form.
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "fuzz_common.h"
 #include "os/sysfs.h"
@@ -22,6 +26,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const size_t first = text.find_first_not_of(" \t\n\r\f\v0");
     fuzz::require(first != std::string::npos ? text.compare(first, digits.size(), digits) == 0 : v == 0,
                   "parse_unsigned does not read the digits");
+  }
+  std::vector<int> cpus;
+  if (os::parse_cpulist(text, &cpus)) {
+    fuzz::require(std::adjacent_find(cpus.begin(), cpus.end(), [](int a, int b) { return a >= b; }) == cpus.end(),
+                  "a cpulist not sorted and distinct");
+    fuzz::require(cpus.empty() || (cpus.front() >= 0 && cpus.back() <= os::kMaxCpuId), "a cpu id out of range");
+    std::string plain;
+    for (size_t i = 0; i < cpus.size(); ++i) plain += (i ? "," : "") + std::to_string(cpus[i]);
+    std::vector<int> again;
+    fuzz::require(os::parse_cpulist(plain, &again) && again == cpus, "a cpulist that does not print back");
+  }
+  const std::string bus = os::normalize_pci_bus_id(text);
+  if (!bus.empty()) {
+    fuzz::require(bus.size() >= 12 && bus.find('/') == std::string::npos, "a bus id that is no sysfs name");
+    fuzz::require(os::normalize_pci_bus_id(bus) == bus, "a normalized bus id that is not its own normal form");
   }
   return 0;
 }

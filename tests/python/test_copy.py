@@ -103,6 +103,46 @@ def test_torch_pageable_and_pinned_tensors(gpu):
     assert torch.equal(g.cpu(), p)
 
 
+def _sysfs(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def test_each_engine_reports_its_numa_node_and_crew(gpu, device_buffer):
+    """The engine's node is the one sysfs gives its PCI device on a multi-node host, -1
+    on a one-node host; its crew is bound to that node's usable CPUs (unbound: [])."""
+    import os
+
+    from ferry.facts import parsers
+
+    np = pytest.importorskip("numpy")
+
+    online = parsers.parse_cpulist(_sysfs("/sys/devices/system/node/online")) or []
+    for d, info in enumerate(gpu["devices"]):
+        bus = parsers.normalize_pci_bus_id(info["pci_bus_id"])
+        node = parsers.parse_int(_sysfs(f"/sys/bus/pci/devices/{bus}/numa_node"))
+        want = node if len(online) > 1 and node in online else -1
+        st = ferry.engine(d).stats()
+        assert st["numa_node"] == want, (d, bus, node, online)
+        assert st["crew_threads"] >= 1
+        if want < 0:
+            assert st["crew_cpus"] == []
+        else:
+            node_cpus = set(parsers.parse_cpulist(_sysfs(f"/sys/devices/system/node/node{want}/cpulist")))
+            assert st["crew_cpus"] == sorted(node_cpus & os.sched_getaffinity(0))
+    # A staged round trip through device 0's (placed) staging memory and crew.
+    n = 3 * MiB + 17
+    src = np.random.default_rng(16).integers(0, 256, n, dtype=np.uint8)
+    back = np.full(n, 0xEE, dtype=np.uint8)
+    dev = device_buffer(n)
+    ferry.copy(dev, src, n, strategy="staged")
+    ferry.copy(back, dev, n, strategy="staged")
+    assert np.array_equal(back, src)
+
+
 # ---- many items in one call ------------------------------------------------------------
 
 

@@ -16,7 +16,8 @@ pageable tensors and on the pinned ones, with ferry's ratio to each baseline.
 
 `--gpus all` measures every GPU alone and all at once (aggregate GB/s, one
 thread per GPU, pageable through ferry and pinned through torch, both
-directions).
+directions), after a table of where each GPU's engine runs: its host NUMA
+node and the crew of copy threads it uses.
 
 `--calibrate` measures the choices the engine makes (CUDA-path threshold per
 direction, hybrid share per direction) and writes the machine profile the
@@ -257,10 +258,23 @@ def multi_gpu(devices, n: int, seconds: float = 1.0) -> list[dict]:
     return rows
 
 
-def ferry_copy_warm(device: int) -> None:
+def ferry_copy_warm(device: int) -> dict:
+    """Makes `device`'s engine and its staging memory; returns where it runs."""
     from ..copy import engine
+    from ..facts.parsers import format_cpulist
 
-    engine(device).warm_up()
+    eng = engine(device)
+    eng.warm_up()
+    st = eng.stats()
+    return {"gpu": device, "numa_node": st["numa_node"], "crew_threads": st["crew_threads"],
+            "crew_cpus": format_cpulist(st["crew_cpus"]) if st["crew_cpus"] else None}
+
+
+def print_placement(rows):
+    cols = ["GPU", "NUMA node", "crew threads", "crew CPUs"]
+    print(table("Where each GPU's engine runs (NUMA node -1: none, a one-node host; "
+                "crew CPUs -: not bound)", cols,
+                [[r["gpu"], r["numa_node"], r["crew_threads"], r["crew_cpus"]] for r in rows]))
 
 
 def print_multi(rows, n):
@@ -428,8 +442,9 @@ class CopySuite(Suite):
                 devices = list(range(len(_ferry.cuda_info()["devices"])))
             else:
                 devices = [int(x) for x in args.gpus.split(",")]
-            for d in devices:  # each engine and its staging made before the timing
-                ferry_copy_warm(d)
+            # Each engine and its staging made before the timing.
+            results["gpu_placement"] = [ferry_copy_warm(d) for d in devices]
+            print_placement(results["gpu_placement"])
             results["gpus"] = multi_gpu(devices, GiB)
             print_multi(results["gpus"], GiB)
         if not args.no_backings:

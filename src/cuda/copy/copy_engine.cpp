@@ -18,16 +18,19 @@
 #include <thread>
 
 #include "copy/copy_crew.h"
+#include "copy/numa_home.h"
 #include "copy/host_copy.h"
 #include "copy/plan.h"
 #include "copy/staging_plan.h"
 #include "core/error.h"
 #include "core/fork.h"
 #include "core/fault.h"
+#include "core/crew.h"
 #include "core/options.h"
 #include "core/worker_pool.h"
 #include "cuda/copy/block_copy.h"
 #include "cuda/cuda_check.h"
+#include "cuda/device.h"
 #include "cuda/driver_entry.h"
 #include "cuda/copy/eager_copy.h"
 #include "cuda/event_pool.h"
@@ -35,6 +38,7 @@
 #include "cuda/pointer_lookup.h"
 #include "cuda/scoped_device.h"
 #include "cuda/copy/staging_area.h"
+#include "os/affinity.h"
 #include "os/mapping.h"
 #include "os/sysfs.h"
 
@@ -301,7 +305,9 @@ class HeldLane {
 
 struct CopyEngine::Impl {
   CopyEngineOptions options;
-  std::unique_ptr<Pool> staging;  // pinned pool of the slots and areas
+  int numa_node = -1;    // the host node that serves the device (copy/numa_home.h), -1: none
+  Crew* crew = nullptr;  // that node's crew (copy/copy_crew.h), shared with other engines
+  std::unique_ptr<Pool> staging;  // pinned pool of the slots and areas, bound to numa_node
   // Stream-ordered workers, one pool per direction: a worker blocks until the
   // GPU reaches a flag, so tasks waiting on one direction's stream never hold
   // up the other direction's. Started on the first stream-ordered copy.
@@ -321,11 +327,13 @@ struct CopyEngine::Impl {
   }
   int worker_count() const {
     int w = options.workers > 0 ? options.workers : options.profile.workers;
-    return w > 0 ? w : std::min(os::usable_cores(), 16);
+    const int cores = crew->cpus().empty() ? os::usable_cores() : static_cast<int>(crew->cpus().size());
+    return w > 0 ? w : std::min(cores, 16);
   }
   WorkerPool& workers_for(Direction d) {
     std::call_once(workers_started, [&] {
-      for (auto& w : workers) w = std::make_unique<WorkerPool>(worker_count());
+      for (auto& w : workers)  // on the crew's CPUs too: they memcpy into the node's staging memory
+        w = std::make_unique<WorkerPool>(worker_count(), ThreadAffinity{crew->cpus(), &os::bind_thread_to_cpus});
     });
     return *workers[static_cast<int>(d)];
   }
@@ -381,7 +389,7 @@ void CopyEngine::Impl::run_eager_items(Direction dir, std::span<const EagerItem>
   StagingArea* area = areas->acquire();
   bool pending = true;  // on error, assume the area's slots may still be read
   try {
-    pending = run_eager(dir, items, *area, copy_crew(), stream, wait);
+    pending = run_eager(dir, items, *area, *crew, stream, wait);
   } catch (...) {
     areas->release(area, true);
     throw;
@@ -627,9 +635,13 @@ CopyEngine::CopyEngine(CopyEngineOptions options) : impl_(std::make_unique<Impl>
   if (!stream_memops_supported(options.device))
     throw NotSupported("device " + std::to_string(options.device) +
                        " does not support 64-bit stream memory operations, which the copy engine needs");
-  copy_crew();  // starts the shared crew now (and checks its options)
+  // Placement, once: the device's host node, its crew (started now, options
+  // checked) and staging memory bound to it. One-node hosts: -1, no binding.
+  m.numa_node = numa_home(pci_bus_id(options.device));
+  m.crew = &copy_crew(m.numa_node);
   PoolOptions staging;
   staging.chunk_bytes = 64u << 20;
+  staging.numa_node = m.numa_node >= 0 ? m.numa_node : -2;
   m.staging = make_pinned_pool(staging, options.device);
   m.lanes = std::make_unique<LanePool>(*m.staging, m.options.profile, options.device);
   StagingGeometry g;
@@ -923,5 +935,9 @@ CopyEngineStats CopyEngine::stats() const {
 }
 
 const CopyEngineOptions& CopyEngine::options() const { return impl_->options; }
+
+int CopyEngine::numa_node() const { return impl_->numa_node; }
+
+const Crew& CopyEngine::crew() const { return *impl_->crew; }
 
 }  // namespace ferry::cuda

@@ -84,6 +84,10 @@
 typedef struct CUstream_st* cudaStream_t;
 typedef struct CUevent_st* cudaEvent_t;
 
+namespace ferry {
+class Crew;
+}
+
 namespace ferry::cuda {
 
 struct CopyOp {
@@ -169,6 +173,11 @@ class CopyEngine {
 
   CopyEngineStats stats() const;
   const CopyEngineOptions& options() const;
+  // Where the engine serves its device from, fixed at creation: the host NUMA
+  // node (copy/numa_home.h; -1 on a one-node host or when unknown) and the
+  // crew of that node (copy/copy_crew.h) its staged copies run on.
+  int numa_node() const;
+  const Crew& crew() const;
 
   struct Impl;
 
