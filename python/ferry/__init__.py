@@ -24,6 +24,7 @@ from .copy import (  # noqa: F401
     copy_batch_async,
     copy_many,
     copy_many_async,
+    engine,
     register,
 )
 

@@ -22,16 +22,26 @@ int device_count() {
   return n;
 }
 
-void set_device(int device) {
+namespace {
+
+void check_device_exists(int device) {
   int n = device_count();
   if (device < 0 || device >= n)
     throw InvalidArgument("device " + std::to_string(device) + " does not exist (" +
                           std::to_string(n) + " CUDA device" + (n == 1 ? "" : "s") + ")");
+}
+
+}  // namespace
+
+void set_device(int device) {
+  check_device_exists(device);
   check(cudaSetDevice(device), "cudaSetDevice");
 }
 
+// Asks without making the device current: the caller's current device stays,
+// and no device gets a context only because its facts were read.
 DeviceInfo device_info(int device) {
-  set_device(device);
+  check_device_exists(device);
   cudaDeviceProp p{};
   check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
   DeviceInfo d;

@@ -39,7 +39,8 @@ DeviceInfo device_info(int device);
 // "0000:0A:00.0" (cudaDeviceGetPCIBusId); the device must exist.
 std::string pci_bus_id(int device);
 
-// Makes `device` current on this thread; InvalidArgument for a bad index.
+// Makes `device` current on this thread; InvalidArgument for a bad index. Code
+// that runs on a caller's thread keeps the caller's device (ScopedDevice).
 void set_device(int device);
 
 

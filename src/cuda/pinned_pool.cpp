@@ -10,6 +10,7 @@
 #include "copy/numa_home.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/scoped_device.h"
 
 namespace ferry::cuda {
 namespace {
@@ -27,11 +28,12 @@ class HostRegistrar final : public ChunkHooks {
     if (fault_injected(FaultPoint::register_host))
       throw CudaError(std::string(what) + " failed: injected fault (FERRY_FAULT_INJECT)",
                       cudaErrorMemoryAllocation);
-    check(cudaSetDevice(device_), "cudaSetDevice");
+    ScopedDevice on(device_);  // the calling thread keeps its own device
     check(cudaHostRegister(base, bytes, cudaHostRegisterDefault), what);
   }
 
   void on_chunk_release(void* base, size_t) noexcept override {
+    ScopedDevice restore;
     cudaSetDevice(device_);
     cudaHostUnregister(base);
     cudaGetLastError();

@@ -11,6 +11,7 @@
 #include "core/fork.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/scoped_device.h"
 #include "os/mapping.h"
 
 namespace ferry::cuda {
@@ -21,6 +22,7 @@ Registration::Registration(void* ptr, size_t bytes, int device)
   if (bytes == 0) throw InvalidArgument("register: size 0");
   if (os::range_is_mapped(ptr, bytes) != 0)
     throw InvalidArgument("register: the range is not (fully) mapped host memory");
+  ScopedDevice restore;  // the caller keeps its current device
   set_device(device);
   const uintptr_t begin = reinterpret_cast<uintptr_t>(ptr), end = begin + bytes;
   for (uintptr_t align : {uintptr_t{2} << 20, uintptr_t{4096}}) {
@@ -40,6 +42,7 @@ Registration::Registration(void* ptr, size_t bytes, int device)
 
 Registration::~Registration() {
   if (generation_ != fork_generation()) return;  // a forked child: the registration is the parent's
+  ScopedDevice restore;
   cudaSetDevice(device_);
   cudaHostUnregister(base_);
   cudaGetLastError();

@@ -10,6 +10,7 @@
 #include "cuda/copy/copy_engine.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
+#include "cuda/scoped_device.h"
 
 namespace ferry::cuda {
 namespace {
@@ -19,13 +20,22 @@ double seconds_since(Clock::time_point t0) {
 }
 }  // namespace
 
-void warm_up(int device) {
+namespace {
+// Makes `device` current with its context created (callers restore the device).
+void make_current(int device) {
   set_device(device);
   check(cudaFree(nullptr), "cudaFree(nullptr) (context creation)");
 }
+}  // namespace
+
+void warm_up(int device) {
+  ScopedDevice restore;
+  make_current(device);
+}
 
 AllocFreeSeconds time_cuda_host_alloc(size_t bytes, int device) {
-  warm_up(device);
+  ScopedDevice restore;
+  make_current(device);
   AllocFreeSeconds t;
   void* p = nullptr;
   auto t0 = Clock::now();
@@ -38,7 +48,8 @@ AllocFreeSeconds time_cuda_host_alloc(size_t bytes, int device) {
 }
 
 std::vector<uint64_t> time_cuda_host_alloc_free_ns(size_t bytes, int iterations, int device) {
-  warm_up(device);
+  ScopedDevice restore;
+  make_current(device);
   std::vector<uint64_t> ns;
   ns.reserve(iterations);
   for (int i = 0; i < iterations; ++i) {
@@ -52,7 +63,8 @@ std::vector<uint64_t> time_cuda_host_alloc_free_ns(size_t bytes, int iterations,
 }
 
 AllocFreeSeconds time_cuda_host_register(void* ptr, size_t bytes, int device) {
-  warm_up(device);
+  ScopedDevice restore;
+  make_current(device);
   AllocFreeSeconds t;
   auto t0 = Clock::now();
   check(cudaHostRegister(ptr, bytes, cudaHostRegisterDefault), "cudaHostRegister");
