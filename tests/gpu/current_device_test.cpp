@@ -29,6 +29,9 @@ TEST(CurrentDevice, FerryCallsOnDeviceZeroLeaveTheCallersDeviceCurrent) {
   if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2)
     GTEST_SKIP() << "needs two CUDA devices (this machine has " << n << ")";
   const int mine = n - 1;
+  struct BackToZero {  // the tests after this one expect device 0 current
+    ~BackToZero() { cudaSetDevice(0); }
+  } back_to_zero;
   CUDA_OK(cudaSetDevice(0));
   const size_t bytes = 5 * MiB + 3;
   unsigned char* dev = nullptr;

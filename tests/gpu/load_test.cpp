@@ -165,6 +165,28 @@ TEST(Loader, OrderedAfterTheCallersStream) {
   CUDA_OK(cudaStreamDestroy(s));
 }
 
+TEST(Loader, AStreamOfAnotherDeviceIsRefusedByName) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2)
+    GTEST_SKIP() << "needs two CUDA devices (this machine has " << n << ")";
+  std::mt19937_64 rng(59);
+  Files f;
+  f.add(MiB + 7, rng);
+  DeviceBuffer dev(2 * MiB);
+  cuda::Loader loader(options(4 * MiB, 1 * MiB, 2, load::DirectIo::never, 0));
+  cudaStream_t other = nullptr;
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  CUDA_OK(cudaSetDevice(0));
+  std::vector<load::FileRange> r{{0, 0, MiB + 7, reinterpret_cast<uintptr_t>(dev.p)}};
+  const std::string msg = error_of([&] { loader.load(f.paths, r, other); });
+  EXPECT_NE(msg.find("the stream is one of cuda:1; this loader serves cuda:0"), std::string::npos) << msg;
+  EXPECT_EQ(dev.read(0, 2 * MiB), std::vector<uint8_t>(2 * MiB, 0xA5));  // nothing written
+  loader.load(f.paths, r);  // and the loader still works
+  EXPECT_EQ(dev.read(0, MiB + 7), f.data[0]);
+  CUDA_OK(cudaStreamDestroy(other));
+}
+
 TEST(Loader, ErrorsBeforeAnyReadLeaveTheDestinationUntouched) {
   std::mt19937_64 rng(53);
   Files f;

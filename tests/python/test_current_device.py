@@ -19,10 +19,19 @@ def two_gpus(gpu):
     return torch
 
 
-def test_calls_on_gpu_zero_leave_the_callers_gpu_current(two_gpus, tmp_path):
+@pytest.fixture
+def last_gpu_current(two_gpus):
+    """Makes the last GPU current for the test, then gives back the one that was."""
     torch = two_gpus
+    before = torch.cuda.current_device()
+    torch.cuda.set_device(torch.cuda.device_count() - 1)
+    yield torch
+    torch.cuda.set_device(before)
+
+
+def test_calls_on_gpu_zero_leave_the_callers_gpu_current(last_gpu_current, tmp_path):
+    torch = last_gpu_current
     mine = torch.cuda.device_count() - 1
-    torch.cuda.set_device(mine)
     g = torch.Generator().manual_seed(3)
     host = torch.randint(0, 256, (5 * MiB + 3,), dtype=torch.uint8, generator=g)
 

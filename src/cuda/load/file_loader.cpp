@@ -135,6 +135,12 @@ void DeviceTarget::destroy() noexcept {
 
 void DeviceTarget::begin(cudaStream_t caller) {
   check(cudaSetDevice(device_), "cudaSetDevice");
+  // A stream of another device would fail below as "invalid resource handle": say what is wrong.
+  int stream_device = device_;
+  if (caller && cudaStreamGetDevice(caller, &stream_device) == cudaSuccess && stream_device != device_)
+    throw InvalidArgument("the stream is one of cuda:" + std::to_string(stream_device) + "; this loader serves cuda:" +
+                          std::to_string(device_) + " (pass a stream of its device, or none)");
+  cudaGetLastError();
   cudaEvent_t ready = nullptr;
   check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
   cudaError_t err = cudaEventRecord(ready, caller);
