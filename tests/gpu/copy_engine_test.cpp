@@ -23,8 +23,6 @@
 namespace ferry::cuda {
 namespace {
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
 using namespace ferry::cuda::testing;
 
 CopyEngine& engine() {

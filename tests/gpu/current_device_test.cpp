@@ -22,8 +22,6 @@ namespace {
 
 using namespace ferry::cuda::testing;
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
 TEST(CurrentDevice, FerryCallsOnDeviceZeroLeaveTheCallersDeviceCurrent) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2)

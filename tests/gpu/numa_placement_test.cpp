@@ -21,8 +21,6 @@ namespace {
 
 using namespace ferry::cuda::testing;
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
 TEST(NumaPlacement, EachEngineServesItsDeviceFromItsSysfsNode) {
   int count = 0;
   CUDA_OK(cudaGetDeviceCount(&count));

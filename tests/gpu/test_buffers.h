@@ -12,6 +12,13 @@
 #include <cstring>
 #include <random>
 
+// Asserts that a CUDA runtime call succeeded, naming the call and the error.
+#define CUDA_OK(x)                                                               \
+  do {                                                                           \
+    const cudaError_t cuda_ok_result_ = (x);                                     \
+    ASSERT_EQ(cuda_ok_result_, cudaSuccess) << #x << ": " << cudaGetErrorString(cuda_ok_result_); \
+  } while (0)
+
 namespace ferry::cuda::testing {
 
 constexpr size_t KiB = 1u << 10, MiB = 1u << 20;
