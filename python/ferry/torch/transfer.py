@@ -86,6 +86,16 @@ def _device(torch, device):
     return d if d.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
+def _copy_on_current_stream(torch, dsts, srcs, device, non_blocking):
+    """One copy_many call on `device`'s current torch stream; with non_blocking, the
+    sources and destinations are kept alive until the copy is done."""
+    stream = torch.cuda.current_stream(device)
+    if non_blocking:
+        _keep_until_done(copy_many_async(dsts, srcs, stream=stream))
+    else:
+        copy_many(dsts, srcs, stream=stream)
+
+
 def to_device(obj, device=None, non_blocking: bool = False):
     """obj (a CPU tensor, pageable or pinned, or any nesting of dicts, lists and
     tuples of them) on the GPU, moved by ferry's engine in one call.
@@ -113,11 +123,7 @@ def to_device(obj, device=None, non_blocking: bool = False):
             dsts.append(out[i])
             srcs.append(src)
     if dsts:
-        stream = torch.cuda.current_stream(dev)
-        if non_blocking:
-            _keep_until_done(copy_many_async(dsts, srcs, stream=stream))
-        else:
-            copy_many(dsts, srcs, stream=stream)
+        _copy_on_current_stream(torch, dsts, srcs, dev, non_blocking)
     return _build(template, out)
 
 
@@ -189,9 +195,5 @@ def to_host(obj, out=None, non_blocking: bool = False):
             dsts.append(targets[i])
             srcs.append(src)
     if dsts:
-        stream = torch.cuda.current_stream(device)
-        if non_blocking:
-            _keep_until_done(copy_many_async(dsts, srcs, stream=stream))
-        else:
-            copy_many(dsts, srcs, stream=stream)
+        _copy_on_current_stream(torch, dsts, srcs, device, non_blocking)
     return _build(template, targets)
