@@ -89,6 +89,8 @@ def _device(torch, device):
 def _copy_on_current_stream(torch, dsts, srcs, device, non_blocking):
     """One copy_many call on `device`'s current torch stream; with non_blocking, the
     sources and destinations are kept alive until the copy is done."""
+    from ..copy import copy_many, copy_many_async
+
     stream = torch.cuda.current_stream(device)
     if non_blocking:
         _keep_until_done(copy_many_async(dsts, srcs, stream=stream))
@@ -106,8 +108,6 @@ def to_device(obj, device=None, non_blocking: bool = False):
     sources have been read (ferry keeps them alive until the copy is done);
     the results are ready for work queued on that stream."""
     torch = _torch()
-    from ..copy import copy_many, copy_many_async
-
     dev = _device(torch, device)
     leaves: list = []
     template = _flatten(obj, torch, leaves)
@@ -155,7 +155,7 @@ def to_host(obj, out=None, non_blocking: bool = False):
     torch.cuda.current_stream().synchronize() (or the returned structure's
     tensors only after that)."""
     torch = _torch()
-    from ..copy import copy_many, copy_many_async
+    from ..copy import copy_many
     from ..errors import InvalidArgumentError
 
     leaves: list = []
