@@ -188,7 +188,7 @@ def python_sweep(sizes) -> list[dict]:
             if not torch.equal(dev.cpu() if direction == "h2d" else pageable, pageable if direction == "h2d" else dev.cpu()):
                 raise AssertionError(f"copy sweep: {direction} {n} bytes arrived wrong")
             rows.append(row)
-        del dev, pageable, pinned
+        dev = pageable = pinned = None  # free them before the next size
     return rows
 
 
