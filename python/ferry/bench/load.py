@@ -1,15 +1,18 @@
 """`ferry bench load`: a safetensors checkpoint to the GPU, ferry beside the
 ways people load one today, in one run.
 
-Writes a test checkpoint (default: 12 layers of bf16 4096x4096 q/k/v/o,
+Writes a test checkpoint (--preset dense: 12 layers of bf16 4096x4096 q/k/v/o,
 11008x4096 gate/up and 4096x11008 down matrices and two 4096-element norms,
-4.86 GB), then loads it with: ferry (``ferry.torch.load_safetensors``; one row
-per --mapped-shares value), safetensors ``load_file(device="cuda")``,
-``load_file`` + ``.to("cuda")`` per tensor, ``load_file`` +
-``ferry.torch.to_device`` per tensor and on the whole dict, and, where
-importable, fastsafetensors
-(``fastsafe_open(..., nogds=True)``) and InstantTensor (``safe_open`` with its
-default, BUFFERED and MMAP backends). Page cache warm (median of --repeats),
+4.86 GB in 108 tensors; --preset moe: 12 layers of 64 experts, 2,388 tensors
+of 2 MiB and less in bf16 and f32, 5.24 GB in 8 shards), then loads it with:
+ferry (``ferry.torch.load_safetensors``), safetensors
+``load_file(device="cuda")``, ``load_file`` + ``.to("cuda")`` per tensor,
+``load_file`` + ``ferry.torch.to_device`` per tensor and on the whole dict,
+and, where installed, fastsafetensors (``fastsafe_open(..., nogds=True)``),
+InstantTensor (``safe_open`` with its default, BUFFERED and MMAP backends),
+runai-model-streamer (``SafetensorsStreamer``) and tensorizer (its own
+format, written from the reference first; ``num_readers`` 16); a peer that
+is not installed is reported as such. Page cache warm (median of --repeats),
 then, where this process may drop the page cache (root), cold: the file's
 sequential read rate (one thread, 16 MiB reads, like dd) and a parallel
 O_DIRECT read are measured in the same run, then each path once after
@@ -17,7 +20,9 @@ O_DIRECT read are measured in the same run, then each path once after
 safetensors' own CPU load. "host MB" is the peak anonymous memory (RssAnon)
 the load added, sampled every 5 ms. --transformers also times a
 transformers model: ``from_pretrained`` beside ``from_config`` +
-``load_safetensors(files, out=model.state_dict())``.
+``load_safetensors(files, out=model.state_dict())``. --json writes records
+{suite, case, params, metric, value, unit, baseline, ratio} (``records``),
+with the run's details beside them.
 """
 
 from __future__ import annotations
@@ -34,36 +39,83 @@ import threading
 import time
 
 from ..measure import median
-from ..units import parse_size
+from ..units import MiB, parse_size
 from .report import progress, table, write_json
 from .suite import Suite
 
-MiB = 1 << 20
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 _ST_DTYPES = {"bf16": ("BF16", "bfloat16", 2), "f16": ("F16", "float16", 2), "f32": ("F32", "float32", 4)}
 
 
 # ---- the checkpoint ------------------------------------------------------------
 
-def layer_tensors(layers: int, hidden: int, intermediate: int) -> list[tuple[str, tuple]]:
-    """(name, shape) of a Llama-shaped stack, in file order."""
+def layer_tensors(layers: int, hidden: int, intermediate: int, dtype: str = "bf16") -> list[tuple[str, tuple, str]]:
+    """(name, shape, dtype) of a Llama-shaped stack, in file order."""
     out = []
     for i in range(layers):
         p = f"model.layers.{i}."
-        out += [(p + f"self_attn.{n}_proj.weight", (hidden, hidden)) for n in "qkvo"]
-        out += [(p + "mlp.gate_proj.weight", (intermediate, hidden)), (p + "mlp.up_proj.weight", (intermediate, hidden)),
-                (p + "mlp.down_proj.weight", (hidden, intermediate))]
-        out += [(p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,))]
+        out += [(p + f"self_attn.{n}_proj.weight", (hidden, hidden), dtype) for n in "qkvo"]
+        out += [(p + "mlp.gate_proj.weight", (intermediate, hidden), dtype),
+                (p + "mlp.up_proj.weight", (intermediate, hidden), dtype),
+                (p + "mlp.down_proj.weight", (hidden, intermediate), dtype)]
+        out += [(p + "input_layernorm.weight", (hidden,), dtype), (p + "post_attention_layernorm.weight", (hidden,), dtype)]
     return out
 
 
-def write_checkpoint(directory: str, tensors: list, dtype: str, shards: int, seed: int) -> list[str]:
-    """Streams random tensors into `shards` safetensors files (header first,
-    padded to 8 bytes as safetensors does); never holds more than one tensor."""
+def moe_tensors(layers: int, hidden: int, experts: int, expert_intermediate: int,
+                dtype: str = "bf16") -> list[tuple[str, tuple, str]]:
+    """(name, shape, dtype) of a Mixtral/Qwen-MoE-shaped stack, in file order:
+    per layer the attention matrices and `experts` gate/up/down matrices of
+    `dtype`, the router and the norms in f32 (mixed dtypes, as MoE checkpoints
+    keep them)."""
+    out = []
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out += [(p + f"self_attn.{n}_proj.weight", (hidden, hidden), dtype) for n in "qkvo"]
+        out.append((p + "mlp.gate.weight", (experts, hidden), "f32"))
+        for e in range(experts):
+            q = f"{p}mlp.experts.{e}."
+            out += [(q + "gate_proj.weight", (expert_intermediate, hidden), dtype),
+                    (q + "up_proj.weight", (expert_intermediate, hidden), dtype),
+                    (q + "down_proj.weight", (hidden, expert_intermediate), dtype)]
+        out += [(p + "input_layernorm.weight", (hidden,), "f32"), (p + "post_attention_layernorm.weight", (hidden,), "f32")]
+    return out
+
+
+# --preset: the checkpoint's shape; each value is the default of its option.
+PRESETS = {
+    # 12 Llama layers of bf16 4096x4096, 11008x4096, 4096x11008 matrices: 4.86 GB, 108 tensors
+    "dense": {"layers": 12, "hidden": 4096, "intermediate": 11008, "experts": 0, "shards": 1},
+    # 12 MoE layers of 64 experts, bf16 512x2048 / 2048x512 matrices (2 MiB each), bf16
+    # 2048x2048 attention, f32 router and norms: 5.24 GB, 2,388 tensors in 8 shards
+    "moe": {"layers": 12, "hidden": 2048, "intermediate": 512, "experts": 64, "shards": 8},
+}
+
+
+def apply_preset(args) -> None:
+    """Fills the checkpoint options left unset from --preset."""
+    for name, value in PRESETS[args.preset].items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    for name in ("layers", "hidden", "intermediate", "shards"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"ferry bench load: --{name}={getattr(args, name)}: expected >= 1")
+    if args.experts < 0:
+        raise SystemExit(f"ferry bench load: --experts={args.experts}: expected >= 0")
+
+
+def checkpoint_tensors(args) -> list[tuple[str, tuple, str]]:
+    if args.experts:
+        return moe_tensors(args.layers, args.hidden, args.experts, args.intermediate, args.dtype)
+    return layer_tensors(args.layers, args.hidden, args.intermediate, args.dtype)
+
+
+def write_checkpoint(directory: str, tensors: list, shards: int, seed: int) -> list[str]:
+    """Streams random tensors [(name, shape, dtype)] into `shards` safetensors
+    files (header first, padded to 8 bytes as safetensors does); never holds
+    more than one tensor."""
     import torch
 
-    st_name, torch_name, size = _ST_DTYPES[dtype]
-    tdt = getattr(torch, torch_name)
     gen_device = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator(device=gen_device).manual_seed(seed)
     per = [tensors[i::shards] for i in range(shards)]  # interleave so shards are even
@@ -71,8 +123,8 @@ def write_checkpoint(directory: str, tensors: list, dtype: str, shards: int, see
     for s, group in enumerate(per):
         name = "model.safetensors" if shards == 1 else f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
         header, off = {"__metadata__": {"format": "pt", "writer": "ferry bench load"}}, 0
-        for tname, shape in group:
-            n = size
+        for tname, shape, dtype in group:
+            st_name, _, n = _ST_DTYPES[dtype]
             for d in shape:
                 n *= d
             header[tname] = {"dtype": st_name, "shape": list(shape), "data_offsets": [off, off + n]}
@@ -82,14 +134,15 @@ def write_checkpoint(directory: str, tensors: list, dtype: str, shards: int, see
         path = os.path.join(directory, name)
         with open(path, "wb") as f:
             f.write(struct.pack("<Q", len(raw)) + raw)
-            for _, shape in group:
+            for _, shape, dtype in group:
+                tdt = getattr(torch, _ST_DTYPES[dtype][1])
                 t = torch.randn(shape, generator=g, device=gen_device, dtype=torch.float32).to(tdt)
                 f.write(t.cpu().contiguous().view(torch.uint8).numpy().tobytes())
         paths.append(path)
     if shards > 1:
         with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {}, "weight_map": {t: os.path.basename(paths[i % shards])
-                                                      for i, (t, _) in enumerate(tensors)}}, f)
+                                                      for i, (t, _, _) in enumerate(tensors)}}, f)
     return paths
 
 
@@ -286,9 +339,67 @@ def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
     out += [("InstantTensor default", instant(None), it_why, None),
             ("InstantTensor BUFFERED", instant(BackendPolicy.BUFFERED if BackendPolicy else None), it_why, None),
             ("InstantTensor MMAP", instant(Backend.MMAP if Backend else None), it_why, None)]
+    out += _more_peers(args)
     if args.only:
         out = [m for m in out if any(w.lower() in m[0].lower() for w in args.only)]
     return out
+
+
+def _why_not(module: str) -> str | None:
+    """None when `module` imports, else why not ("not installed" when absent)."""
+    try:
+        __import__(module)
+        return None
+    except ModuleNotFoundError as e:
+        return f"not installed ({e})"
+    except Exception as e:  # noqa: BLE001 - any import failure waives the row
+        return f"not importable ({type(e).__name__}: {e})"
+
+
+def _more_peers(args) -> list:
+    """runai-model-streamer's SafetensorsStreamer (its reader threads into a CPU
+    buffer, each tensor then to the GPU) and tensorizer (its own format, written
+    from the reference once: TENSORIZER_FILE in the checkpoint's directory;
+    num_readers 16)."""
+    def runai(paths):
+        from runai_model_streamer import SafetensorsStreamer
+
+        with SafetensorsStreamer() as streamer:
+            try:
+                streamer.stream_files(list(paths), device="cuda:0")
+                return dict(streamer.get_tensors())
+            except TypeError:  # a version without device=: CPU tensors, copied as they come
+                streamer.stream_files(list(paths))
+                return {k: v.to("cuda:0") for k, v in streamer.get_tensors()}
+
+    def tensorizer(paths):
+        from tensorizer import TensorDeserializer
+
+        d = TensorDeserializer(args.tensorizer_file, device="cuda:0", num_readers=TENSORIZER_READERS)
+        try:
+            return {k: v.data for k, v in d.items()}
+        finally:
+            d.close()
+
+    return [("runai-model-streamer", runai, _why_not("runai_model_streamer"), None),
+            (f"tensorizer (num_readers {TENSORIZER_READERS})", tensorizer, _why_not("tensorizer"), None)]
+
+
+TENSORIZER_FILE = "model.tensors"
+TENSORIZER_READERS = 16
+
+
+def write_tensorizer_file(directory: str, ref: dict) -> str:
+    """The reference state dict in tensorizer's format, for its row."""
+    from tensorizer import TensorSerializer
+
+    path = os.path.join(directory, TENSORIZER_FILE)
+    w = TensorSerializer(path)
+    try:
+        w.write_state_dict(ref)
+    finally:
+        w.close()
+    return path
 
 
 def run_once(torch, fn, paths, ref, loader=None) -> dict:
@@ -387,11 +498,17 @@ class LoadSuite(Suite):
     def add_arguments(self, p):
         p.add_argument("--dir", help="where to write the checkpoint (default: a new directory under $TMPDIR)")
         p.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
-        p.add_argument("--layers", type=int, default=12, help="layers (default: %(default)s)")
-        p.add_argument("--hidden", type=int, default=4096, help="hidden size (default: %(default)s)")
-        p.add_argument("--intermediate", type=int, default=11008, help="MLP size (default: %(default)s)")
-        p.add_argument("--dtype", choices=sorted(_ST_DTYPES), default="bf16", help="(default: %(default)s)")
-        p.add_argument("--shards", type=int, default=1, help="files (default: %(default)s)")
+        p.add_argument("--preset", choices=sorted(PRESETS), default="dense",
+                       help="the checkpoint: dense (12 Llama layers, 4.86 GB, 108 tensors) or moe (12 layers of 64 "
+                            "experts, 5.24 GB, 2,388 tensors of 2 MiB, mixed dtypes, 8 shards); the options below "
+                            "change it (default: %(default)s)")
+        p.add_argument("--layers", type=int, help="layers (dense and moe: 12)")
+        p.add_argument("--hidden", type=int, help="hidden size (dense: 4096, moe: 2048)")
+        p.add_argument("--intermediate", type=int, help="MLP size, of each expert with --experts (dense: 11008, moe: 512)")
+        p.add_argument("--experts", type=int, help="experts per layer, 0 for a dense MLP (dense: 0, moe: 64)")
+        p.add_argument("--dtype", choices=sorted(_ST_DTYPES), default="bf16",
+                       help="dtype of the matrices (default: %(default)s; moe keeps router and norms in f32)")
+        p.add_argument("--shards", type=int, help="files (dense: 1, moe: 8)")
         p.add_argument("--repeats", type=int, default=3, help="timed warm loads per path (default: %(default)s)")
         p.add_argument("--mapped-shares", type=_shares, default=[0.0],
                        help="ferry rows: shares DMA'd from registered file pages, e.g. 0,0.25,0.5 (default: 0)")
@@ -420,7 +537,8 @@ class LoadSuite(Suite):
 
         args.staging = parse_size(args.staging)
         args.loaders = {}
-        tensors = layer_tensors(args.layers, args.hidden, args.intermediate)
+        apply_preset(args)
+        tensors = checkpoint_tensors(args)
         own_dir = args.dir is None
         directory = args.dir or tempfile.mkdtemp(prefix="ferry-bench-load-")
         os.makedirs(directory, exist_ok=True)
@@ -433,13 +551,13 @@ class LoadSuite(Suite):
                     shutil.rmtree(directory, ignore_errors=True)
                 else:
                     for f in os.listdir(directory):
-                        if f.startswith("model") and (f.endswith(".safetensors") or f.endswith(".index.json")):
+                        if f.startswith("model") and f.endswith((".safetensors", ".index.json", ".tensors")):
                             os.remove(os.path.join(directory, f))
 
 
 def _run(args, torch, tensors, directory) -> int:
     t0 = time.perf_counter()
-    paths = write_checkpoint(directory, tensors, args.dtype, args.shards, seed=1)
+    paths = write_checkpoint(directory, tensors, args.shards, seed=1)
     os.sync()  # no writeback during the runs
     progress(f"wrote {len(paths)} file(s), {sum(os.path.getsize(x) for x in paths) / 1e9:.2f} GB, "
              f"in {time.perf_counter() - t0:.1f} s")
@@ -451,8 +569,12 @@ def _run(args, torch, tensors, directory) -> int:
     torch.cuda.synchronize()
     nbytes = sum(t.numel() * t.element_size() for t in ref.values())  # GB/s are of tensor bytes
     ms = methods(args, torch)
-    results = {"checkpoint": {"files": len(paths), "bytes": nbytes, "tensors": len(tensors), "layers": args.layers,
-                              "hidden": args.hidden, "intermediate": args.intermediate, "dtype": args.dtype},
+    if any(label.startswith("tensorizer") and not why for label, _, why, _ in ms):
+        args.tensorizer_file = write_tensorizer_file(directory, ref)
+    results = {"checkpoint": {"preset": args.preset, "files": len(paths), "bytes": nbytes, "tensors": len(tensors),
+                              "layers": args.layers, "hidden": args.hidden, "intermediate": args.intermediate,
+                              "experts": args.experts, "dtype": args.dtype,
+                              "dtypes": sorted({d for _, _, d in tensors})},
                "staging_bytes": args.staging, "warm": {}, "cold": {}, "waived": {}}
     for label, fn, why, share in ms:
         if why:
@@ -474,7 +596,7 @@ def _run(args, torch, tensors, directory) -> int:
     if cold_why is None:
         cold_why = drop_page_cache()
     if cold_why is None:
-        results["cold"]["sequential read (1 thread, 16 MiB)"] = {"gb_per_s": sequential_read_rate(paths)}
+        results["cold"][SEQUENTIAL_READ] = {"gb_per_s": sequential_read_rate(paths)}
         drop_page_cache()
         results["cold"]["parallel O_DIRECT read (16 threads)"] = {"gb_per_s": parallel_direct_read_rate(paths)}
         cold_shares = args.cold_shares if args.cold_shares is not None else args.mapped_shares[:1]
@@ -501,13 +623,53 @@ def _run(args, torch, tensors, directory) -> int:
         except Exception as e:  # noqa: BLE001
             results["transformers"] = {"failed": f"{type(e).__name__}: {e}"}
     print_report(results, nbytes)
-    write_json(args.json, "load", results)
+    write_json(args.json, LoadSuite.key, {"records": records(results), "details": results})
     return 0 if all(r.get("verified", True) for part in ("warm", "cold") for r in results[part].values()) else 1
+
+
+SEQUENTIAL_READ = "sequential read (1 thread, 16 MiB)"
+
+
+def _is_ferry(label: str) -> bool:
+    return label.startswith("ferry")
+
+
+def records(results: dict) -> list[dict]:
+    """The run as records {suite, case, params, metric, value, unit, baseline,
+    ratio}: per path and case (warm, cold) its GB/s; ferry's rows have the
+    best other path of the same case as baseline (warm) or the file's
+    sequential read rate (cold); the others' baseline is null."""
+    cp = results["checkpoint"]
+    out = []
+
+    def add(case, path, metric, value, unit, baseline=None, **params):
+        out.append({"suite": LoadSuite.key, "case": f"{cp['preset']} {case}",
+                    "params": {"path": path, "checkpoint": cp, **params}, "metric": metric, "value": value,
+                    "unit": unit, "baseline": baseline,
+                    "ratio": value / baseline if value is not None and baseline else None})
+
+    for case in ("warm", "cold"):
+        rows = {k: v for k, v in results[case].items() if "gb_per_s" in v}
+        peers = [v["gb_per_s"] for k, v in rows.items() if not _is_ferry(k) and k != SEQUENTIAL_READ
+                 and not k.startswith("parallel O_DIRECT")]
+        best_peer = max(peers, default=None)
+        seq = rows.get(SEQUENTIAL_READ, {}).get("gb_per_s")
+        for label, r in rows.items():
+            base = (best_peer if case == "warm" else seq) if _is_ferry(label) else None
+            add(case, label, "load rate", r["gb_per_s"], "GB/s", base, verified=r.get("verified"))
+            if "host_added_bytes" in r:
+                add(case, label, "host memory added", r["host_added_bytes"] / MiB, "MiB")
+    tr = results.get("transformers")
+    if tr and "failed" not in tr:
+        add("transformers", "from_config + ferry load_safetensors", "seconds", tr["from_config_s"] +
+            tr["load_safetensors_s"], "s", tr["from_pretrained_s"], verified=tr["verified"],
+            baseline_path="from_pretrained(device_map=cuda)")
+    return out
 
 
 def print_report(results: dict, nbytes: int) -> None:
     cp = results["checkpoint"]
-    seq = results["cold"].get("sequential read (1 thread, 16 MiB)", {}).get("gb_per_s")
+    seq = results["cold"].get(SEQUENTIAL_READ, {}).get("gb_per_s")
     rows = []
     for label, w in results["warm"].items():
         c = results["cold"].get(label, {})
@@ -517,8 +679,9 @@ def print_report(results: dict, nbytes: int) -> None:
     for label, c in results["cold"].items():
         if label not in results["warm"] and "gb_per_s" in c and label.endswith(")"):
             rows.append([label, None, None, c["gb_per_s"], (c["gb_per_s"] / seq) if seq else None, None, "-"])
-    print(table(f"Loading {cp['files']} file(s), {nbytes / 1e9:.2f} GB ({cp['tensors']} {cp['dtype']} tensors, "
-                f"{cp['layers']} layers) to cuda:0; GB/s",
+    kind = f"{cp['experts']} experts x {cp['layers']} layers" if cp["experts"] else f"{cp['layers']} layers"
+    print(table(f"Loading {cp['files']} file(s), {nbytes / 1e9:.2f} GB ({cp['preset']}: {cp['tensors']} "
+                f"{'/'.join(cp['dtypes'])} tensors, {kind}) to cuda:0; GB/s",
                 ["path", "warm GB/s", "warm best", "cold GB/s", "cold / seq read", "host MB added", "bit-exact"], rows))
     for label, why in results["waived"].items():
         print(f"  {label}: {why}")
