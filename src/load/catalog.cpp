@@ -1,11 +1,16 @@
-// catalog.cpp — read_catalog: the headers one after the other, then the
-// duplicate and index checks through one hash map of names.
+// catalog.cpp — read_catalog: the headers read and parsed by up to
+// kCatalogThreads threads (a sharded checkpoint's headers are independent),
+// then the duplicate and index checks through one hash map of names.
 #include "load/catalog.h"
 
+#include <algorithm>
+#include <exception>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "os/sysfs.h"
 
 namespace ferry::load {
 namespace {
@@ -40,13 +45,42 @@ void check_index(const Catalog& c, const std::unordered_map<std::string_view, si
   }
 }
 
+// Every file's header; the error of the first file (in order) that fails.
+// Thread k parses files k, k + n, ...: no shared state but its own slots.
+std::vector<SafetensorsHeader> read_headers(std::span<const std::string> files) {
+  std::vector<SafetensorsHeader> headers(files.size());
+  std::vector<std::exception_ptr> errors(files.size());
+  const size_t n = std::min<size_t>(files.size(), static_cast<size_t>(std::clamp(os::usable_cores(), 1, kCatalogThreads)));
+  auto work = [&](size_t k) {
+    for (size_t f = k; f < files.size(); f += n) {
+      try {
+        headers[f] = read_safetensors_header(files[f]);
+      } catch (...) {
+        errors[f] = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  try {
+    for (size_t k = 1; k < n; ++k) threads.emplace_back(work, k);
+  } catch (...) {  // no thread: this one does the rest (work(k) for each k never started)
+    for (size_t k = threads.size() + 1; k < n; ++k) work(k);
+  }
+  work(0);
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  return headers;
+}
+
 }  // namespace
 
 Catalog read_catalog(std::span<const std::string> files, std::span<const std::string> index_tensors,
                      std::span<const uint32_t> index_files) {
   Catalog c;
   c.shape_at.push_back(0);
-  for (size_t f = 0; f < files.size(); ++f) append(c, static_cast<uint32_t>(f), read_safetensors_header(files[f]));
+  const std::vector<SafetensorsHeader> headers = read_headers(files);
+  for (size_t f = 0; f < files.size(); ++f) append(c, static_cast<uint32_t>(f), headers[f]);
   std::unordered_map<std::string_view, size_t> where;  // views of c.names: no reallocation after this point
   where.reserve(c.size());
   for (size_t i = 0; i < c.size(); ++i) {

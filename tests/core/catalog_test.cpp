@@ -108,6 +108,12 @@ TEST(Catalog, RefusesDuplicatesContradictingIndexesAndDamage) {
   cut.resize(cut.size() - 1);
   std::vector<std::string> damaged{a, dir.add(cut, "cut.safetensors")};
   EXPECT_NE(what_of([&] { read_catalog(damaged, {}, {}); }).find("cut.safetensors: tensor 'q'"), std::string::npos);
+  // Headers are read by several threads: the error reported is the first file's in order.
+  std::vector<std::string> many{a, b, dir.dir() + "/missing-1.safetensors"};
+  for (int k = 0; k < 20; ++k) many.push_back(damaged[1]);
+  many.push_back(dir.dir() + "/missing-2.safetensors");
+  for (int round = 0; round < 5; ++round)
+    EXPECT_NE(what_of([&] { read_catalog(many, {}, {}); }).find("missing-1.safetensors"), std::string::npos);
   std::vector<std::string> missing{dir.dir() + "/missing.safetensors"};
   EXPECT_THROW(read_catalog(missing, {}, {}), OsError);
 }
