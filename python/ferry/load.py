@@ -5,9 +5,7 @@ memory: several reader threads read into a small ring of pinned staging slots
 while the previous slots' DMAs run, so the host memory a load adds is the
 staging size (``staging_bytes``, 512 MiB by default), never the file. Files
 mostly absent from the page cache are read with O_DIRECT (``direct_io``:
-"auto", "never", "always"). ``mapped_share`` (experimental, 0..1) sends that
-share of page-cached bytes straight from a read-only mapping of the file,
-registered with the driver, to the GPU, with no host copy. A load is
+"auto", "never", "always"). A load is
 synchronous and starts after the work queued on ``stream``; an error (short
 file, read error, CUDA error) fails the whole load and names the file and the
 byte range. Defaults come from the FERRY_LOAD_* options (``ferry options``).
@@ -39,7 +37,6 @@ class Loader:
         slot_bytes: int | None = None,
         threads: int | None = None,
         direct_io: str | None = None,
-        mapped_share: float | None = None,
         progress: bool | None = None,
     ):
         self.last_stats: dict | None = None  # the stats of the last load call
@@ -50,7 +47,6 @@ class Loader:
             slot_bytes=slot_bytes,
             threads=threads,
             direct_io=direct_io,
-            mapped_share=mapped_share,
             progress=progress,
         )
 
@@ -69,11 +65,16 @@ class Loader:
             offsets.append(off)
             sizes.append(n)
             dsts.append(dst)
-        return self._load_lists(paths, index, offsets, sizes, dsts, stream)
+        return self.load_ranges(paths, index, offsets, sizes, dsts, stream)
 
-    def _load_lists(self, paths, index, offsets, sizes, dsts, stream: int = 0) -> dict:
+    def load_ranges(self, files, file_index, offsets, sizes, addresses, stream: int = 0) -> dict:
+        """The same as ``load``, the ranges given as four lists of ints of one
+        length (range i: ``file_index[i]``, ``offsets[i]``, ``sizes[i]``,
+        ``addresses[i]``): no tuple per range, for checkpoints of thousands of
+        tensors. A file index out of range is an InvalidArgumentError."""
+        paths = [os.fspath(f) for f in files]
         with self._busy:
-            self.last_stats = self._native.load(paths, index, offsets, sizes, dsts, stream)
+            self.last_stats = self._native.load(paths, file_index, offsets, sizes, addresses, stream)
             return self.last_stats
 
     device = property(lambda self: self._native.device)
@@ -81,7 +82,6 @@ class Loader:
     slot_bytes = property(lambda self: self._native.slot_bytes)
     threads = property(lambda self: self._native.threads)
     direct_io = property(lambda self: self._native.direct_io)
-    mapped_share = property(lambda self: self._native.mapped_share)
 
 
 _default_loaders: dict[int, Loader] = {}
@@ -122,3 +122,23 @@ def parse_safetensors_header(data: bytes, name: str = "<bytes>") -> dict:
 def parse_shard_index(text: str, name: str = "model.safetensors.index.json") -> list:
     """[(tensor, shard file)] of a shard index's weight_map, in file order."""
     return _ferry.parse_shard_index(text, name)
+
+
+def read_shard_index(path) -> tuple[list, list, list]:
+    """A shard index file as columns (shards, tensors, shard_of): tensors[k]
+    is in shards[shard_of[k]]; shards (names as written, relative to the
+    index's directory) in first-seen order."""
+    path = os.fspath(path)
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        text = f.read()
+    return _ferry.shard_index_columns(text, os.fsdecode(path))
+
+
+def read_catalog(files, index_tensors=(), index_files=()) -> dict:
+    """Every tensor of safetensors `files` as columns, in file order:
+    {names, file (index into files), dtype (safetensors name), shape (tuple),
+    offset (of the first byte, from the file's start), nbytes}. Checked: each
+    header strictly, a tensor in two files, and an index's weight_map
+    (index_tensors[k] is in files[index_files[k]]); InvalidArgumentError names
+    the files and the tensor."""
+    return _ferry.read_catalog([os.fspath(f) for f in files], list(index_tensors), list(index_files))

@@ -1,8 +1,7 @@
-// file.cpp — open/fstat/pread/preadv2/mmap/posix_fadvise, errno returns.
+// file.cpp — open/fstat/pread/preadv2/posix_fadvise, errno returns.
 #include "os/file.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -43,13 +42,6 @@ int read_at(int fd, void* buffer, size_t bytes, uint64_t offset, size_t* got) no
     done += static_cast<size_t>(n);
   }
   *got = done;
-  return 0;
-}
-
-int map_file_readonly(int fd, size_t bytes, void** out) noexcept {
-  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return errno;
-  *out = p;
   return 0;
 }
 

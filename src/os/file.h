@@ -31,9 +31,6 @@ int regular_file_size(int fd, uint64_t* bytes_out) noexcept;
 // kDirectIoAlignment.
 int read_at(int fd, void* buffer, size_t bytes, uint64_t offset, size_t* got) noexcept;
 
-// mmap(PROT_READ, MAP_SHARED) of [0, bytes) of fd; bytes > 0.
-int map_file_readonly(int fd, size_t bytes, void** out) noexcept;
-
 // Whether the page of fd holding byte `offset` is in the page cache: a
 // one-byte preadv2(RWF_NOWAIT), which reads only cached data (EAGAIN
 // otherwise). Unlike mincore, it answers for files the caller may not write

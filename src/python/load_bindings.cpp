@@ -1,5 +1,7 @@
 // load_bindings.cpp — ferry._ferry.Loader and the safetensors parsers
-// (read_safetensors_header, parse_safetensors_header, parse_shard_index).
+// (read_safetensors_header, parse_safetensors_header, parse_shard_index,
+// shard_index_columns, read_catalog: the last two as columns, a few lists
+// whatever the number of tensors).
 // Ranges are parallel lists of ints; python/ferry/load.py and
 // python/ferry/torch/safetensors.py build them from tensors.
 #include <nanobind/nanobind.h>
@@ -7,10 +9,13 @@
 #include <nanobind/stl/vector.h>
 
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
 #include "cuda/load/file_loader.h"
+#include "load/catalog.h"
 #include "load/safetensors.h"
 #include "python/gil.h"
 
@@ -48,15 +53,12 @@ nb::dict stats_dict(const cuda::LoadStats& s) {
   d["bytes"] = s.range_bytes;
   d["read_bytes"] = s.read_bytes;
   d["staged_bytes"] = s.staged_bytes;
-  d["mapped_bytes"] = s.mapped_bytes;
   d["reads"] = s.reads;
   d["direct_reads"] = s.direct_reads;
-  d["registrations"] = s.registrations;
   d["seconds"] = s.seconds;
-  d["register_seconds"] = s.register_seconds;
-  d["unregister_seconds"] = s.unregister_seconds;
   d["staging_bytes"] = s.staging_bytes;
   d["threads"] = s.threads;
+  d["numa_node"] = s.numa_node;
   d["notes"] = s.notes;
   return d;
 }
@@ -94,22 +96,66 @@ void bind_load(nb::module_& m) {
         },
         "text"_a, "name"_a, "[(tensor, shard file)] of a model.safetensors.index.json text.");
 
+  m.def("shard_index_columns",
+        [](const std::string& text, const std::string& name) {
+          load::ShardIndex idx = load::parse_shard_index(text, name);
+          nb::list tensors, shard_of;
+          std::unordered_map<std::string_view, size_t> at;
+          for (size_t k = 0; k < idx.shards.size(); ++k) at.emplace(idx.shards[k], k);
+          for (const auto& [tensor, file] : idx.weight_map) {
+            tensors.append(nb::str(tensor.c_str(), tensor.size()));
+            shard_of.append(at.at(file));
+          }
+          return nb::make_tuple(idx.shards, tensors, shard_of);
+        },
+        "text"_a, "name"_a, "(shards, tensors, shard_of): tensors[k] is in shards[shard_of[k]], shards in first-seen order.");
+  m.def("read_catalog",
+        [](std::vector<std::string> files, std::vector<std::string> index_tensors, std::vector<uint32_t> index_files) {
+          load::Catalog c;
+          {
+            ferry::python::GilRelease unlocked;
+            c = load::read_catalog(files, index_tensors, index_files);
+          }
+          nb::list names, dtypes, shapes;
+          nb::str dtype_names[static_cast<size_t>(load::Dtype::count_)];
+          for (size_t d = 0; d < static_cast<size_t>(load::Dtype::count_); ++d)
+            dtype_names[d] = nb::str(load::dtype_name(static_cast<load::Dtype>(d)));
+          for (size_t i = 0; i < c.size(); ++i) {
+            names.append(nb::str(c.names[i].c_str(), c.names[i].size()));
+            dtypes.append(dtype_names[static_cast<size_t>(c.dtype[i])]);
+            nb::tuple shape = nb::steal<nb::tuple>(PyTuple_New(c.shape_at[i + 1] - c.shape_at[i]));
+            for (uint32_t k = c.shape_at[i]; k < c.shape_at[i + 1]; ++k)
+              PyTuple_SET_ITEM(shape.ptr(), k - c.shape_at[i], PyLong_FromUnsignedLongLong(c.shape[k]));
+            shapes.append(shape);
+          }
+          nb::dict d;
+          d["names"] = names;
+          d["file"] = c.file;
+          d["dtype"] = dtypes;
+          d["shape"] = shapes;
+          d["offset"] = c.offset;
+          d["nbytes"] = c.bytes;
+          return d;
+        },
+        "files"_a, "index_tensors"_a, "index_files"_a,
+        "Every tensor of the files as columns {names, file, dtype, shape, offset (from the file's start), nbytes}, "
+        "checked: headers, unique names, the index (index_tensors[k] in files[index_files[k]]).");
+
   nb::class_<cuda::Loader>(m, "Loader")
       .def("__init__",
            [](cuda::Loader* l, int device, nb::handle staging_bytes, nb::handle slot_bytes, nb::handle threads,
-              nb::handle direct_io, nb::handle mapped_share, nb::handle progress) {
+              nb::handle direct_io, nb::handle progress) {
              cuda::LoaderOptions o = cuda::LoaderOptions::from_environment(device);
              if (!staging_bytes.is_none()) o.staging_bytes = nb::cast<size_t>(staging_bytes);
              if (!slot_bytes.is_none()) o.slot_bytes = nb::cast<size_t>(slot_bytes);
              if (!threads.is_none()) o.threads = nb::cast<int>(threads);
              if (!direct_io.is_none()) o.direct_io = load::parse_direct_io(nb::cast<std::string>(direct_io));
-             if (!mapped_share.is_none()) o.mapped_share = nb::cast<double>(mapped_share);
              o.progress = progress_of(progress);
              ferry::python::GilRelease unlocked;
              new (l) cuda::Loader(o);
            },
            "device"_a = 0, "staging_bytes"_a = nb::none(), "slot_bytes"_a = nb::none(), "threads"_a = nb::none(),
-           "direct_io"_a = nb::none(), "mapped_share"_a = nb::none(), "progress"_a = nb::none())
+           "direct_io"_a = nb::none(), "progress"_a = nb::none())
       .def("load",
            [](cuda::Loader& l, std::vector<std::string> files, std::vector<uint32_t> file_index,
               std::vector<uint64_t> offsets, std::vector<uint64_t> sizes, std::vector<uintptr_t> dsts,
@@ -130,8 +176,7 @@ void bind_load(nb::module_& m) {
       .def_prop_ro("staging_bytes", [](const cuda::Loader& l) { return l.options().staging_bytes; })
       .def_prop_ro("slot_bytes", [](const cuda::Loader& l) { return l.options().slot_bytes; })
       .def_prop_ro("threads", [](const cuda::Loader& l) { return l.options().threads; })
-      .def_prop_ro("direct_io", [](const cuda::Loader& l) { return std::string(load::direct_io_name(l.options().direct_io)); })
-      .def_prop_ro("mapped_share", [](const cuda::Loader& l) { return l.options().mapped_share; });
+      .def_prop_ro("direct_io", [](const cuda::Loader& l) { return std::string(load::direct_io_name(l.options().direct_io)); });
 }
 
 }  // namespace ferry::python

@@ -80,7 +80,8 @@ def test_records_have_one_shape_and_ferry_carries_its_baselines():
     cp = {"preset": "moe", "files": 8, "bytes": 10, "tensors": 3, "layers": 1, "hidden": 2, "intermediate": 1,
           "experts": 1, "dtype": "bf16", "dtypes": ["bf16", "f32"]}
     results = {"checkpoint": cp,
-               "warm": {"ferry": {"gb_per_s": 48.0, "host_added_bytes": 2 << 20, "verified": True},
+               "warm": {"ferry": {"gb_per_s": 48.0, "host_added_bytes": 2 << 20, "verified": True,
+                                  "loader": {"outside_s": 0.004}},
                         "InstantTensor MMAP": {"gb_per_s": 32.0, "host_added_bytes": 0, "verified": True},
                         "tensorizer (num_readers 16)": {"gb_per_s": 40.0, "host_added_bytes": 0, "verified": True}},
                "cold": {bl.SEQUENTIAL_READ: {"gb_per_s": 1.5},
@@ -98,5 +99,7 @@ def test_records_have_one_shape_and_ferry_carries_its_baselines():
     assert rate[("moe warm", "InstantTensor MMAP")]["baseline"] is None
     c = rate[("moe cold", "ferry")]
     assert c["baseline"] == 1.5 and c["ratio"] == pytest.approx(1.4 / 1.5)
+    outside = [r for r in recs if r["metric"] == "time outside the loader"]
+    assert len(outside) == 1 and outside[0]["value"] == pytest.approx(4.0) and outside[0]["unit"] == "ms"
     tr = [r for r in recs if r["case"] == "moe transformers"]
     assert tr and tr[0]["value"] == pytest.approx(0.3) and tr[0]["baseline"] == 0.6

@@ -27,7 +27,6 @@ with the run's details beside them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import mmap
 import os
@@ -255,28 +254,27 @@ def same_bits(torch, got: dict, ref: dict) -> str | None:
 
 # ---- the ways to load -------------------------------------------------------------
 
-def _loader(args, share):
-    """ferry's Loader for a mapped share (None for the other paths)."""
+def _loader(args, ferry: bool):
+    """ferry's Loader for ferry's row (None for the other paths)."""
     from ..load import Loader
 
-    if share is None:
+    if not ferry:
         return None
-    if share not in args.loaders:
-        args.loaders[share] = Loader(0, staging_bytes=args.staging, threads=args.threads or None, mapped_share=share)
-    return args.loaders[share]
+    if "ferry" not in args.loaders:
+        args.loaders["ferry"] = Loader(0, staging_bytes=args.staging, threads=args.threads or None)
+    return args.loaders["ferry"]
 
 
 def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
     """[(label, load(paths) -> {name: cuda tensor}, None or why it cannot run,
-    ferry's mapped share or None)]."""
+    whether it is ferry's row)]."""
     from .. import torch as ft
 
     out = []
-    for share in args.mapped_shares:
-        def ferry_load(paths, share=share):
-            return ft.load_safetensors(paths, loader=_loader(args, share))
-        out.append((f"ferry (mapped {share:g})" if len(args.mapped_shares) > 1 or share else "ferry", ferry_load, None,
-                    share))
+    def ferry_load(paths):
+        return ft.load_safetensors(paths, loader=_loader(args, True))
+
+    out.append(("ferry", ferry_load, None, True))
     try:
         from safetensors.torch import load_file
         st_why = None
@@ -307,10 +305,10 @@ def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
             d.update(ft.to_device(load_file(p)))
         return d
 
-    out += [("safetensors load_file(device=cuda)", st_cuda, st_why, None),
-            ("load_file + .to(cuda)", st_to, st_why, None),
-            ("load_file + ferry.torch.to_device", st_ferry, st_why, None),
-            ("load_file + ferry.torch.to_device(dict)", st_ferry_dict, st_why, None)]
+    out += [("safetensors load_file(device=cuda)", st_cuda, st_why, False),
+            ("load_file + .to(cuda)", st_to, st_why, False),
+            ("load_file + ferry.torch.to_device", st_ferry, st_why, False),
+            ("load_file + ferry.torch.to_device(dict)", st_ferry_dict, st_why, False)]
     try:
         from fastsafetensors import fastsafe_open
         fst_why = None
@@ -321,7 +319,7 @@ def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
         with fastsafe_open(filenames=list(paths), device="cuda:0", nogds=True) as f:
             return {k: f.get_tensor(k) for k in f.keys()}
 
-    out.append(("fastsafetensors (nogds)", fst, fst_why, None))
+    out.append(("fastsafetensors (nogds)", fst, fst_why, False))
     try:
         from instanttensor import Backend, BackendPolicy, safe_open
         it_why = None
@@ -336,9 +334,9 @@ def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
                 return dict(f.tensors())
         return run
 
-    out += [("InstantTensor default", instant(None), it_why, None),
-            ("InstantTensor BUFFERED", instant(BackendPolicy.BUFFERED if BackendPolicy else None), it_why, None),
-            ("InstantTensor MMAP", instant(Backend.MMAP if Backend else None), it_why, None)]
+    out += [("InstantTensor default", instant(None), it_why, False),
+            ("InstantTensor BUFFERED", instant(BackendPolicy.BUFFERED if BackendPolicy else None), it_why, False),
+            ("InstantTensor MMAP", instant(Backend.MMAP if Backend else None), it_why, False)]
     out += _more_peers(args)
     if args.only:
         out = [m for m in out if any(w.lower() in m[0].lower() for w in args.only)]
@@ -381,8 +379,8 @@ def _more_peers(args) -> list:
         finally:
             d.close()
 
-    return [("runai-model-streamer", runai, _why_not("runai_model_streamer"), None),
-            (f"tensorizer (num_readers {TENSORIZER_READERS})", tensorizer, _why_not("tensorizer"), None)]
+    return [("runai-model-streamer", runai, _why_not("runai_model_streamer"), False),
+            (f"tensorizer (num_readers {TENSORIZER_READERS})", tensorizer, _why_not("tensorizer"), False)]
 
 
 TENSORIZER_FILE = "model.tensors"
@@ -414,9 +412,11 @@ def run_once(torch, fn, paths, ref, loader=None) -> dict:
     r = {"seconds": seconds, "host_added_bytes": mem.added, "verified": bad is None, "mismatch": bad}
     if loader is not None and loader.last_stats:  # ferry: what the loader did
         st = loader.last_stats
-        r["loader"] = {k: st[k] for k in ("read_bytes", "staged_bytes", "mapped_bytes", "reads", "direct_reads",
-                                          "registrations", "register_seconds", "unregister_seconds", "seconds",
-                                          "staging_bytes", "threads", "notes")}
+        r["loader"] = {k: st.get(k) for k in ("read_bytes", "staged_bytes", "reads", "direct_reads", "seconds",
+                                              "numa_node", "staging_bytes", "threads", "notes")}
+        # the per-tensor work around the loader: catalog, tensors, ranges (a cast load runs several loads:
+        # then this counts only the last one's time as the loader's)
+        r["loader"]["outside_s"] = seconds - st["seconds"]
     return r
 
 
@@ -483,13 +483,6 @@ def transformers_case(torch, directory: str, layers: int) -> dict:
 
 # ---- main ---------------------------------------------------------------------------
 
-def _shares(text: str) -> list[float]:
-    vals = [float(x) for x in text.split(",") if x.strip()]
-    if not vals or any(not 0 <= v <= 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"'{text}': expected shares between 0 and 1, e.g. 0,0.25,0.5")
-    return vals
-
-
 class LoadSuite(Suite):
     key = "load"
     description = ("a safetensors checkpoint to the GPU: ferry beside safetensors, fastsafetensors and "
@@ -510,13 +503,9 @@ class LoadSuite(Suite):
                        help="dtype of the matrices (default: %(default)s; moe keeps router and norms in f32)")
         p.add_argument("--shards", type=int, help="files (dense: 1, moe: 8)")
         p.add_argument("--repeats", type=int, default=3, help="timed warm loads per path (default: %(default)s)")
-        p.add_argument("--mapped-shares", type=_shares, default=[0.0],
-                       help="ferry rows: shares DMA'd from registered file pages, e.g. 0,0.25,0.5 (default: 0)")
         p.add_argument("--staging", default="512M", help="ferry's pinned staging (default: %(default)s)")
         p.add_argument("--threads", type=int, default=0, help="ferry's reader threads; 0 = one per core (max 16)")
         p.add_argument("--no-cold", action="store_true", help="skip the cold (page cache dropped) runs")
-        p.add_argument("--cold-shares", type=_shares, default=None,
-                       help="mapped shares of the cold ferry rows (default: the first of --mapped-shares)")
         p.add_argument("--only", action="append", help="only paths whose label contains this (repeatable)")
         p.add_argument("--transformers", type=int, default=0, metavar="LAYERS",
                        help="also time a bf16 Llama (hidden 2048) of LAYERS layers: from_pretrained vs ferry")
@@ -576,16 +565,16 @@ def _run(args, torch, tensors, directory) -> int:
                               "experts": args.experts, "dtype": args.dtype,
                               "dtypes": sorted({d for _, _, d in tensors})},
                "staging_bytes": args.staging, "warm": {}, "cold": {}, "waived": {}}
-    for label, fn, why, share in ms:
+    for label, fn, why, is_ferry in ms:
         if why:
             results["waived"][label] = why
             progress(f"{label}: waived: {why}")
             continue
         progress(f"warm: {label}")
         try:
-            r = warm_runs(torch, fn, paths, ref, args.repeats, _loader(args, share))
+            r = warm_runs(torch, fn, paths, ref, args.repeats, _loader(args, is_ferry))
         except Exception as e:  # noqa: BLE001 - a failing peer is reported, not fatal; ferry's is
-            if share is not None:
+            if is_ferry:
                 raise
             results["waived"][label] = f"failed: {type(e).__name__}: {e}"
             progress(f"{label}: failed: {e}")
@@ -599,16 +588,15 @@ def _run(args, torch, tensors, directory) -> int:
         results["cold"][SEQUENTIAL_READ] = {"gb_per_s": sequential_read_rate(paths)}
         drop_page_cache()
         results["cold"]["parallel O_DIRECT read (16 threads)"] = {"gb_per_s": parallel_direct_read_rate(paths)}
-        cold_shares = args.cold_shares if args.cold_shares is not None else args.mapped_shares[:1]
-        for label, fn, why, share in ms:
-            if why or label not in results["warm"] or (share is not None and share not in cold_shares):
+        for label, fn, why, is_ferry in ms:
+            if why or label not in results["warm"]:
                 continue
             drop_page_cache()
             progress(f"cold: {label}")
             try:
-                r = run_once(torch, fn, paths, ref, _loader(args, share))
+                r = run_once(torch, fn, paths, ref, _loader(args, is_ferry))
             except Exception as e:  # noqa: BLE001
-                if share is not None:
+                if is_ferry:
                     raise
                 results["cold"][label] = {"failed": f"{type(e).__name__}: {e}"}
                 continue
@@ -659,6 +647,8 @@ def records(results: dict) -> list[dict]:
             add(case, label, "load rate", r["gb_per_s"], "GB/s", base, verified=r.get("verified"))
             if "host_added_bytes" in r:
                 add(case, label, "host memory added", r["host_added_bytes"] / MiB, "MiB")
+            if "outside_s" in r.get("loader", {}):
+                add(case, label, "time outside the loader", r["loader"]["outside_s"] * 1e3, "ms")
     tr = results.get("transformers")
     if tr and "failed" not in tr:
         add("transformers", "from_config + ferry load_safetensors", "seconds", tr["from_config_s"] +
@@ -690,10 +680,11 @@ def print_report(results: dict, nbytes: int) -> None:
             ld = r.get("loader")
             if not ld:
                 continue
-            print(f"  {part} {label}: {ld['reads']} reads ({ld['direct_reads']} O_DIRECT), staged "
-                  f"{ld['staged_bytes'] / 1e9:.2f} GB, mapped {ld['mapped_bytes'] / 1e9:.2f} GB in "
-                  f"{ld['registrations']} registrations (register {ld['register_seconds']:.3f} s, unregister "
-                  f"{ld['unregister_seconds']:.3f} s), {ld['threads']} threads, staging "
+            print(f"  {part} {label}: {ld['reads']} reads ({ld['direct_reads']} O_DIRECT), "
+                  f"{ld['outside_s'] * 1e3:.1f} ms outside the loader (catalog, tensors, ranges), staged "
+                  f"{ld['staged_bytes'] / 1e9:.2f} GB, {ld['threads']} threads "
+                  f"(NUMA node {ld['numa_node'] if ld['numa_node'] is not None and ld['numa_node'] >= 0 else '-'}), "
+                  f"staging "
                   f"{ld['staging_bytes'] / MiB:.0f} MiB" + "".join(f"; note: {n}" for n in ld["notes"]))
     if "cold_waived" in results:
         print(f"  cold runs waived: {results['cold_waived']}")
