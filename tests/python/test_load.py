@@ -261,6 +261,20 @@ def test_out_checks_shape_dtype_and_casts():
         _targets(torch, [0], odd, None, None, cpu)
 
 
+def test_the_first_load_of_many_new_tensors_takes_an_eighth_of_the_bytes():
+    from ferry.torch import safetensors as fs
+
+    def head(sizes):
+        cat = _cat(["f"], [(f"t{i}", 0, "U8", [n], 0, n) for i, n in enumerate(sizes)])
+        return fs._overlap_head(cat, list(range(len(sizes))))
+
+    assert head([1] * 800) == 100
+    assert head([1000] + [1] * 400) == 1  # one large first tensor: it alone
+    assert head([0] * 399 + [5]) == 399  # never all: the allocation of the rest must overlap something
+    assert head([1] * 2) == 1
+    assert head([3, 0, 0, 0]) == 1
+
+
 def test_load_refuses_a_cpu_device(tmp_path):
     pytest.importorskip("torch")
     from ferry.torch import load_safetensors

@@ -19,6 +19,7 @@ leaves the ``out`` tensors partly written.
 from __future__ import annotations
 
 import os
+import threading
 import traceback
 
 from ..errors import InvalidArgumentError
@@ -52,6 +53,12 @@ _TORCH_DTYPE_NAMES = {
 _INDEX_NAME = "model.safetensors.index.json"
 _CAST_BATCH_BYTES = 1 << 30  # device memory a dtype cast borrows at a time
 _ALIGN = 256  # byte alignment of each tensor in a cast batch (any dtype's view)
+# New tensors are one torch.empty each (a few us): with this many or more,
+# the first tensors' load (_OVERLAP_HEAD_SHARE of the bytes) runs on a thread
+# while the others are allocated, and the second load takes the rest. Below
+# it, allocating costs less than the second load call's set-up.
+_OVERLAP_MIN_TENSORS = 256
+_OVERLAP_HEAD_SHARE = 0.125
 
 
 class _Catalog:
@@ -239,18 +246,26 @@ def _dtypes(torch, cat: _Catalog, sel, dtype) -> dict:
     return out
 
 
+def _shape_of(cat: _Catalog, sel, dts):
+    """i -> the shape tensor i is allocated with (F4: the last dimension halved)."""
+    if "F4" not in dts:
+        return cat.shape.__getitem__
+    f4 = {i: _storage_shape(cat, i) for i in sel if cat.dtype[i] == "F4"}
+    return lambda i: f4[i] if i in f4 else cat.shape[i]
+
+
+def _allocate(torch, sel, cat: _Catalog, dts, shape_of, device) -> dict:
+    empty, names, kinds = torch.empty, cat.names, cat.dtype
+    return {names[i]: empty(shape_of(i), dtype=dts[kinds[i]][1], device=device) for i in sel}
+
+
 def _targets(torch, sel, cat: _Catalog, dtype, out, device) -> dict:
     """{name: destination tensor}, checked (shape, dtype, device) or allocated."""
     dts = _dtypes(torch, cat, sel, dtype)
-    names, shapes, kinds = cat.names, cat.shape, cat.dtype
-    if "F4" in dts:
-        shapes = {i: _storage_shape(cat, i) for i in sel if kinds[i] == "F4"}
-        shape_of = lambda i: shapes[i] if i in shapes else cat.shape[i]  # noqa: E731
-    else:
-        shape_of = shapes.__getitem__
+    names, kinds = cat.names, cat.dtype
+    shape_of = _shape_of(cat, sel, dts)
     if out is None:
-        empty = torch.empty
-        return {names[i]: empty(shape_of(i), dtype=dts[kinds[i]][1], device=device) for i in sel}
+        return _allocate(torch, sel, cat, dts, shape_of, device)
     result = {}
     for i in sel:
         name, shape = names[i], shape_of(i)
@@ -333,9 +348,12 @@ def _load(paths, device, keys, dtype, out, strict, loader) -> dict:
     if loader is not None and loader.device != dev.index:
         raise InvalidArgumentError(f"loader is for cuda:{loader.device}, the load goes to {dev}")
     with torch.cuda.device(dev):
-        result = _targets(torch, sel, cat, dtype, out, dev)
         ld = loader if loader is not None else default_loader(dev.index)
         stream = torch.cuda.current_stream(dev).cuda_stream
+        dts = _dtypes(torch, cat, sel, dtype)
+        if out is None and all(a == b for a, b in dts.values()) and len(sel) >= _OVERLAP_MIN_TENSORS:
+            return _load_new_overlapped(torch, ld, files, cat, sel, dts, dev, stream)
+        result = _targets(torch, sel, cat, dtype, out, dev)
         direct, cast = _split(torch, sel, cat, result, dtype, out)
         if direct:
             tensors = [result[cat.names[i]] for i in direct]
@@ -343,6 +361,68 @@ def _load(paths, device, keys, dtype, out, strict, loader) -> dict:
                  [cat.nbytes[i] for i in direct], [t.data_ptr() for t in tensors], stream)
         _load_cast(torch, ld, files, cat, cast, result, dev, stream)
     return result
+
+
+def _overlap_head(cat: _Catalog, sel) -> int:
+    """How many of `sel` (in order) the first load takes: the fewest whose
+    bytes reach _OVERLAP_HEAD_SHARE of the selection's, at least one, never
+    all."""
+    nbytes = cat.nbytes
+    goal, got = _OVERLAP_HEAD_SHARE * sum(nbytes[i] for i in sel), 0
+    for k, i in enumerate(sel):
+        got += nbytes[i]
+        if got >= goal:
+            return max(1, min(k + 1, len(sel) - 1))
+    return max(1, len(sel) - 1)
+
+
+def _load_new_overlapped(torch, ld, files, cat: _Catalog, sel, dts, dev, stream) -> dict:
+    """New tensors of the files' dtypes: the first ones are allocated and
+    their load starts on a thread; the others are allocated meanwhile (the
+    native load releases the GIL), then loaded. Nothing returns before the
+    thread's load has ended, whatever happens here (its DMAs write into
+    tensors this call owns)."""
+    shape_of = _shape_of(cat, sel, dts)
+    k = _overlap_head(cat, sel)
+    head, rest = sel[:k], sel[k:]
+
+    def ranges(part, tensors):
+        return ([cat.file[i] for i in part], [cat.offset[i] for i in part], [cat.nbytes[i] for i in part],
+                [t.data_ptr() for t in tensors])
+
+    result = _allocate(torch, head, cat, dts, shape_of, dev)
+    head_ranges = ranges(head, result.values())  # built here: the thread only waits in the native load
+    failed = []
+
+    def load_head():
+        try:
+            _run(ld, files, *head_ranges, stream)
+        except BaseException as err:  # noqa: BLE001 - re-raised by the caller's thread
+            failed.append(err)
+
+    worker = threading.Thread(target=load_head, name="ferry-load-head", daemon=True)
+    worker.start()
+    try:
+        others = _allocate(torch, rest, cat, dts, shape_of, dev)
+    finally:
+        _join(worker)
+    if failed:
+        raise failed[0]
+    _run(ld, files, *ranges(rest, others.values()), stream)
+    result.update(others)
+    return result
+
+
+def _join(thread) -> None:
+    """Joins `thread`, even across Ctrl-C (re-raised once it has ended)."""
+    interrupted = None
+    while thread.is_alive():
+        try:
+            thread.join()
+        except KeyboardInterrupt as err:
+            interrupted = err
+    if interrupted is not None:
+        raise interrupted
 
 
 def _split(torch, sel, cat: _Catalog, result, dtype, out) -> tuple[list, list]:
