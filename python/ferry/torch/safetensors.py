@@ -204,9 +204,12 @@ def _select(cat: _Catalog, keys, out, strict: bool) -> list[int]:
             raise InvalidArgumentError(
                 listed(unexpected, "tensor(s) of the checkpoint not in out") + " (strict=False skips them)"
             )
-        loaded = {_storage_key(out[k]) for k in names}
-        missing = [k for k in out if k not in index and _storage_key(out[k]) not in loaded]
-        if missing:  # a tied weight (same storage as a loaded one) is not missing
+        absent = [k for k in out if k not in index]
+        if absent:  # a tied weight (same storage as a loaded one) is not missing
+            loaded = {_storage_key(out[k]) for k in names}  # only then: a storage key costs a few us
+            absent = [k for k in absent if _storage_key(out[k]) not in loaded]
+        missing = absent
+        if missing:
             raise InvalidArgumentError(
                 listed(missing, "tensor(s) of out not in the checkpoint") + " (strict=False leaves them as they are)"
             )
