@@ -49,6 +49,11 @@ def _device_arg(device):
     if d.type != "cuda":
         raise InvalidArgumentError(
             f"DataLoader: device must be None (pinned CPU batches) or a CUDA device, not {device!r}")
+    if not torch.cuda.is_available():
+        from ...errors import NoDeviceError
+
+        raise NoDeviceError(f"DataLoader(device={device!r}): PyTorch sees no CUDA device on this machine "
+                            "(use device=None for CPU batches)")
     return d
 
 
@@ -144,6 +149,7 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
         self._task_slot: dict[int, object] = {}  # task idx -> the slot its worker writes
         self._main_pid = os.getpid()
         self._resuming = False
+        self._window_short = False  # the first window was cut to one task (sizing)
 
         ctx = loader.multiprocessing_context or torch.multiprocessing
         self._worker_init_fn = loader.worker_init_fn
@@ -180,6 +186,10 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
     # ---- tasks get slots -------------------------------------------------
 
     def _reset(self, loader, first_iter=False):
+        if not first_iter:  # batches received but never delivered last epoch: their slots are free
+            for idx, info in list(getattr(self, "_task_info", {}).items()):
+                if len(info) == 2:
+                    self._free_task_slot(idx)
         self._resuming = not first_iter
         try:
             super()._reset(loader, first_iter)
@@ -189,7 +199,8 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
     def _try_put_index(self):
         max_tasks = self._prefetch_factor * self._num_workers
         if self._slots.capacity is None and self._tasks_outstanding >= 1:
-            return  # slots are sized by the first batch: one task until it came back
+            self._window_short = True  # slots are sized by the first batch: one task until it is back
+            return
         try:
             index = self._next_index()
         except StopIteration:
@@ -212,9 +223,13 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
         self._tasks_outstanding += 1
         self._send_idx += 1
 
-    def _fill_window(self):
-        """Dispatch until prefetch_factor x num_workers tasks are out (after
-        the first batch sized the slots, this sends the rest of the window)."""
+    def _dispatch_after_delivery(self):
+        """One task per batch delivered, as PyTorch keeps its window; once the
+        first batch has sized the slots, the rest of the window at once."""
+        if not (self._window_short and self._slots.capacity is not None):
+            self._try_put_index()
+            return
+        self._window_short = False
         max_tasks = self._prefetch_factor * self._num_workers
         while self._tasks_outstanding < max_tasks:
             sent = self._send_idx
@@ -248,7 +263,7 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
         self._workers_num_tasks[worker_idx] -= 1
         if isinstance(data, WorkerFailure):
             self._free_task_slot(data.idx)
-            self._fill_window()
+            self._dispatch_after_delivery()
             data.error.reraise()
         if not isinstance(data, Batch):  # pragma: no cover - our workers send nothing else
             raise RuntimeError(f"ferry DataLoader: unexpected message from worker {worker_idx}: {type(data)}")
@@ -260,7 +275,7 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
                 self._slots.release(slot)
             raise
         finally:
-            self._fill_window()
+            self._dispatch_after_delivery()
         return batch
 
     def _shutdown_workers(self):
