@@ -281,9 +281,13 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_device_batches_equal_pytorchs(num_workers):
     ds = cases.NestedSamples(33)
+    torch.manual_seed(3)  # num_workers=0 draws from the main process's generators
+    np.random.seed(3)
     theirs = [_to_cuda(b) for b in
               TorchLoader(ds, batch_size=4, shuffle=True, num_workers=num_workers,
                           generator=torch.Generator().manual_seed(3))]
+    torch.manual_seed(3)
+    np.random.seed(3)
     ours = list(ft.DataLoader(ds, batch_size=4, shuffle=True, num_workers=num_workers, device="cuda",
                               generator=torch.Generator().manual_seed(3)))
     for a, b in zip(theirs, ours):

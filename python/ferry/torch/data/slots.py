@@ -115,7 +115,9 @@ class SlotPool:
 
         if self._pool is None:
             self._pool = self._make_pool(align_up(self.capacity * self.expected_slots, CHUNK_GRANULE))
-        buf = self._pool.alloc(self.capacity, alignment=SLOT_ALIGNMENT)
+        # huge=False: the exact size (a huge allocation is rounded to 2 MiB, and
+        # expected_slots of them would no longer fit the chunk).
+        buf = self._pool.alloc(self.capacity, alignment=SLOT_ALIGNMENT, huge=False)
         where = self._pool.shared_location(buf)
         if where is None:  # pragma: no cover - the pool is memfd-backed
             raise RuntimeError("ferry DataLoader: a slot is not in shared memory")
