@@ -16,6 +16,13 @@ The pieces, bottom-up:
   ``slots(obj, indices, slot_bytes)`` (equal slots of one object, e.g. KV
   blocks ``tensor[i]``), ``blocks(addresses, lengths, mem_type=...)`` (lists or
   int64 arrays). ``xfer_descs`` / ``reg_descs`` turn one into NIXL's lists.
+- ``agent(name)``: a NIXL agent with UCX settings chosen for this machine
+  and its traffic (ferry.ucx: the transports that start here, the fastest set
+  for peers on this host and on others, the error handling they allow, UCX's
+  RMA pipeline where GPUs are); the user's UCX_* variables and backend_params
+  win. ``settings(agent).describe()`` says what was chosen and why (also
+  logged at INFO by the "ferry.nixl" logger). ``make_agent`` takes NIXL's
+  defaults.
 - ``register_pool(agent, pool)``: a ferry ``Pool`` or ``PinnedPool`` (both
   "DRAM") registered chunk by chunk. Its chunks now; ``sync()`` registers the
   chunks the pool added since and deregisters the ones it released (it polls
@@ -42,8 +49,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
+import threading
 import time
+import weakref
 from typing import Iterable, Sequence
 
 from ._resolve import resolve
@@ -155,6 +165,70 @@ def make_agent(name: str, *, backends: Sequence[str] = ("UCX",), backend_params:
                         "backend_params={'UCX': {'ucx_error_handling_mode': 'none'}}; where NVIDIA GPUs are "
                         "present NIXL also wants a CUDA transport in UCX_TLS (cuda_copy, or cuda)")
     return agent
+
+
+log = logging.getLogger("ferry.nixl")
+_env_lock = threading.Lock()  # held while agent() sets UCX_* variables for one agent creation
+_settings: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # agent -> ucx.Settings
+
+
+def agent(name: str, *, peers: str = "any", backend_params: dict | None = None, cma: bool | None = None,
+          progress_thread: bool = True, num_threads: int = 0):
+    """A ``nixl_agent`` with UCX, configured for this machine and traffic.
+
+    peers: where the agents it talks to run: "local" (this host), "remote"
+    (other nodes) or "any" (default). UCX's transports are probed once per
+    process (ferry.ucx.probe: a child process, about a second) and
+    ferry.ucx.choose picks UCX_TLS (CUDA transports, shared memory, RDMA, tcp,
+    as they start here), UCX_RMA_PPLN_ENABLE=y where GPUs are, and the
+    backend's ``ucx_error_handling_mode`` ("none" where shared-memory or
+    cuda_ipc lanes are chosen: they cannot report a dead peer; "peer" for
+    remote-only traffic). cma: allow UCX's cma transport between local
+    processes (default: only where no CUDA transport starts; see ferry.ucx).
+
+    Precedence: a UCX_* variable in this process's environment and an entry
+    of backend_params ({"UCX": {...}}, as make_agent takes) always win; they
+    are reported in ``settings(agent)``. UCX reads its variables when the
+    backend is created, so ferry's choices are put into os.environ for that
+    call only (under a lock, restored right after): other threads that read
+    the environment during those milliseconds see them; later agents,
+    make_agent() and child processes do not."""
+    from . import ucx
+
+    if not name:
+        raise InvalidArgumentError("a NIXL agent needs a non-empty name")
+    params = dict(backend_params or {})
+    unknown = set(params) - {"UCX"}
+    if unknown:
+        raise InvalidArgumentError(f"backend_params for {sorted(unknown)}: ferry.nixl.agent creates the UCX "
+                                   "backend only (make_agent takes others)")
+    nixl()  # NixlUnavailableError before the probe
+    chosen = ucx.choose(ucx.probe(), peers=peers, backend_params=params.get("UCX"), cma=cma)
+    with _env_lock:
+        saved = {k: os.environ.get(k) for k in chosen.env}
+        os.environ.update(chosen.env)
+        try:
+            created = make_agent(name, backend_params={"UCX": dict(chosen.backend_params)},
+                                 progress_thread=progress_thread, num_threads=num_threads)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    _settings[created] = chosen
+    log.info("NIXL agent %r: %s", name, chosen.describe())
+    return created
+
+
+def settings(a):
+    """The ferry.ucx.Settings that agent() chose for `a` (``.describe()``:
+    the text); InvalidArgumentError for an agent that agent() did not make."""
+    try:
+        return _settings[a]
+    except (KeyError, TypeError):
+        raise InvalidArgumentError(f"{type(a).__name__} was not made by ferry.nixl.agent(): no settings "
+                                   "recorded") from None
 
 
 # ---- descriptor lists (pure Python) ------------------------------------------------
@@ -701,7 +775,7 @@ def write(agent, local, remote, remote_agent: str, **kwargs) -> Transfer:
 
 
 __all__ = [
-    "Changes", "Descs", "add_remote", "NixlError", "NixlTimeoutError", "NixlUnavailableError", "PoolRegistration",
+    "Changes", "Descs", "add_remote", "agent", "settings", "NixlError", "NixlTimeoutError", "NixlUnavailableError", "PoolRegistration",
     "Registration", "Transfer", "available", "blocks", "descs", "load_metadata", "make_agent", "nixl", "post",
     "publish_metadata", "read", "reg_descs", "register", "register_pool", "slots", "transfer",
     "unavailable_reason", "write", "xfer_descs",
