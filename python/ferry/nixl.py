@@ -624,15 +624,17 @@ def _check_pair(local: Descs, remote: Descs) -> None:
 class Transfer:
     """A posted NIXL transfer. wait(timeout) until it is done; done (a poll);
     release() frees its handle (aborting it if still running); repost() runs
-    the same transfer again. A context manager that releases on exit."""
+    the same transfer again. A context manager that releases on exit.
+    ``parts``: the NIXL requests it was posted as (post(split=N))."""
 
-    def __init__(self, agent, handle, op: str, local: Descs, remote: Descs, remote_agent: str):
+    def __init__(self, agent, handles, op: str, local: Descs, remote: Descs, remote_agent: str):
         self.agent = agent
         self.op = op
         self.local = local  # held: their memory stays alive while the transfer may run
         self.remote = remote
         self.remote_agent = remote_agent
-        self._handle = handle
+        self._handles = list(handles) if isinstance(handles, (list, tuple)) else [handles]
+        self._handle = self._handles[0]
         self._posted = 0.0
         self.seconds: float | None = None  # post to done, as seen by done/wait
 
@@ -647,6 +649,10 @@ class Transfer:
             raise InvalidArgumentError("this transfer was released")
         return _nixl_call("query_xfer_backend", self.agent.query_xfer_backend, self._handle)
 
+    @property
+    def parts(self) -> int:
+        return len(self._handles)
+
     def _what(self) -> str:
         arrow, direction = ("<-", "from") if self.op == "READ" else ("->", "to")
         return (f"NIXL {self.op} of {self.nbytes} bytes ({len(self.local)} descriptor(s), {self.local.mem_type} "
@@ -657,8 +663,8 @@ class Transfer:
             raise InvalidArgumentError("this transfer was released")
         self.seconds = None
         self._posted = time.perf_counter()
-        state = _nixl_call(f"post of {self._what()}", self.agent.transfer, self._handle, notif)
-        self._settle(state)
+        states = [_nixl_call(f"post of {self._what()}", self.agent.transfer, h, notif) for h in self._handles]
+        self._settle(states)
 
     def repost(self, notif: bytes = b"") -> "Transfer":
         """Post the same transfer again (after it is done)."""
@@ -667,14 +673,15 @@ class Transfer:
         self._post(notif)
         return self
 
-    def _settle(self, state: str) -> bool:
-        if state == "DONE":
+    def _settle(self, states: list[str]) -> bool:
+        bad = [s for s in states if s not in ("DONE", "PROC")]
+        if not bad and all(s == "DONE" for s in states):
             if self.seconds is None:
                 self.seconds = time.perf_counter() - self._posted
             return True
-        if state == "PROC":
+        if not bad:
             return False
-        raise NixlError(f"{self._what()} failed (state {state}); NIXL's log above says why "
+        raise NixlError(f"{self._what()} failed (state {bad[0]}); NIXL's log above says why "
                         "(for UCX: the peer may be gone, or no transport both sides share reaches this memory)")
 
     @property
@@ -684,8 +691,8 @@ class Transfer:
             return True
         if self._handle is None:
             raise InvalidArgumentError("this transfer was released")
-        return self._settle(_nixl_call(f"check_xfer_state of {self._what()}", self.agent.check_xfer_state,
-                                       self._handle))
+        return self._settle([_nixl_call(f"check_xfer_state of {self._what()}", self.agent.check_xfer_state, h)
+                             for h in self._handles])
 
     def wait(self, timeout: float | None = 60.0) -> "Transfer":
         """Block until done (polling NIXL, which also drives its progress);
@@ -708,8 +715,9 @@ class Transfer:
     def release(self) -> None:
         """Free the NIXL handle (aborting a running transfer); idempotent."""
         if self._handle is not None:
-            handle, self._handle = self._handle, None
-            _nixl_call(f"release_xfer_handle of {self._what()}", self.agent.release_xfer_handle, handle)
+            handles, self._handles, self._handle = self._handles, [], None
+            for handle in handles:
+                _nixl_call(f"release_xfer_handle of {self._what()}", self.agent.release_xfer_handle, handle)
 
     def __enter__(self):
         return self
@@ -718,27 +726,54 @@ class Transfer:
         self.release()
 
 
+def _split_rows(d: Descs, parts: int) -> list[Descs]:
+    """d's rows in `parts` contiguous groups of nearly equal row counts."""
+    n = len(d.rows)
+    bounds = [n * k // parts for k in range(parts + 1)]
+    return [Descs(d.mem_type, d.rows[a:b], d._owners) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
 def post(agent, op: str, local, remote, remote_agent: str, *, notif: bytes = b"",
-         backends: Sequence[str] = (), sync: PoolRegistration | Sequence[PoolRegistration] = ()) -> Transfer:
+         backends: Sequence[str] = (), sync: PoolRegistration | Sequence[PoolRegistration] = (),
+         split: int = 1) -> Transfer:
     """Start one transfer: op "READ" (remote -> local) or "WRITE" (local ->
     remote); local and remote are Descs (or objects descs() takes) paired row by
     row; remote rows are addresses in the remote agent's memory. `sync`: pool
-    registrations to bring up to date first (so new chunks are registered)."""
+    registrations to bring up to date first (so new chunks are registered).
+    split: post the rows as up to that many NIXL requests at once (contiguous
+    groups; one Transfer waits for all): more requests in flight, for UCX
+    protocols that serialize one request's descriptors (scripts/gpu-nixl-write
+    measures whether it helps; notif goes with each part)."""
     if op not in OPERATIONS:
         raise InvalidArgumentError(f"op={op!r}: expected READ or WRITE")
     local = _as_descs(local, "local")
     remote = _as_descs(remote, "remote")
     _check_pair(local, remote)
+    split = _count(split, "split")
+    if split < 1:
+        raise InvalidArgumentError("split=0: a transfer is posted as at least one request")
     if isinstance(remote_agent, bytes):
         remote_agent = remote_agent.decode()
     for registration in [sync] if isinstance(sync, PoolRegistration) else sync:
         registration.sync()
     hint = ("NIXL_ERR_NOT_FOUND means a descriptor lies outside the memory registered here or in the "
             "remote agent's metadata as loaded (register it; the peer loads the metadata again)")
-    handle = _nixl_call(f"initialize_xfer ({op} of {local.nbytes} bytes, {len(local)} descriptor(s), "
-                        f"with agent {remote_agent!r})", agent.initialize_xfer, op, xfer_descs(agent, local),
-                        xfer_descs(agent, remote), remote_agent, notif, list(backends), hint=hint)
-    t = Transfer(agent, handle, op, local, remote, remote_agent)
+    handles = []
+    try:
+        for part_local, part_remote in zip(_split_rows(local, min(split, len(local))),
+                                           _split_rows(remote, min(split, len(local)))):
+            handles.append(_nixl_call(f"initialize_xfer ({op} of {part_local.nbytes} bytes, {len(part_local)} "
+                                      f"descriptor(s), with agent {remote_agent!r})", agent.initialize_xfer, op,
+                                      xfer_descs(agent, part_local), xfer_descs(agent, part_remote), remote_agent,
+                                      notif, list(backends), hint=hint))
+    except BaseException:
+        for h in handles:
+            try:
+                agent.release_xfer_handle(h)
+            except Exception:
+                pass  # the initialize error says more
+        raise
+    t = Transfer(agent, handles, op, local, remote, remote_agent)
     try:
         t._post(notif)
     except BaseException:
@@ -751,10 +786,10 @@ def post(agent, op: str, local, remote, remote_agent: str, *, notif: bytes = b""
 
 
 def transfer(agent, op: str, local, remote, remote_agent: str, *, timeout: float | None = 60.0,
-             notif: bytes = b"", backends: Sequence[str] = (), sync=()) -> Transfer:
+             notif: bytes = b"", backends: Sequence[str] = (), sync=(), split: int = 1) -> Transfer:
     """post() and wait(timeout); returns the done Transfer (``seconds``: post to
     done). Release it (or use it in a with block) when not reposting it."""
-    t = post(agent, op, local, remote, remote_agent, notif=notif, backends=backends, sync=sync)
+    t = post(agent, op, local, remote, remote_agent, notif=notif, backends=backends, sync=sync, split=split)
     try:
         return t.wait(timeout)
     except NixlTimeoutError:

@@ -73,6 +73,19 @@ def check_args(args) -> None:
         if s.strip() not in SETTINGS:
             raise InvalidArgumentError(f"--settings: {s.strip()!r}: expected ferry and/or nixl")
     args.setting_list = [s.strip() for s in args.settings.split(",")]
+    if args.split < 1:
+        raise InvalidArgumentError(f"--split={args.split}: expected at least 1 request per transfer")
+    env, backend = {}, {}
+    for what, items, out in (("--ucx", args.ucx, env), ("--backend", args.backend, backend)):
+        for item in items:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                raise InvalidArgumentError(f"{what} {item!r}: expected KEY=VALUE")
+            if what == "--ucx" and not key.startswith("UCX_"):
+                key = "UCX_" + key
+            out[key] = value
+    args.tuning = {"env": env, "backend": backend, "split": args.split,
+                   "cma": {"auto": None, "yes": True, "no": False}[args.cma]}
 
 
 # ---- the two processes --------------------------------------------------------------
@@ -93,21 +106,24 @@ def slot_order(seed: int, count: int) -> list[int]:
     return [int(i) for i in np.random.default_rng(seed + 1).permutation(count)]
 
 
-def _make_agent(name: str, setting: str):
+def _make_agent(name: str, setting: str, tuning: dict):
     import ferry.nixl as fn
 
-    return fn.agent(name, peers="local") if setting == "ferry" else fn.make_agent(name)
+    params = {"UCX": tuning["backend"]} if tuning["backend"] else None
+    if setting == "ferry":
+        return fn.agent(name, peers="local", backend_params=params, cma=tuning["cma"])
+    return fn.make_agent(name, backend_params=params)
 
 
 class _Side:
     """One process's memory and agent: A (pool, "a") or B (GPU or host, "b")."""
 
-    def __init__(self, role: str, setting: str, memory: str, total: int):
+    def __init__(self, role: str, setting: str, memory: str, total: int, tuning: dict):
         import ferry
         import ferry.nixl as fn
 
         self.role, self.memory, self.total = role, memory, total
-        self.agent = _make_agent(f"bench-{role}", setting)
+        self.agent = _make_agent(f"bench-{role}", setting, tuning)
         self.keep = []
         if role == "a":
             pool = ferry.Pool() if memory == "host" else ferry.PinnedPool(device=0, target_bytes=total)
@@ -177,25 +193,43 @@ def _blocks(addresses: list[int], block: int, mem_type: str):
     return fn.blocks(addresses, block, mem_type=mem_type, device=0)
 
 
-def _timed(side: _Side, op: str, local, remote, iters: int, timeout: float) -> dict:
+def _timed(side: _Side, op: str, local, remote, iters: int, timeout: float, split: int) -> dict:
     import ferry.nixl as fn
 
-    t = fn.transfer(side.agent, op, local, remote, side.peer, timeout=timeout)
+    t = fn.transfer(side.agent, op, local, remote, side.peer, timeout=timeout, split=split)
     try:
         first = t.seconds
-        times = [t.repost().wait(timeout).seconds for _ in range(iters)]
+        times = [_spin(t.repost(), timeout).seconds for _ in range(iters)]
     finally:
         t.release()
     return {"first_seconds": first, "seconds": times}
 
 
-def _serve(conn, role: str, setting: str, memory: str, total: int, iters: int, timeout: float, seed: int):
-    """A child's loop: answers the parent's commands on `conn` until "quit"."""
+def _spin(t, timeout: float):
+    """Wait for `t` polling without sleeping: a 128 MiB transfer at 40 GB/s takes
+    3 ms, and Transfer.wait's back-off (sleeps up to 1 ms) would blur it."""
+    import ferry.nixl as fn
+
+    deadline = time.perf_counter() + timeout
+    while not t.done:
+        if time.perf_counter() > deadline:
+            raise fn.NixlTimeoutError(f"{t.op} of {t.nbytes} bytes not done after {timeout:g} s")
+    return t
+
+
+def _serve(conn, role: str, setting: str, memory: str, total: int, iters: int, timeout: float, seed: int,
+           tuning: dict):
+    """A child's loop: answers the parent's commands on `conn` until "quit".
+    tuning: {"env": UCX_* for this process, "backend": UCX backend params,
+    "cma": agent(cma=...), "split": requests per transfer}."""
+    import os
+
     import numpy as np
 
+    os.environ.update(tuning["env"])  # before NIXL and UCX start in this process
     side = None
     try:
-        side = _Side(role, setting, memory, total)
+        side = _Side(role, setting, memory, total, tuning)
         conn.send(("ready", side.metadata(), side.base))
         while True:
             cmd, *rest = conn.recv()
@@ -221,7 +255,7 @@ def _serve(conn, role: str, setting: str, memory: str, total: int, iters: int, t
                 mine, theirs = (a_addr, b_addr) if role == "a" else (b_addr, a_addr)
                 local = _blocks(mine, block, side.mem_type)
                 remote = _blocks(theirs, block, "VRAM" if (role == "a" and memory != "host") else "DRAM")
-                conn.send(("ok", _timed(side, op, local, remote, iters, timeout)))
+                conn.send(("ok", _timed(side, op, local, remote, iters, timeout, tuning["split"])))
             elif cmd == "verify":  # B: every block in its slot, nothing else touched
                 block = rest[0]
                 count = total // block
@@ -254,7 +288,7 @@ class _Pair:
         for role in ("a", "b"):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_serve, args=(child, role, setting, args.memory, args.total, args.iters,
-                                                 args.timeout, args.seed), daemon=True)
+                                                 args.timeout, args.seed, args.tuning), daemon=True)
             p.start()
             self.conns[role], self.procs[role] = parent, p
         ready = {role: self.ask(role, None) for role in ("a", "b")}
@@ -354,6 +388,15 @@ class NixlSuite(Suite):
         p.add_argument("--memory", choices=("gpu", "host"), default="gpu",
                        help="B's memory: gpu (default) or host (a ferry Pool: no GPU needed)")
         p.add_argument("--timeout", type=float, default=60.0, help="seconds per transfer (default: %(default)s)")
+        p.add_argument("--split", type=int, default=1,
+                       help="NIXL requests each transfer is posted as (ferry.nixl.post split=; default 1)")
+        p.add_argument("--ucx", action="append", default=[], metavar="KEY=VALUE",
+                       help="a UCX_* variable for both processes (the user's: it wins over ferry's choice; "
+                            "repeatable), e.g. RNDV_FRAG_SIZE=host:4M or PROTO_INFO=y")
+        p.add_argument("--backend", action="append", default=[], metavar="KEY=VALUE",
+                       help="a UCX backend parameter for both agents (repeatable), e.g. num_threads=4")
+        p.add_argument("--cma", choices=("auto", "yes", "no"), default="auto",
+                       help="ferry.nixl.agent's cma switch (auto: off where CUDA transports start)")
         p.add_argument("--seed", type=int, default=1234, help="the blocks' generator seed (default: %(default)s)")
 
     def main(self, argv=None) -> int:
