@@ -59,10 +59,9 @@ from typing import Iterable, Sequence
 from ._resolve import resolve
 from .errors import FerryError, InvalidArgumentError, NotSupportedError
 from .pool import Buffer
+from .ucx import NIXL_MODULES
 
-# NIXL's Python modules, in the order tried: the CUDA 13 and 12 wheels
-# (nixl-cu13, nixl-cu12), then the `nixl` meta package or a source build.
-MODULES = ("nixl_cu13", "nixl_cu12", "nixl")
+MODULES = NIXL_MODULES  # the modules tried, in order (ferry.ucx finds UCX through them)
 INSTALL_HINT = "pip install 'ferry[nixl]' (or: pip install nixl-cu13; nixl-cu12 for CUDA 12)"
 MEM_TYPES = ("DRAM", "VRAM")
 OPERATIONS = ("READ", "WRITE")

@@ -36,6 +36,9 @@ import subprocess
 import sys
 from typing import Mapping
 
+# NIXL's Python modules, in the order ferry.nixl tries them: the CUDA 13 and 12
+# wheels (nixl-cu13, nixl-cu12), then the `nixl` meta package or a source build.
+NIXL_MODULES = ("nixl_cu13", "nixl_cu12", "nixl")
 PEERS = ("any", "local", "remote")
 PROBE_TIMEOUT = 30.0  # seconds; UCX starts in ~0.1 s, a Python child in 0.2-3 s on a busy host
 ERROR_MODE_PARAM = "ucx_error_handling_mode"
@@ -93,9 +96,7 @@ def library_path() -> str | None:
     """libucp of the NIXL that ferry.nixl would import (the wheel's bundled copy
     in <site>/nixl_cu13.libs), else the system's libucp.so.0, else None. Finds
     files only: nothing is imported or loaded."""
-    from .nixl import MODULES
-
-    for name in MODULES:
+    for name in NIXL_MODULES:
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
