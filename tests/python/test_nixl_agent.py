@@ -219,6 +219,8 @@ def test_doctor_quick_check_runs_no_child_and_reads_the_environment(monkeypatch)
     (["--ucx", "TLS"], "expected KEY=VALUE"),
     (["--backend", "=3"], "expected KEY=VALUE"),
     (["--timeout", "0"], "--timeout=0"),
+    (["--gpu", "-1"], "GPU indexes are >= 0"),
+    (["--memory", "host", "--peer-gpu", "1"], "need --memory gpu"),
 ])
 def test_bench_refuses_bad_arguments_before_the_waived_check(capsys, argv, fragment):
     assert bench_nixl.main(argv) == 2

@@ -4,7 +4,10 @@ Two fresh processes per setting, on this machine: A holds a ferry PinnedPool
 (blocks in order), B holds GPU memory (cudaMalloc; --memory host: a ferry Pool
 buffer) whose block slots are shuffled. READ: B pulls the blocks from A's pool;
 WRITE: A pushes them into B's memory. Block sizes 64 KiB, 1 MiB and 2 MiB (a
-vLLM KV block), --total bytes per transfer, one NIXL request per transfer.
+vLLM KV block), --total bytes per transfer, one NIXL request per transfer
+(--split N: N). --gpu/--peer-gpu place A's pool and B's memory (each process
+sees both GPUs, its own first, through CUDA_VISIBLE_DEVICES: indexes as
+nvidia-smi numbers them).
 
 Settings compared in one run: `ferry` (ferry.nixl.agent: UCX transports and
 options chosen for this machine) beside `nixl` (ferry.nixl.make_agent: NIXL's
@@ -84,8 +87,14 @@ def check_args(args) -> None:
             if what == "--ucx" and not key.startswith("UCX_"):
                 key = "UCX_" + key
             out[key] = value
+    if args.gpu < 0 or (args.peer_gpu is not None and args.peer_gpu < 0):
+        raise InvalidArgumentError(f"--gpu={args.gpu}, --peer-gpu={args.peer_gpu}: GPU indexes are >= 0")
+    two = (args.peer_gpu is not None and args.peer_gpu != args.gpu) or args.gpu != 0
+    if args.memory == "host" and (two or args.gpu):
+        raise InvalidArgumentError("--gpu/--peer-gpu need --memory gpu")
     args.tuning = {"env": env, "backend": backend, "split": args.split,
-                   "cma": {"auto": None, "yes": True, "no": False}[args.cma]}
+                   "cma": {"auto": None, "yes": True, "no": False}[args.cma],
+                   "gpus": (args.gpu, args.gpu if args.peer_gpu is None else args.peer_gpu) if two else None}
 
 
 # ---- the two processes --------------------------------------------------------------
@@ -227,6 +236,9 @@ def _serve(conn, role: str, setting: str, memory: str, total: int, iters: int, t
     import numpy as np
 
     os.environ.update(tuning["env"])  # before NIXL and UCX start in this process
+    if tuning["gpus"] is not None:  # both GPUs visible to both (cuda_ipc opens the peer's), this role's first
+        mine, theirs = tuning["gpus"] if role == "a" else tuning["gpus"][::-1]
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(mine) if mine == theirs else f"{mine},{theirs}"
     side = None
     try:
         side = _Side(role, setting, memory, total, tuning)
@@ -397,6 +409,9 @@ class NixlSuite(Suite):
                        help="a UCX backend parameter for both agents (repeatable), e.g. num_threads=4")
         p.add_argument("--cma", choices=("auto", "yes", "no"), default="auto",
                        help="ferry.nixl.agent's cma switch (auto: off where CUDA transports start)")
+        p.add_argument("--gpu", type=int, default=0, help="A's GPU (its pinned pool's device; default 0)")
+        p.add_argument("--peer-gpu", type=int, default=None,
+                       help="B's GPU (default: A's; another one measures GPU -> GPU hosts with two)")
         p.add_argument("--seed", type=int, default=1234, help="the blocks' generator seed (default: %(default)s)")
 
     def main(self, argv=None) -> int:

@@ -79,6 +79,8 @@ def self_test() -> dict:
     n, block = SELF_TEST_BYTES, SELF_TEST_BLOCK
     a, b = fn.agent("doctor-a", peers="local"), fn.agent("doctor-b", peers="local")
     pool = ferry.PinnedPool(device=0, target_bytes=2 * n) if gpu else ferry.Pool()
+    if gpu:
+        pool.wait_ready()
     src, back = pool.alloc(n), pool.alloc(n)
     data = _pattern(n, 7)
     np.frombuffer(src, np.uint8)[:] = data
