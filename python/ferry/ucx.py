@@ -18,7 +18,9 @@ host <-> GPU puts and gets) is off unless ``UCX_RMA_PPLN_ENABLE=y``.
   to set while the agent is created, the UCX backend parameters, the user's
   settings that won, why each choice was made, and warnings about user settings
   known to be slow. The user's UCX_* environment variables and backend_params
-  always win over ferry's choice.
+  always win over ferry's choice. Where CUDA transports start, shared memory is
+  ``posix,sysv`` without ``cma`` (a CPU copy between processes, suspected of
+  halving pushes into another process's GPU; ``cma=True`` gives ``sm``).
 
 Invariants: nothing here imports NIXL or loads UCX into this process; ``choose``
 reads no state besides its arguments.
@@ -304,7 +306,8 @@ def _pick_tls(probe: Probe, peers: str, cma: bool | None) -> tuple[list[str], li
             reasons.append(f"{','.join(shm_names)} without cma: shared memory for messages; cma (a CPU copy "
                            "between processes) is left out where GPUs are, so that a push from pinned host "
                            "memory into another process's GPU takes cuda_ipc rather than cma + a staged copy "
-                           "(WRITE_PATH in scripts/gpu-nixl-write tests this; agent(cma=True) puts it back)")
+                           "(suspected, issue 25: scripts/gpu-nixl-write's default and cma runs compare; "
+                           "agent(cma=True) puts it back)")
     if peers in ("any", "remote"):
         if probe.verbs:
             remote.append("ib")

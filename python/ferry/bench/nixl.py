@@ -12,7 +12,7 @@ nvidia-smi numbers them).
 Settings compared in one run: `ferry` (ferry.nixl.agent: UCX transports and
 options chosen for this machine) beside `nixl` (ferry.nixl.make_agent: NIXL's
 own UCX defaults, what NIXL's examples give), the baseline. Every case is
-verified: B's memory is poisoned before each transfer, then every block is
+verified: B's memory is poisoned before each case, then every block is
 compared with A's bytes. GB/s = bytes of one transfer / median seconds (post to
 done, --iters timed transfers after one untimed).
 
