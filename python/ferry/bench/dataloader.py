@@ -103,6 +103,11 @@ def run_case(loader_name: str, dtype: str, shape, workers: int, seconds: float, 
     batches = 0
     warm = 2 * workers * prefetch  # the first windows: workers starting, slots being made
     start = cpu0 = None
+    profile = None
+    if os.environ.get("FERRY_BENCH_PROFILE"):  # where the main process's time goes (cProfile, top 25 to stderr)
+        import cProfile
+
+        profile = cProfile.Profile()
     for x in it:
         x = x if x.is_cuda else x.to(dev, non_blocking=True)
         if len(sums) < SAMPLED:
@@ -112,12 +117,19 @@ def run_case(loader_name: str, dtype: str, shape, workers: int, seconds: float, 
             torch.cuda.synchronize()
             start, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             counted = 0
+            if profile:
+                profile.enable()
         elif start is not None:
             counted += 1
             if counted % 16 == 0 and time.perf_counter() - start >= seconds:
                 break
     torch.cuda.synchronize()
     wall = time.perf_counter() - start
+    if profile:
+        import pstats
+
+        profile.disable()
+        pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     del it
     nbytes = batch * int(torch.tensor([], dtype=getattr(torch, dtype)).element_size())

@@ -35,7 +35,7 @@ def _release_after_cpu_use(slots: SlotPool, slot: Slot) -> None:
     event = None
     try:
         if torch.cuda.is_initialized():
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)
             event.record()
     except Exception:  # pragma: no cover - a finalizer must not raise
         event = None
@@ -102,7 +102,7 @@ class Delivery:
 
         with torch.cuda.stream(self._stream):
             tree = map_leaves(batch.tree, copy, _is_leaf)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)  # a wait for a slot sleeps instead of spinning a core
             event.record(self._stream)
         current.wait_event(event)
         for t in outs:
