@@ -337,3 +337,18 @@ def test_device_batches_are_ordered_on_the_current_stream():
     torch.cuda.synchronize()
     expected = sum(ds[i][0].double().sum() for i in range(64))
     assert torch.isclose(total.cpu(), expected.to(torch.float64))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batches", "garbage"], "--batches: bad batch"),
+    (["--batches", "uint8:0x3"], "--batches: bad batch"),
+    (["--workers", "0"], "--workers"),
+    (["--workers", "x"], "--workers"),
+    (["--seconds", "0"], "--seconds"),
+])
+def test_bench_dataloader_checks_arguments_first(args, message):
+    """A typo is caught on any machine, before the 'needs a CUDA device' waiver."""
+    r = subprocess.run([sys.executable, "-m", "ferry", "bench", "dataloader", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr
