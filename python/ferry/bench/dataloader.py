@@ -155,6 +155,8 @@ class DataLoaderSuite(Suite):
         p.add_argument("--workers", default="8,14", help="worker counts (default 8,14)")
         p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per case (default 3)")
         p.add_argument("--prefetch", type=int, default=2, help="prefetch_factor (default 2, PyTorch's)")
+        p.add_argument("--loaders", default=",".join(LOADERS),
+                       help=f"which loaders, comma-separated (default {','.join(LOADERS)})")
         p.add_argument("--case", help=argparse_suppress())
 
     def check_arguments(self, args):
@@ -162,6 +164,10 @@ class DataLoaderSuite(Suite):
 
         args.batch_list = parse_batches(args.batches)
         args.worker_list = parse_workers(args.workers)
+        args.loader_list = [x.strip() for x in args.loaders.split(",")]
+        unknown = [x for x in args.loader_list if x not in LOADERS]
+        if unknown or not args.loader_list:
+            raise InvalidArgumentError(f"--loaders: unknown {unknown}; known: {', '.join(LOADERS)}")
         if not args.seconds > 0 or args.prefetch < 1:
             raise InvalidArgumentError("--seconds must be > 0 and --prefetch >= 1")
 
@@ -184,7 +190,7 @@ class DataLoaderSuite(Suite):
         for dtype, shape in args.batch_list:
             for workers in args.worker_list:
                 got = {}
-                for name in LOADERS:
+                for name in args.loader_list:
                     progress(f"{name}: {dtype} {'x'.join(map(str, shape))}, {workers} workers")
                     case = json.dumps({"loader": name, "dtype": dtype, "shape": shape, "workers": workers})
                     r = subprocess.run([sys.executable, "-m", "ferry.bench.dataloader", "--case", case,
