@@ -201,6 +201,7 @@ def test_pool_sanity_and_uvm_records():
     ttp = [{"method": m, "nbytes": n, "seconds": rng.uniform(0.1, 1), "pinned_bytes": n}
            for m in ("cudaHostAlloc", "ferry-target", "ferry-target+alloc")]
     ttp[2]["alloc_seconds"] = 0.001
+    ttp[1]["runs_seconds"] = sorted([ttp[1]["seconds"], 0.05, 1.5])
     results = {
         "time_to_pinned": ttp,
         "recycle": [{"nbytes": 4096, "ferry_median_us": 0.5, "ferry_p99_us": 1.0, "cuda_median_us": 300.0}],
@@ -217,6 +218,8 @@ def test_pool_sanity_and_uvm_records():
     t = find(items, "ferry-target", "time")
     assert t["ratio"] == pytest.approx(ttp[1]["seconds"] / ttp[0]["seconds"])  # below 1: faster
     assert find(items, "ferry-target+alloc", "alloc_time")["value"] == 0.001
+    assert (find(items, "ferry-target", "time_min")["value"], find(items, "ferry-target", "time_max")["value"]) == (
+        0.05, 1.5)
     assert find(items, "ferry pool alloc+free", "latency_median")["ratio"] == pytest.approx(0.5 / 300.0)
     assert find(items, "ferry pool.alloc+del", "latency_p99")["ratio"] == pytest.approx(3.0 / 9.0)
     assert find(items, "register thp", "time")["ratio"] == pytest.approx(0.2 / 0.35)

@@ -397,7 +397,8 @@ def print_tables(results: dict) -> None:
 def records(results: dict) -> list[dict]:
     """The run's records (bench/records.py), per table (params "table"):
       time_to_pinned: seconds until N bytes are pinned per method (metric time,
-        baseline cudaHostAlloc; the ferry-target+ rows' allocation time as
+        the median run, baseline cudaHostAlloc; time_min and time_max over the
+        runs; the ferry-target+ rows' allocation time as
         alloc_time; pinned bytes as pinned_bytes; a failed run as error);
       recycle: alloc+free microseconds, ferry's pool beside cudaHostAlloc+
         cudaFreeHost (latency_median, latency_p99);
@@ -416,6 +417,10 @@ def records(results: dict) -> list[dict]:
         for m, r in cases.items():
             if m.startswith("ferry-target+") and r.get("alloc_seconds") is not None:
                 out.add(m, "alloc_time", r["alloc_seconds"], "s", **params)
+            runs = r.get("runs_seconds") or []
+            if len(runs) > 1:  # the spread of the fresh processes
+                out.add(m, "time_min", min(runs), "s", **params)
+                out.add(m, "time_max", max(runs), "s", **params)
             if r.get("pinned_bytes"):
                 out.add(m, "pinned_bytes", r["pinned_bytes"], "B", **params)
             if r.get("error"):
