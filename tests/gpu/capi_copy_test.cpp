@@ -55,6 +55,21 @@ class CApiCopyGpu : public ::testing::Test {
 ferry_engine_t CApiCopyGpu::engine_ = nullptr;
 ferry_pool_t CApiCopyGpu::pinned_ = nullptr;
 
+// A copy handle released at the end of the scope unless the test released it
+// (a failed assertion must not leave a copy running into freed buffers).
+struct CopyHandle {
+  ferry_copy_t c = nullptr;
+  ~CopyHandle() {
+    if (c) ferry_copy_release(c);
+  }
+  // Releases now (the assertion is the caller's).
+  ferry_status_t release() {
+    const ferry_status_t s = ferry_copy_release(c);
+    c = nullptr;
+    return s;
+  }
+};
+
 enum class Host { pageable, registered, pinned };
 const char* name(Host h) { return h == Host::pageable ? "pageable" : h == Host::registered ? "registered" : "pinned"; }
 
@@ -175,10 +190,11 @@ TEST_F(CApiCopyGpu, AsyncCopyEveryStrategyOnAStream) {
   for (Host kind : {Host::pageable, Host::pinned})
     for (ferry_strategy_t asked : strategies) {
       const CopyFn copy = [&](void* dst, const void* src, size_t n) {
-        ferry_copy_t c = nullptr;
-        ASSERT_EQ(ferry_copy_async(engine_, dst, src, n, stream, asked, &c), FERRY_SUCCESS)
+        CopyHandle h;
+        ASSERT_EQ(ferry_copy_async(engine_, dst, src, n, stream, asked, &h.c), FERRY_SUCCESS)
             << "strategy " << asked << ": " << last();
-        ASSERT_NE(c, nullptr);
+        ASSERT_NE(h.c, nullptr);
+        ferry_copy_t c = h.c;
         ferry_strategy_t used = FERRY_STRATEGY_AUTO;
         FERRY_OK(ferry_copy_get_strategy(c, &used));
         if (asked == FERRY_STRATEGY_AUTO && kind == Host::pageable)
@@ -195,7 +211,7 @@ TEST_F(CApiCopyGpu, AsyncCopyEveryStrategyOnAStream) {
         FERRY_OK(ferry_copy_query(c, &done));
         EXPECT_EQ(done, 1) << "query after wait";
         EXPECT_EQ(cudaEventQuery(static_cast<cudaEvent_t>(event)), cudaSuccess) << "the copy's event after wait";
-        FERRY_OK(ferry_copy_release(c));
+        FERRY_OK(h.release());
       };
       for (size_t n : {size_t{3}, size_t{4097}, 9 * MiB + 3, 70 * MiB + 5}) {
         round_trip(kind, pinned_, n, 63, 1, seed++, copy);
@@ -220,19 +236,19 @@ TEST_F(CApiCopyGpu, TheCallersStreamIsOrderedAroundAnAsyncCopy) {
       unsigned char* pinned_back = nullptr;
       CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_back), n, cudaHostAllocDefault));
       fill_random(src.p, n, seed++);
-      ferry_copy_t c = nullptr;
-      ASSERT_EQ(ferry_copy_async(engine_, dev.p, src.p, n, stream, asked, &c), FERRY_SUCCESS) << last();
+      CopyHandle up, down;
+      ASSERT_EQ(ferry_copy_async(engine_, dev.p, src.p, n, stream, asked, &up.c), FERRY_SUCCESS) << last();
       CUDA_OK(cudaMemcpyAsync(pinned_back, dev.p, n, cudaMemcpyDeviceToHost, stream));
       CUDA_OK(cudaStreamSynchronize(stream));
       EXPECT_EQ(std::memcmp(pinned_back, src.p, n), 0) << "the stream did not wait for the copy";
-      FERRY_OK(ferry_copy_release(c));
+      FERRY_OK(up.release());
       // Down: new bytes reach the device through the stream just before the copy.
       fill_random(pinned_back, n, seed++);
       std::memset(dst.p, kHostPoison, n + kGuard);
       CUDA_OK(cudaMemcpyAsync(dev.p, pinned_back, n, cudaMemcpyHostToDevice, stream));
-      ASSERT_EQ(ferry_copy_async(engine_, dst.p, dev.p, n, stream, asked, &c), FERRY_SUCCESS) << last();
-      FERRY_OK(ferry_copy_wait(c));
-      FERRY_OK(ferry_copy_release(c));
+      ASSERT_EQ(ferry_copy_async(engine_, dst.p, dev.p, n, stream, asked, &down.c), FERRY_SUCCESS) << last();
+      FERRY_OK(ferry_copy_wait(down.c));
+      FERRY_OK(down.release());
       expect_host_holds(dst.p, 0, pinned_back, n);
       CUDA_OK(cudaFreeHost(pinned_back));
       if (HasFatalFailure()) return;
@@ -340,16 +356,16 @@ TEST_F(CApiCopyGpu, CopyManyFamilyMixedItems) {
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   auto async_with = [&](ferry_strategy_t strategy) -> ManyFn {
     return [&, strategy](auto& dsts, auto& srcs, auto& sizes) {
-      ferry_copy_t c = nullptr;
+      CopyHandle h;
       ASSERT_EQ(ferry_copy_many_async(engine_, dsts.data(), srcs.data(), sizes.data(), sizes.size(), stream,
-                                      strategy, &c),
+                                      strategy, &h.c),
                 FERRY_SUCCESS)
           << last();
-      FERRY_OK(ferry_copy_wait(c));
+      FERRY_OK(ferry_copy_wait(h.c));
       int done = 0;
-      FERRY_OK(ferry_copy_query(c, &done));
+      FERRY_OK(ferry_copy_query(h.c, &done));
       EXPECT_EQ(done, 1);
-      FERRY_OK(ferry_copy_release(c));
+      FERRY_OK(h.release());
     };
   };
   const std::pair<const char*, ManyFn> calls[] = {
@@ -370,12 +386,13 @@ TEST_F(CApiCopyGpu, CopyManyFamilyMixedItems) {
       {"ferry_copy_many_async, sm", async_with(FERRY_STRATEGY_SM)},
       {"ferry_copy_batch_async (the earlier name)",
        [&](auto& dsts, auto& srcs, auto& sizes) {
-         ferry_copy_t c = nullptr;
-         ASSERT_EQ(ferry_copy_batch_async(engine_, dsts.data(), srcs.data(), sizes.data(), sizes.size(), stream, &c),
-                   FERRY_SUCCESS)
+         CopyHandle h;
+         ASSERT_EQ(
+             ferry_copy_batch_async(engine_, dsts.data(), srcs.data(), sizes.data(), sizes.size(), stream, &h.c),
+             FERRY_SUCCESS)
              << last();
-         FERRY_OK(ferry_copy_wait(c));
-         FERRY_OK(ferry_copy_release(c));
+         FERRY_OK(ferry_copy_wait(h.c));
+         FERRY_OK(h.release());
        }},
   };
   uint64_t seed = 5000;
@@ -389,7 +406,7 @@ TEST_F(CApiCopyGpu, CopyManyFamilyMixedItems) {
 }
 
 TEST_F(CApiCopyGpu, BadArgumentsAreRefusedAndChangeNothing) {
-  const size_t n = 2 * MiB + 1;
+  const size_t n = 2 * MiB;  // whole pages of the allocation granularity: the allocation ends at dev.p + n
   HostBuffer host(n);
   DeviceBuffer dev(n), other(n);
   fill_random(host.p, n, 6000);
@@ -398,22 +415,22 @@ TEST_F(CApiCopyGpu, BadArgumentsAreRefusedAndChangeNothing) {
     EXPECT_EQ(s, FERRY_ERROR_INVALID_ARGUMENT) << text << ": " << last();
     EXPECT_NE(last().find(text), std::string::npos) << last();
   };
-  ferry_copy_t c = nullptr;
+  CopyHandle c;  // stays empty: every call below is refused
   refused(ferry_copy(engine_, dev.p, host.p, 0), "copy of 0 bytes");
   refused(ferry_copy(engine_, nullptr, host.p, n), "dst must not be NULL");
   refused(ferry_copy(engine_, host.p + n, host.p, n), "is device memory");  // host to host
   refused(ferry_copy(engine_, dev.p + 1, dev.p, n - 1), "overlap");
   refused(ferry_copy(engine_, dev.p + 1, host.p, n), "the device allocation holds");
-  refused(ferry_copy_async(engine_, dev.p, host.p, n, nullptr, static_cast<ferry_strategy_t>(42), &c), "strategy=42");
-  EXPECT_EQ(c, nullptr);
+  refused(ferry_copy_async(engine_, dev.p, host.p, n, nullptr, static_cast<ferry_strategy_t>(42), &c.c), "strategy=42");
+  EXPECT_EQ(c.c, nullptr);
   refused(ferry_copy_async(engine_, dev.p, host.p, n, nullptr, FERRY_STRATEGY_AUTO, nullptr), "out must not be NULL");
   // copy_many checks every item before any work: item 0 is good and must not have been copied.
   void* dsts[4] = {dev.p, other.p, nullptr, other.p + 4096};
   const void* srcs[4] = {host.p, host.p + 4096, host.p, host.p};
   size_t sizes[4] = {4096, 4096, 4096, 4096};
   refused(ferry_copy_many(engine_, dsts, srcs, sizes, 4, nullptr), "item 2 of 4");
-  refused(ferry_copy_many_async(engine_, dsts, srcs, sizes, 4, nullptr, FERRY_STRATEGY_AUTO, &c), "item 2 of 4");
-  refused(ferry_copy_batch_async(engine_, dsts, srcs, sizes, 4, nullptr, &c), "item 2 of 4");
+  refused(ferry_copy_many_async(engine_, dsts, srcs, sizes, 4, nullptr, FERRY_STRATEGY_AUTO, &c.c), "item 2 of 4");
+  refused(ferry_copy_batch_async(engine_, dsts, srcs, sizes, 4, nullptr, &c.c), "item 2 of 4");
   refused(ferry_copy_many(engine_, dsts, srcs, sizes, 0, nullptr), "no items");
   refused(ferry_copy_many(engine_, nullptr, srcs, sizes, 1, nullptr), "dsts must not be NULL");
   std::vector<unsigned char> back(4096);
@@ -436,14 +453,15 @@ TEST_F(CApiCopyGpu, RegistrationPinsUntilUnregistered) {
     EXPECT_TRUE(registered(p) && registered(p + n - 1));
     // Copies from and to it go straight to the DMA engine.
     DeviceBuffer dev(n);
-    ferry_copy_t c = nullptr;
-    FERRY_OK(ferry_copy_async(engine_, dev.p, p, n, nullptr, FERRY_STRATEGY_AUTO, &c));
+    CopyHandle h;
+    FERRY_OK(ferry_copy_async(engine_, dev.p, p, n, nullptr, FERRY_STRATEGY_AUTO, &h.c));
+    ferry_copy_t c = h.c;
     ferry_strategy_t used = FERRY_STRATEGY_AUTO;
     FERRY_OK(ferry_copy_get_strategy(c, &used));
     EXPECT_EQ(used, FERRY_STRATEGY_DIRECT);
     FERRY_OK(ferry_copy_wait(c));
-    FERRY_OK(ferry_copy_release(c));
-    EXPECT_EQ(ferry_copy_release(c), FERRY_ERROR_INVALID_ARGUMENT);
+    FERRY_OK(h.release());
+    EXPECT_EQ(ferry_copy_release(c), FERRY_ERROR_INVALID_ARGUMENT);  // released twice
     EXPECT_NE(last().find("was destroyed"), std::string::npos) << last();
     expect_device_equals(dev.p, p, n);
     FERRY_OK(ferry_unregister(r));
