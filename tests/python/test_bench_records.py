@@ -280,3 +280,29 @@ def test_ferry_bench_json_runs_several_suites_into_one_file(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ferry", "bench", "thp,warp-drive"], capture_output=True, text=True,
                        env=env, timeout=300)
     assert r.returncode == 2 and "unknown bench suite 'warp-drive'" in r.stderr
+
+
+def test_small_runs_on_a_gpu_write_records_of_their_measurements(gpu, tmp_path):
+    """On a device: blocks, latency and thp, small, into one file; every figure a
+    positive number, every ferry figure compared with its baseline."""
+    out = str(tmp_path / "bench.json")
+    assert blocks.main(["--blocks", "64x16K,8x1M", "--iterations", "3", "--json", out]) == 0
+    assert latency.main(["--iterations", "50", "--json", out]) == 0
+    assert thp.main(["--size", "8M", "--iterations", "2", "--json", out]) == 0
+    data = json.loads(open(out).read())
+    assert set(data["suites"]) == {"blocks", "latency", "thp"}
+    assert all(s["waived"] is None for s in data["suites"].values())
+    by_suite = {}
+    for r in data["records"]:
+        by_suite.setdefault(r["suite"], []).append(r)
+    for suite, items in by_suite.items():
+        check_records(items, suite)
+    b = by_suite["blocks"]
+    assert len(b) == 2 * 2 * len(blocks.CASES)  # two cases, two directions
+    for r in b:
+        assert r["unit"] == "GB/s" and r["value"] > 0
+        assert (r["baseline"] is None) == (r["case"] == "cudaMemcpyAsync loop")
+    lat = [r for r in by_suite["latency"] if r["metric"] == "latency_median" and r["case"] == "ferry channel"]
+    assert len(lat) == 2 * len(latency.SIZES) and all(r["value"] > 0 and r["ratio"] > 0 for r in lat)
+    t = [r for r in by_suite["thp"] if r["case"] == "ferry pageable"]
+    assert {r["params"]["direction"] for r in t} == {"h2d", "d2h"} and all(r["ratio"] > 0 for r in t)
