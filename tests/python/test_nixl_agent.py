@@ -324,7 +324,8 @@ def test_bench_nixl_host_memory_run(nixl_installed, tmp_path):
                     "--iters", "2", "--timeout", "60", "--json", str(out)])
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(out.read_text())
-    recs = doc["results"]["records"]
+    recs = doc["records"]
+    assert set(doc["suites"]) == {"nixl"} and len(doc["details"]["nixl"]["rows"]) == 2 * 2 * 2  # ops, sizes, settings
     assert {r["case"] for r in recs} == {"read 64 KiB", "write 64 KiB", "read 1 MiB", "write 1 MiB"}
     assert all(r["params"]["verified"] and r["value"] > 0 and r["baseline"] > 0 for r in recs)
     assert "NIXL defaults" in r.stdout and "ferry.nixl.agent" in r.stdout
