@@ -77,6 +77,8 @@ def test_a_missing_peer_is_not_installed_and_never_raises():
 
 
 def test_records_have_one_shape_and_ferry_carries_its_baselines():
+    from test_bench_records import check_records, find
+
     cp = {"preset": "moe", "files": 8, "bytes": 10, "tensors": 3, "layers": 1, "hidden": 2, "intermediate": 1,
           "experts": 1, "dtype": "bf16", "dtypes": ["bf16", "f32"]}
     results = {"checkpoint": cp,
@@ -90,16 +92,20 @@ def test_records_have_one_shape_and_ferry_carries_its_baselines():
                "transformers": {"from_pretrained_s": 0.6, "from_config_s": 0.1, "load_safetensors_s": 0.2,
                                 "verified": True, "bytes": 1, "files": 1}}
     recs = bl.records(results)
-    assert all(set(r) == {"suite", "case", "params", "metric", "value", "unit", "baseline", "ratio"} for r in recs)
-    assert all(r["suite"] == "load" for r in recs)
-    json.dumps(recs)
-    rate = {(r["case"], r["params"]["path"]): r for r in recs if r["metric"] == "load rate"}
-    w = rate[("moe warm", "ferry")]
+    check_records(recs, "load")
+    w = find(recs, "ferry", cache="warm")
     assert w["baseline"] == 40.0 and w["ratio"] == pytest.approx(1.2)
-    assert rate[("moe warm", "InstantTensor MMAP")]["baseline"] is None
-    c = rate[("moe cold", "ferry")]
+    assert w["params"]["baseline_case"] == "tensorizer (num_readers 16)" and w["params"]["preset"] == "moe"
+    assert find(recs, "InstantTensor MMAP", cache="warm")["baseline"] is None
+    c = find(recs, "ferry", cache="cold")
     assert c["baseline"] == 1.5 and c["ratio"] == pytest.approx(1.4 / 1.5)
-    outside = [r for r in recs if r["metric"] == "time outside the loader"]
-    assert len(outside) == 1 and outside[0]["value"] == pytest.approx(4.0) and outside[0]["unit"] == "ms"
-    tr = [r for r in recs if r["case"] == "moe transformers"]
-    assert tr and tr[0]["value"] == pytest.approx(0.3) and tr[0]["baseline"] == 0.6
+    assert find(recs, "ferry", "time_outside_loader", cache="warm")["value"] == pytest.approx(4.0)
+    assert find(recs, "ferry", "host_memory_added", cache="warm")["value"] == pytest.approx(2.0)
+    tr = find(recs, "from_config + load_safetensors", "time")
+    assert tr["value"] == pytest.approx(0.3) and tr["baseline"] == 0.6
+
+
+def test_bench_load_writes_its_records_under_its_key():
+    import inspect
+
+    assert "write_json(args.json, self.key, rec" in inspect.getsource(bl)

@@ -39,6 +39,7 @@ import time
 
 from ..measure import median
 from ..units import MiB, parse_size
+from .records import Records
 from .report import progress, table, write_json
 from .suite import Suite
 
@@ -532,7 +533,10 @@ class LoadSuite(Suite):
         directory = args.dir or tempfile.mkdtemp(prefix="ferry-bench-load-")
         os.makedirs(directory, exist_ok=True)
         try:
-            return _run(args, torch, tensors, directory)
+            status = _run(args, torch, tensors, directory)
+            rec = records(args.results)
+            write_json(args.json, self.key, rec, details=args.results)
+            return status
         finally:
             args.loaders.clear()  # frees ferry's pinned staging
             if not args.keep:
@@ -615,7 +619,7 @@ def _run(args, torch, tensors, directory) -> int:
         except Exception as e:  # noqa: BLE001
             results["transformers"] = {"failed": f"{type(e).__name__}: {e}"}
     print_report(results, nbytes)
-    write_json(args.json, LoadSuite.key, {"records": records(results), "details": results})
+    args.results = results  # LoadSuite.run writes them
     return 0 if all(r.get("verified", True) for part in ("warm", "cold") for r in results[part].values()) else 1
 
 
@@ -627,38 +631,38 @@ def _is_ferry(label: str) -> bool:
 
 
 def records(results: dict) -> list[dict]:
-    """The run as records {suite, case, params, metric, value, unit, baseline,
-    ratio}: per path and case (warm, cold) its GB/s; ferry's rows have the
-    best other path of the same case as baseline (warm) or the file's
-    sequential read rate (cold); the others' baseline is null."""
+    """The run as records (bench/records.py): per path (the case) and page
+    cache state (params cache: warm or cold) its bandwidth, the host memory
+    it added and, for ferry, the time spent outside the loader (catalog,
+    tensors, ranges). ferry's warm bandwidth has the best other path of the
+    run as baseline, its cold one the file's sequential read rate; transformers:
+    from_config + load_safetensors against from_pretrained, in seconds."""
     cp = results["checkpoint"]
-    out = []
-
-    def add(case, path, metric, value, unit, baseline=None, **params):
-        out.append({"suite": LoadSuite.key, "case": f"{cp['preset']} {case}",
-                    "params": {"path": path, "checkpoint": cp, **params}, "metric": metric, "value": value,
-                    "unit": unit, "baseline": baseline,
-                    "ratio": value / baseline if value is not None and baseline else None})
-
-    for case in ("warm", "cold"):
-        rows = {k: v for k, v in results[case].items() if "gb_per_s" in v}
-        peers = [v["gb_per_s"] for k, v in rows.items() if not _is_ferry(k) and k != SEQUENTIAL_READ
-                 and not k.startswith("parallel O_DIRECT")]
-        best_peer = max(peers, default=None)
-        seq = rows.get(SEQUENTIAL_READ, {}).get("gb_per_s")
+    common = {"preset": cp["preset"], "checkpoint_bytes": cp["bytes"], "tensors": cp["tensors"], "files": cp["files"],
+              "dtypes": "/".join(cp["dtypes"])}
+    out = Records(LoadSuite.key)
+    for cache in ("warm", "cold"):
+        rows = {k: v for k, v in results[cache].items() if "gb_per_s" in v}
+        peers = {k: v["gb_per_s"] for k, v in rows.items() if not _is_ferry(k) and k != SEQUENTIAL_READ
+                 and not k.startswith("parallel O_DIRECT")}
+        best_peer = max(peers, key=peers.get) if peers else None
+        base_case = best_peer if cache == "warm" else (SEQUENTIAL_READ if SEQUENTIAL_READ in rows else None)
         for label, r in rows.items():
-            base = (best_peer if case == "warm" else seq) if _is_ferry(label) else None
-            add(case, label, "load rate", r["gb_per_s"], "GB/s", base, verified=r.get("verified"))
+            base = base_case if _is_ferry(label) and base_case else None
+            out.add(label, "bandwidth", r["gb_per_s"], "GB/s", baseline=rows[base]["gb_per_s"] if base else None,
+                    baseline_case=base, cache=cache, verified=r.get("verified"), **common)
             if "host_added_bytes" in r:
-                add(case, label, "host memory added", r["host_added_bytes"] / MiB, "MiB")
+                out.add(label, "host_memory_added", r["host_added_bytes"] / MiB, "MiB", cache=cache, **common)
             if "outside_s" in r.get("loader", {}):
-                add(case, label, "time outside the loader", r["loader"]["outside_s"] * 1e3, "ms")
+                out.add(label, "time_outside_loader", r["loader"]["outside_s"] * 1e3, "ms", cache=cache, **common)
     tr = results.get("transformers")
     if tr and "failed" not in tr:
-        add("transformers", "from_config + ferry load_safetensors", "seconds", tr["from_config_s"] +
-            tr["load_safetensors_s"], "s", tr["from_pretrained_s"], verified=tr["verified"],
-            baseline_path="from_pretrained(device_map=cuda)")
-    return out
+        out.add("from_config + load_safetensors", "time", tr["from_config_s"] + tr["load_safetensors_s"], "s",
+                baseline=tr["from_pretrained_s"], baseline_case="from_pretrained(device_map=cuda)",
+                verified=tr["verified"], model_bytes=tr["bytes"], files=tr["files"])
+        out.add("from_pretrained(device_map=cuda)", "time", tr["from_pretrained_s"], "s", model_bytes=tr["bytes"],
+                files=tr["files"])
+    return out.items
 
 
 def print_report(results: dict, nbytes: int) -> None:
