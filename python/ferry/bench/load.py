@@ -36,7 +36,7 @@ import time
 from ..measure import median
 from ..units import parse_size
 from .report import progress, table, write_json
-from .suite import Suite
+from .suite import Suite, int_at_least, size
 
 MiB = 1 << 20
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -387,21 +387,21 @@ class LoadSuite(Suite):
     def add_arguments(self, p):
         p.add_argument("--dir", help="where to write the checkpoint (default: a new directory under $TMPDIR)")
         p.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
-        p.add_argument("--layers", type=int, default=12, help="layers (default: %(default)s)")
-        p.add_argument("--hidden", type=int, default=4096, help="hidden size (default: %(default)s)")
-        p.add_argument("--intermediate", type=int, default=11008, help="MLP size (default: %(default)s)")
+        p.add_argument("--layers", type=int_at_least(1), default=12, help="layers (default: %(default)s)")
+        p.add_argument("--hidden", type=int_at_least(1), default=4096, help="hidden size (default: %(default)s)")
+        p.add_argument("--intermediate", type=int_at_least(1), default=11008, help="MLP size (default: %(default)s)")
         p.add_argument("--dtype", choices=sorted(_ST_DTYPES), default="bf16", help="(default: %(default)s)")
-        p.add_argument("--shards", type=int, default=1, help="files (default: %(default)s)")
-        p.add_argument("--repeats", type=int, default=3, help="timed warm loads per path (default: %(default)s)")
+        p.add_argument("--shards", type=int_at_least(1), default=1, help="files (default: %(default)s)")
+        p.add_argument("--repeats", type=int_at_least(1), default=3, help="timed warm loads per path (default: %(default)s)")
         p.add_argument("--mapped-shares", type=_shares, default=[0.0],
                        help="ferry rows: shares DMA'd from registered file pages, e.g. 0,0.25,0.5 (default: 0)")
-        p.add_argument("--staging", default="512M", help="ferry's pinned staging (default: %(default)s)")
-        p.add_argument("--threads", type=int, default=0, help="ferry's reader threads; 0 = one per core (max 16)")
+        p.add_argument("--staging", type=size, default="512M", help="ferry's pinned staging (default: %(default)s)")
+        p.add_argument("--threads", type=int_at_least(0), default=0, help="ferry's reader threads; 0 = one per core (max 16)")
         p.add_argument("--no-cold", action="store_true", help="skip the cold (page cache dropped) runs")
         p.add_argument("--cold-shares", type=_shares, default=None,
                        help="mapped shares of the cold ferry rows (default: the first of --mapped-shares)")
         p.add_argument("--only", action="append", help="only paths whose label contains this (repeatable)")
-        p.add_argument("--transformers", type=int, default=0, metavar="LAYERS",
+        p.add_argument("--transformers", type=int_at_least(0), default=0, metavar="LAYERS",
                        help="also time a bf16 Llama (hidden 2048) of LAYERS layers: from_pretrained vs ferry")
 
     def waived(self, args):
