@@ -22,7 +22,7 @@ import os
 import traceback
 
 from ..errors import InvalidArgumentError
-from ..load import Loader, default_loader, parse_shard_index, read_safetensors_header
+from ..load import Loader, default_loader, read_safetensors_header, read_shard_index
 from ._torch import torch_module as _torch
 
 # safetensors dtype -> name of the torch dtype (absent: PyTorch has none)
@@ -77,10 +77,8 @@ def _resolve(paths) -> tuple[list[str], dict]:
     weight_map: dict[str, str] = {}
 
     def add_index(path: str) -> None:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read()
         base = os.path.dirname(path)
-        for tensor, shard in parse_shard_index(text, path):
+        for tensor, shard in read_shard_index(path):  # bounded; a FIFO or device is refused, never waited on
             shard_path = os.path.join(base, shard)
             if weight_map.get(tensor, shard_path) != shard_path:
                 raise InvalidArgumentError(
