@@ -60,7 +60,10 @@ nb::dict stats_dict(const cuda::LoadStats& s) {
   d["unregister_seconds"] = s.unregister_seconds;
   d["staging_bytes"] = s.staging_bytes;
   d["threads"] = s.threads;
-  d["notes"] = s.notes;
+  nb::list notes;  // they may name files that are not UTF-8: such bytes appear as \xNN
+  for (const std::string& n : s.notes)
+    notes.append(nb::steal(PyUnicode_DecodeUTF8(n.data(), static_cast<Py_ssize_t>(n.size()), "backslashreplace")));
+  d["notes"] = notes;
   return d;
 }
 
