@@ -11,12 +11,21 @@
 namespace ferry::os {
 
 int open_for_reading(const char* path, bool direct, int* fd_out) noexcept {
-  int flags = O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0);
+  // O_NONBLOCK: open() of a FIFO would wait for a writer for ever (a FIFO
+  // among a checkpoint's shards hung the load). Cleared at once: reads of the
+  // regular file the caller then checks for (regular_file_size) block as usual.
+  int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (direct ? O_DIRECT : 0);
   int fd;
   do {
     fd = ::open(path, flags);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return errno;
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return err;
+  }
   *fd_out = fd;
   return 0;
 }

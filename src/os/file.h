@@ -17,8 +17,9 @@ namespace ferry::os {
 // up to 4Kn, and the page size.
 constexpr size_t kDirectIoAlignment = 4096;
 
-// open(path, O_RDONLY | O_CLOEXEC [| O_DIRECT]). A file system without
-// O_DIRECT (tmpfs) gives EINVAL.
+// open(path, O_RDONLY | O_CLOEXEC [| O_DIRECT]), never waiting: a FIFO opens
+// at once (O_NONBLOCK, cleared after the open), for regular_file_size to
+// refuse. A file system without O_DIRECT (tmpfs) gives EINVAL.
 int open_for_reading(const char* path, bool direct, int* fd_out) noexcept;
 
 // fstat: the size of a regular file; EISDIR for a directory, EINVAL for

@@ -41,7 +41,7 @@ from ..measure import median
 from ..units import MiB, parse_size
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite
+from .suite import Suite, int_at_least, size
 
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 _ST_DTYPES = {"bf16": ("BF16", "bfloat16", 2), "f16": ("F16", "float16", 2), "f32": ("F32", "float32", 4)}
@@ -496,19 +496,19 @@ class LoadSuite(Suite):
                        help="the checkpoint: dense (12 Llama layers, 4.86 GB, 108 tensors) or moe (12 layers of 64 "
                             "experts, 5.24 GB, 2,388 tensors of 2 MiB, mixed dtypes, 8 shards); the options below "
                             "change it (default: %(default)s)")
-        p.add_argument("--layers", type=int, help="layers (dense and moe: 12)")
-        p.add_argument("--hidden", type=int, help="hidden size (dense: 4096, moe: 2048)")
-        p.add_argument("--intermediate", type=int, help="MLP size, of each expert with --experts (dense: 11008, moe: 512)")
-        p.add_argument("--experts", type=int, help="experts per layer, 0 for a dense MLP (dense: 0, moe: 64)")
+        p.add_argument("--layers", type=int_at_least(1), help="layers (dense and moe: 12)")
+        p.add_argument("--hidden", type=int_at_least(1), help="hidden size (dense: 4096, moe: 2048)")
+        p.add_argument("--intermediate", type=int_at_least(1), help="MLP size, of each expert with --experts (dense: 11008, moe: 512)")
+        p.add_argument("--experts", type=int_at_least(0), help="experts per layer, 0 for a dense MLP (dense: 0, moe: 64)")
         p.add_argument("--dtype", choices=sorted(_ST_DTYPES), default="bf16",
                        help="dtype of the matrices (default: %(default)s; moe keeps router and norms in f32)")
-        p.add_argument("--shards", type=int, help="files (dense: 1, moe: 8)")
-        p.add_argument("--repeats", type=int, default=3, help="timed warm loads per path (default: %(default)s)")
-        p.add_argument("--staging", default="512M", help="ferry's pinned staging (default: %(default)s)")
-        p.add_argument("--threads", type=int, default=0, help="ferry's reader threads; 0 = one per core (max 16)")
+        p.add_argument("--shards", type=int_at_least(1), help="files (dense: 1, moe: 8)")
+        p.add_argument("--repeats", type=int_at_least(1), default=3, help="timed warm loads per path (default: %(default)s)")
+        p.add_argument("--staging", type=size, default="512M", help="ferry's pinned staging (default: %(default)s)")
+        p.add_argument("--threads", type=int_at_least(0), default=0, help="ferry's reader threads; 0 = one per core (max 16)")
         p.add_argument("--no-cold", action="store_true", help="skip the cold (page cache dropped) runs")
         p.add_argument("--only", action="append", help="only paths whose label contains this (repeatable)")
-        p.add_argument("--transformers", type=int, default=0, metavar="LAYERS",
+        p.add_argument("--transformers", type=int_at_least(0), default=0, metavar="LAYERS",
                        help="also time a bf16 Llama (hidden 2048) of LAYERS layers: from_pretrained vs ferry")
 
     def waived(self, args):
@@ -525,7 +525,6 @@ class LoadSuite(Suite):
     def run(self, args) -> int:
         import torch
 
-        args.staging = parse_size(args.staging)
         args.loaders = {}
         apply_preset(args)
         tensors = checkpoint_tensors(args)
