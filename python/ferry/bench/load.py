@@ -38,7 +38,7 @@ import threading
 import time
 
 from ..measure import median
-from ..units import MiB, parse_size
+from ..units import MiB
 from .records import Records
 from .report import progress, table, write_json
 from .suite import Suite, int_at_least, size
