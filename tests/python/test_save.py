@@ -229,16 +229,26 @@ def test_bad_input(tmp_path):
 
 
 def test_read_only_directory(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root writes into read-only directories")
+    """EROFS (a read-only mount: root ignores permission bits) or EACCES."""
     d = tmp_path / "ro"
     d.mkdir()
-    d.chmod(0o555)
-    try:
-        with pytest.raises(OSLayerError, match="ro/x.safetensors"):
-            ft.save_safetensors({"a": torch.zeros(4)}, d / "x.safetensors")
-    finally:
-        d.chmod(0o755)
+    if os.geteuid() != 0:
+        d.chmod(0o555)
+        try:
+            with pytest.raises(OSLayerError, match="ro/x.safetensors"):
+                ft.save_safetensors({"a": torch.zeros(4)}, d / "x.safetensors")
+        finally:
+            d.chmod(0o755)
+        return
+    child = ("import torch, ferry.torch as ft\nfrom ferry.errors import OSLayerError\n"
+             f"try: ft.save_safetensors({{'a': torch.zeros(4)}}, '{d}/x.safetensors')\n"
+             "except OSLayerError as e: print('ERRNO', e.errno, e)\n")
+    script = f"mount -t tmpfs -o ro,size=1m tmpfs {d} && {sys.executable} -c \"$CHILD\""
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "CHILD": child})
+    if "mount:" in r.stderr or "unshare:" in r.stderr:
+        pytest.skip(f"cannot mount a read-only tmpfs: {r.stderr.strip()}")
+    assert "ERRNO 30 " in r.stdout and f"{d}/x.safetensors" in r.stdout, r.stdout + r.stderr
 
 
 def test_existing_file_kept_on_error(tmp_path):
