@@ -291,7 +291,7 @@ def test_full_disk_tmpfs(tmp_path):
     r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120)
     if "mount:" in r.stderr or "unshare:" in r.stderr:
         pytest.skip(f"cannot mount a private tmpfs: {r.stderr.strip()}")
-    assert f"ERRNO 28 " in r.stdout, r.stdout + r.stderr
+    assert "ERRNO 28 " in r.stdout, r.stdout + r.stderr
     assert f"{mnt}/model.safetensors" in r.stdout
     assert r.stdout.strip().endswith("LEFT keep"), r.stdout  # no temporary file, no final file
 
@@ -432,3 +432,31 @@ def test_gpu_snapshot(tmp_path, gpu):
     fut = s.save(tmp_path / "s.safetensors")
     fut.wait()
     check_file(str(tmp_path / "s.safetensors"), expect)
+
+
+def test_bench_save_cpu(tmp_path, capsys):
+    """`ferry bench save --device cpu`: the suite's code without a GPU; files verified."""
+    from ferry.bench import save as bench
+
+    out = tmp_path / "save.json"
+    rc = bench.main(["--device", "cpu", "--sets", "moe", "--scale", "0.1", "--repeats", "1", "--disk-bytes", "64M",
+                     "--savers", "ferry,save_file (GPU)", "--dir", str(tmp_path), "--json", str(out)])
+    assert rc == 0
+    records = json.loads(out.read_text())["results"]
+    cases = {r["case"] for r in records}
+    assert {"ferry save_safetensors", "ferry snapshot+save", "save_file (GPU)", "disk O_DIRECT write"} <= cases
+    for r in records:
+        assert set(r) == {"suite", "case", "params", "metric", "value", "unit", "baseline", "ratio"}
+        assert r["suite"] == "save"
+    assert "verified" in capsys.readouterr().out
+    assert [n for n in os.listdir(tmp_path) if n != "save.json"] == []
+
+
+def test_bench_save_arguments_checked_before_waiving(capsys):
+    from ferry.bench import save as bench
+
+    for argv in (["--scale", "0"], ["--sets", "dense"], ["--repeats", "-1"], ["--disk-bytes", "lots"],
+                 ["--dir", "/nonexistent-dir"], ["--savers", "pickle"]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(argv)
+        assert e.value.code == 2, argv
