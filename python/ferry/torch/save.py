@@ -126,8 +126,10 @@ def _span(it: Item):
 def resolve_shared(items: list[Item], shared: str) -> tuple[list[Item], dict]:
     """(items to write, metadata {dropped name: kept name}). Tensors whose
     bytes overlap are refused, unless they are the same tensor under several
-    names (tied weights) and shared="keep_one": then the first name in sorted
-    order is kept, as safetensors' save_model does."""
+    names (tied weights) and shared="keep_one": then the name that comes first
+    in the state dict is kept (a transformers model's input embedding, as
+    save_pretrained keeps it), the others recorded as safetensors' save_model
+    does."""
     if shared not in ("error", "keep_one"):
         raise InvalidArgumentError(f"shared={shared!r}: expected 'error' or 'keep_one'")
     spans = sorted(((_span(it), it) for it in items if it.nbytes), key=lambda x: (str(x[0][0]), x[0][1], x[0][2]))
@@ -140,11 +142,12 @@ def resolve_shared(items: list[Item], shared: str) -> tuple[list[Item], dict]:
         else:
             groups.append([it])
             end = (dev, e)
+    position = {it.name: i for i, it in enumerate(items)}
     dropped: dict[str, str] = {}
     for g in groups:
         if len(g) < 2:
             continue
-        names = sorted(it.name for it in g)
+        names = sorted((it.name for it in g), key=position.__getitem__)
         same = len({(_span(it), it.tensor.dtype, tuple(it.tensor.shape)) for it in g}) == 1
         if shared == "error" or not same:
             why = "tied weights" if same else "overlapping views of one storage"
@@ -452,9 +455,10 @@ def save_safetensors(obj, path, *, metadata=None, max_shard_size=None, durable: 
     its directory before it is renamed into place (False: atomic against a
     crash of the process, not of the machine). shared: tensors that share
     memory are refused ("error", safetensors' save_file rule); "keep_one" writes
-    tied weights (the same tensor under several names) once, under the first
-    name in sorted order, and records the others in the metadata as
-    {dropped: kept} (safetensors' save_model rule).
+    tied weights (the same tensor under several names) once, under the name
+    that comes first in obj (for a transformers model: the input embedding,
+    the one save_pretrained keeps), and records the others in the metadata as
+    {dropped: kept}, as safetensors' save_model does.
 
     GPU tensors are read on their device's current stream: work queued there
     before the call is saved; the call returns once the files are written, so
