@@ -5,7 +5,9 @@ The bytes go to a temporary file in the destination's directory
 the GIL, so several Python threads write at once); ``commit()`` fsyncs it
 (``durable=True``), renames it over the final name and fsyncs the directory.
 Until ``commit()`` returns, the final name holds what it held before (or
-nothing); ``abort()`` removes the temporary file. A crash leaves at most a
+nothing); ``abort()`` removes the temporary file. Several files that must
+change together (a checkpoint's shards and index) are each ``finish()``ed
+(written, fsynced), then ``publish()``ed (renamed) one after the other. A crash leaves at most a
 temporary file behind, never a damaged file under the final name.
 
 O_DIRECT: ``direct=True`` opens the temporary file with O_DIRECT where the file
@@ -109,8 +111,13 @@ class AtomicFile:
         os.close(old)
 
     def commit(self, length: int) -> None:
-        """Cut to `length` bytes, fsync (durable), rename over the final name,
-        fsync the directory (durable). On error the temporary file is removed."""
+        """finish(length), then publish(). On error the temporary file is removed."""
+        self.finish(length)
+        self.publish()
+
+    def finish(self, length: int) -> None:
+        """Cut to `length` bytes, fsync (durable) and close; the temporary file
+        stays under its name until publish(). On error it is removed."""
         try:
             try:
                 os.ftruncate(self.fd, length)
@@ -119,14 +126,20 @@ class AtomicFile:
             except OSError as e:
                 raise _os_error(e, self.path, "ftruncate/fsync") from e
             self._close()
-            try:
-                os.rename(self.temp_path, self.path)
-            except OSError as e:
-                raise _os_error(e, self.path, "rename") from e
         except BaseException:
             self.abort()
             raise
-        if self.durable:
+
+    def publish(self, fsync_dir: bool = True) -> None:
+        """Rename over the final name; fsync the directory (durable and
+        fsync_dir: several files of one directory fsync it once, after the
+        last). On error the temporary file is removed."""
+        try:
+            os.rename(self.temp_path, self.path)
+        except OSError as e:
+            self.abort()
+            raise _os_error(e, self.path, "rename") from e
+        if self.durable and fsync_dir:
             fsync_directory(os.path.dirname(self.path))
 
     def abort(self) -> None:

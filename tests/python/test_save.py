@@ -460,3 +460,33 @@ def test_bench_save_arguments_checked_before_waiving(capsys):
         with pytest.raises(SystemExit) as e:
             bench.main(argv)
         assert e.value.code == 2, argv
+
+
+def test_sharded_save_failing_midway_keeps_the_old_checkpoint(tmp_path):
+    """EFBIG on the last shard: the earlier save's shards and index stay as they were."""
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    child = textwrap.dedent(f"""
+        import sys, torch, ferry.torch as ft
+        from ferry.errors import OSLayerError
+        fill = int(sys.argv[1])
+        sd = {{f"t{{i}}": torch.full(((1 if i < 3 else 4) << 20,), fill, dtype=torch.uint8) for i in range(4)}}
+        try:
+            print("WROTE", ft.save_safetensors(sd, "{d}/model.safetensors", max_shard_size=1 << 20))
+        except OSLayerError as e:
+            print("ERRNO", e.errno, e)
+    """)
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, 3 << 20))
+
+    r = subprocess.run([sys.executable, "-c", child, "1"], capture_output=True, text=True, timeout=120)
+    assert "WROTE" in r.stdout, r.stdout + r.stderr
+    before = {n: (d / n).read_bytes() for n in os.listdir(d)}
+    assert len(before) == 5  # 4 shards and the index
+    # Shards of 1, 1, 1 and 4 MiB: the last is over the 3 MiB file size limit.
+    r = subprocess.run([sys.executable, "-c", child, "2"], capture_output=True, text=True, timeout=120,
+                       preexec_fn=limit)
+    assert "ERRNO 27 " in r.stdout, r.stdout + r.stderr
+    assert {n: (d / n).read_bytes() for n in os.listdir(d)} == before  # no temp file, nothing changed

@@ -283,9 +283,11 @@ def _slot_pieces(stream, total: int):
         yield off, n, pieces
 
 
-def write_file(path: str, items: list[Item], metadata: dict, *, durable: bool, pool=None, source=None) -> None:
-    """One safetensors file at path (items in file order), through writer
-    threads into an AtomicFile; on any error nothing changes under path.
+def write_file(path: str, items: list[Item], metadata: dict, *, durable: bool, pool=None,
+               source=None) -> AtomicFile:
+    """One safetensors file for path (items in file order), through writer
+    threads into an AtomicFile, finished (written, fsynced) but not yet
+    published under path; on any error its temporary file is removed.
 
     source: None (the tensors' bytes go through the ring), or a ferry Buffer
     whose first bytes are exactly the file's data section (a snapshot laid out
@@ -305,13 +307,14 @@ def write_file(path: str, items: list[Item], metadata: dict, *, durable: bool, p
             ring = _Ring(pool or _ring_pool(items), len(head))  # one slot: the header
             ring.views[0][: len(head)] = head
             _pump(f, _direct_jobs(ring, len(head), source, data_len), ring)
-        f.commit(total)
+        f.finish(total)
     except BaseException:
         f.abort()
         raise
     finally:
         if ring is not None:
             ring.release()
+    return f
 
 
 def _padded(n: int) -> int:
@@ -406,7 +409,7 @@ def remove_stale(path: str, written: list[str]) -> None:
                 pass
 
 
-def write_index(path: str, shards: list[list[Item]], names: list[str], *, durable: bool) -> str:
+def write_index(path: str, shards: list[list[Item]], names: list[str], *, durable: bool) -> AtomicFile:
     weight_map = {it.name: os.path.basename(f) for shard, f in zip(shards, names) for it in shard}
     total = sum(it.nbytes for shard in shards for it in shard)
     text = json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
@@ -416,24 +419,38 @@ def write_index(path: str, shards: list[list[Item]], names: list[str], *, durabl
     f = AtomicFile(index, direct=False, durable=durable)
     try:
         f.pwrite(data, 0)
-        f.commit(len(data))
     except BaseException:
         f.abort()
         raise
-    return index
+    f.finish(len(data))
+    return f
 
 
-def save_items(path: str, items: list[Item], metadata, max_shard_size, durable: bool, pool=None) -> list[str]:
-    """Writes checked items (see save_safetensors); the files written."""
+def save_items(path: str, items: list[Item], metadata, max_shard_size, durable: bool, pool=None,
+               source=None) -> list[str]:
+    """Writes checked items (see save_safetensors); the files written. Every
+    file is written and fsynced under its temporary name first; then the shards
+    are renamed into place, the index last, and the directory fsynced: a
+    failure before that leaves the earlier checkpoint whole. source: see
+    write_file (one shard only)."""
     if not path.endswith(".safetensors") and max_shard_size is not None:
         raise InvalidArgumentError(f"{path}: a sharded save needs a path ending in .safetensors (e.g. model.safetensors)")
     shards = shard_plan(items, max_shard_size)
     names = shard_names(path, len(shards))
-    for shard, name in zip(shards, names):
-        write_file(name, file_order(shard), metadata, durable=durable, pool=pool)
-    written = list(names)
-    if len(shards) > 1:
-        written.append(write_index(path, shards, names, durable=durable))
+    done: list[AtomicFile] = []
+    try:
+        for shard, name in zip(shards, names):
+            done.append(write_file(name, file_order(shard), metadata, durable=durable, pool=pool,
+                                   source=source if len(shards) == 1 else None))
+        if len(shards) > 1:
+            done.append(write_index(path, shards, names, durable=durable))
+        for i, f in enumerate(done):
+            f.publish(fsync_dir=i == len(done) - 1)
+    except BaseException:
+        for f in done:
+            f.abort()  # removes the temporary files not renamed yet
+        raise
+    written = [f.path for f in done]
     if path.endswith(".safetensors"):
         remove_stale(path, written)
     return written
@@ -466,7 +483,9 @@ def save_safetensors(obj, path, *, metadata=None, max_shard_size=None, durable: 
     name and renamed: on any error (bad input, a full disk, EIO) nothing under
     the final names is damaged, the temporary file is removed and the error (an
     ``InvalidArgumentError``, or an ``OSLayerError`` naming the file) is raised.
-    Shards are committed one by one and the index last.
+    A sharded save writes and fsyncs every file under its temporary name
+    before it renames the shards into place, the index last: a failure while
+    writing leaves the earlier checkpoint whole.
     """
     path = check_destination(path)
     items = collect(obj)

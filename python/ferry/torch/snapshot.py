@@ -116,11 +116,8 @@ class Snapshot:
         direct = len(shards) == 1 and [it.name for it in _save.file_order(items)] == [it.name for it in self._order]
 
         def run():
-            if direct:
-                _save.write_file(path, _save.file_order(items), meta, durable=durable, source=self._buffer)
-                _save.remove_stale(path, [path]) if path.endswith(".safetensors") else None
-                return [path]
-            return _save.save_items(path, items, meta, max_shard_size, durable)
+            return _save.save_items(path, items, meta, max_shard_size, durable,
+                                    source=self._buffer if direct else None)
 
         self._future = SaveFuture(run)
         return self._future
