@@ -490,3 +490,24 @@ def test_sharded_save_failing_midway_keeps_the_old_checkpoint(tmp_path):
                        preexec_fn=limit)
     assert "ERRNO 27 " in r.stdout, r.stdout + r.stderr
     assert {n: (d / n).read_bytes() for n in os.listdir(d)} == before  # no temp file, nothing changed
+
+
+def test_atomic_file(tmp_path):
+    from ferry.atomic_file import AtomicFile, check_destination
+
+    p = str(tmp_path / "f.bin")
+    f = AtomicFile(p)
+    data = os.urandom(10_001)
+    f.pwrite(data[1:], 0)  # unaligned for O_DIRECT (where open allowed it): the remembered buffered fallback
+    assert not os.path.exists(p)
+    f.commit(10_000)
+    assert open(p, "rb").read() == data[1:]
+    assert f.direct is False
+    g = AtomicFile(p, durable=False)
+    g.pwrite(b"new", 0)
+    g.abort()
+    assert open(p, "rb").read() == data[1:] and no_temp_files(tmp_path)
+    with pytest.raises(InvalidArgumentError, match="is a directory"):
+        check_destination(tmp_path)
+    with pytest.raises(InvalidArgumentError, match="str or os.PathLike"):
+        check_destination(3)

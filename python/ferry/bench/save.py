@@ -291,7 +291,8 @@ def _remove(path: str) -> None:
 def run_saver(torch, name, fn, sd_gpu, sd_cpu, directory, repeats: int, check) -> dict:
     box: dict = {}
     blocked, durable = [], []
-    target = os.path.join(directory, "model.safetensors" if "dcp" not in name else "dcp-checkpoint")
+    target = os.path.join(directory, "dcp-checkpoint" if "dcp" in name else
+                          "model.pt" if name == "torch.save" else "model.safetensors")
     with PeakAnon() as peak:
         for i in range(repeats + 1):  # the first run warms up
             _remove(target)
