@@ -8,7 +8,7 @@
   ``mem_pool``, ``allocator_stats``, ``empty_cache``);
 - ``safetensors``: checkpoints to the GPU by ferry's loader (``load_safetensors``);
 - ``save``: state dicts to safetensors files (``save_safetensors``);
-- ``snapshot``: asynchronous checkpoints (``snapshot``, ``Snapshot.save``).
+- ``snapshots``: asynchronous checkpoints (``snapshot``, ``Snapshot.save``).
 
 Everything public is re-exported here: ``ferry.torch.to_device(...)``.
 """
@@ -26,5 +26,5 @@ from .allocators import (  # noqa: F401
 from .pinned import default_pinned_pool, empty_pinned  # noqa: F401
 from .safetensors import load_safetensors  # noqa: F401
 from .save import save_safetensors  # noqa: F401
-from .snapshot import SaveFuture, Snapshot, snapshot  # noqa: F401
+from .snapshots import SaveFuture, Snapshot, snapshot  # noqa: F401
 from .transfer import to_device, to_host  # noqa: F401
