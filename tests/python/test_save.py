@@ -387,6 +387,18 @@ def test_snapshot_bad_input_and_errors(tmp_path):
         save_mod.write_file = orig
 
 
+def test_snapshot_of_parameters(tmp_path):
+    model = torch.nn.Linear(7, 5)
+    sd = dict(model.named_parameters())  # requires_grad tensors
+    s = ft.snapshot(sd)
+    assert not any(t.requires_grad for t in s.tensors.values())
+    assert all(torch.equal(s.tensors[k], v.detach()) for k, v in sd.items())
+    ft.snapshot(sd, into=s)
+    ft.save_safetensors(sd, tmp_path / "p.safetensors")
+    s.save(tmp_path / "q.safetensors").wait()
+    assert (tmp_path / "p.safetensors").read_bytes() == (tmp_path / "q.safetensors").read_bytes()
+
+
 def test_tied_snapshot(tmp_path):
     w = torch.randn(16, 8)
     sd = {"embed": w, "head": w}

@@ -99,7 +99,8 @@ class Snapshot:
         from .transfer import to_host
 
         src = {k: v for k, v in obj.items() if k not in self._ties}
-        to_host(src, out={k: self.tensors[k] for k in src})
+        with _torch().no_grad():  # parameters that require grad: no autograd record in the snapshot
+            to_host(src, out={k: self.tensors[k] for k in src})
 
     def save(self, path, *, metadata=None, max_shard_size=None, durable: bool = True,
              shared: str = "error") -> SaveFuture:
