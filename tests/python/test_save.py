@@ -523,3 +523,16 @@ def test_atomic_file(tmp_path):
         check_destination(tmp_path)
     with pytest.raises(InvalidArgumentError, match="str or os.PathLike"):
         check_destination(3)
+
+
+def test_snapshot_save_finishes_before_exit(tmp_path):
+    """A script that ends right after save() (no wait) still gets its file."""
+    p = tmp_path / "exit.safetensors"
+    child = ("import torch, ferry.torch as ft\n"
+             "sd = {f't{i}': torch.full((1 << 20,), i, dtype=torch.float32) for i in range(16)}\n"
+             f"ft.snapshot(sd).save({str(p)!r})\n")
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    back = load_file(str(p))
+    assert len(back) == 16 and all(torch.equal(back[f"t{i}"], torch.full((1 << 20,), i, dtype=torch.float32))
+                                   for i in range(16))

@@ -31,7 +31,9 @@ from .pinned import default_pinned_pool
 
 class SaveFuture:
     """A save running in a background thread: ``wait()`` (returns the paths
-    written, or re-raises the save's error), ``done()``, ``seconds``."""
+    written, or re-raises the save's error), ``done()``, ``seconds``. The
+    interpreter waits for the thread before it exits (a script that ends
+    after ``save()`` still gets its file)."""
 
     def __init__(self, fn):
         self._result = None
@@ -39,7 +41,8 @@ class SaveFuture:
         self._done = threading.Event()
         self._started = time.perf_counter()
         self.seconds: float | None = None  # from save() to the files in place (set when done)
-        self._thread = threading.Thread(target=self._run, args=(fn,), name="ferry-snapshot-save", daemon=True)
+        # Not a daemon: the interpreter waits for a save before it exits.
+        self._thread = threading.Thread(target=self._run, args=(fn,), name="ferry-snapshot-save", daemon=False)
         self._thread.start()
 
     def _run(self, fn) -> None:
