@@ -344,6 +344,10 @@ def test_snapshot_cpu_reuse_and_save(tmp_path):
     for f in w[:-1]:
         back.update(load_file(f))
     assert set(back) == set(keep)
+    # non_blocking with CPU tensors: copied before the call returns.
+    assert ft.snapshot(keep, into=s, non_blocking=True) is s
+    s.wait_copied()
+    assert all(same(s.tensors[k], v) for k, v in keep.items())
     # to_host(out=snapshot): the same copy.
     ft.to_host(sd, out=s)
     for k, v in sd.items():
@@ -444,6 +448,18 @@ def test_gpu_snapshot(tmp_path, gpu):
     fut = s.save(tmp_path / "s.safetensors")
     fut.wait()
     check_file(str(tmp_path / "s.safetensors"), expect)
+    # non_blocking: queued on the current stream; the next work on that stream runs after it.
+    for v in sd.values():
+        if v.dtype.is_floating_point and v.element_size() >= 2:
+            v.add_(1)
+    expect = {k: v.cpu() for k, v in sd.items()}
+    assert ft.snapshot(sd, into=s, non_blocking=True) is s
+    for v in sd.values():
+        v.zero_() if v.dtype != torch.bool else v.fill_(False)
+    s.save(tmp_path / "nb.safetensors").wait()  # waits for the copy itself
+    check_file(str(tmp_path / "nb.safetensors"), expect)
+    s.wait_copied()
+    assert all(same(s.tensors[k], v) for k, v in expect.items())
 
 
 def test_bench_save_cpu(tmp_path, capsys):

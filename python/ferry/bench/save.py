@@ -11,7 +11,9 @@ Savers: ``torch.save``; safetensors ``save_file`` from the GPU, and from a CPU
 copy made beforehand (not timed); ``torch.distributed.checkpoint.save`` and
 ``async_save`` (one process, a gloo group of one) where this PyTorch has them;
 ferry ``save_safetensors``; ferry ``snapshot`` + ``Snapshot.save`` (the
-snapshot reused: ``into=``). Each file is fsynced before its time stops (the
+snapshot reused: ``into=``), and the same with ``non_blocking=True`` (its
+"blocked s" is the time to queue the copy; the copy itself runs on the
+stream before the next step's work). Each file is fsynced before its time stops (the
 savers that do not fsync get an fsync, counted).
 
 Columns: "blocked s", the time the caller (training) is blocked: the whole
@@ -43,7 +45,7 @@ from .suite import Suite
 
 SETS = ("transformer", "moe")
 SAVERS = ("torch.save", "save_file (GPU)", "save_file (CPU)", "dcp.save", "dcp.async_save",
-          "ferry save_safetensors", "ferry snapshot+save")
+          "ferry save_safetensors", "ferry snapshot+save", "ferry snapshot(non_blocking)+save")
 BASELINE = "save_file (GPU)"
 
 
@@ -270,6 +272,14 @@ def savers(torch, dcp_state: _DCP | None):
         box["snap"].save(target).wait()
         return blocked, time.perf_counter() - t0
 
+    def ferry_snapshot_nb(sd_gpu, sd_cpu, target, box):
+        _sync(torch)
+        t0 = time.perf_counter()
+        box["snap"] = ft.snapshot(sd_gpu, into=box.get("snap"), non_blocking=True)
+        blocked = time.perf_counter() - t0
+        box["snap"].save(target).wait()
+        return blocked, time.perf_counter() - t0
+
     out = {"torch.save": timed_sync(torch_save), "save_file (GPU)": timed_sync(st_gpu),
            "save_file (CPU)": timed_sync(st_cpu)}
     if dcp_state is not None:
@@ -278,6 +288,7 @@ def savers(torch, dcp_state: _DCP | None):
             out["dcp.async_save"] = dcp_async
     out["ferry save_safetensors"] = timed_sync(ferry_save)
     out["ferry snapshot+save"] = ferry_snapshot
+    out["ferry snapshot(non_blocking)+save"] = ferry_snapshot_nb
     return out
 
 

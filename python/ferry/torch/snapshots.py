@@ -13,9 +13,10 @@ Tied weights (one tensor under several names) are copied once and stay tied in
 the snapshot (their views share memory), so ``save(..., shared="keep_one")``
 sees them as safetensors' ``save_model`` does.
 
-Locking: a Snapshot is used by one thread at a time, except that its
-``save()`` thread reads it; ``snapshot(into=s)`` first waits for ``s``'s
-save to finish.
+Locking: none. A Snapshot is used by one thread at a time, except that its
+``save()`` thread reads it (and takes ``_copied``, the events of a
+non_blocking copy, by one list swap); ``snapshot(into=s)`` first waits for
+``s``'s save to finish, then for its copy.
 """
 
 from __future__ import annotations
@@ -97,13 +98,27 @@ class Snapshot:
         self.tensors = {it.name: views[it.name] for it in items}
         self._signature = _signature(items)
         self._future: SaveFuture | None = None
+        self._copied: list = []  # torch.cuda.Events after a non_blocking copy, until wait_copied()
 
-    def _copy_from(self, obj) -> None:
+    def _copy_from(self, obj, non_blocking: bool) -> None:
         from .transfer import to_host
 
+        torch = _torch()
         src = {k: v for k, v in obj.items() if k not in self._ties}
-        with _torch().no_grad():  # parameters that require grad: no autograd record in the snapshot
-            to_host(src, out={k: self.tensors[k] for k in src})
+        with torch.no_grad():  # parameters that require grad: no autograd record in the snapshot
+            to_host(src, out={k: self.tensors[k] for k in src}, non_blocking=non_blocking)
+        if non_blocking:
+            for dev in {v.device for v in src.values() if v.is_cuda}:
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(dev))
+                self._copied.append(event)
+
+    def wait_copied(self) -> None:
+        """Waits for the copy of a ``snapshot(..., non_blocking=True)`` (no-op
+        otherwise): read ``tensors`` only after this. ``save()`` calls it."""
+        events, self._copied = self._copied, []
+        for e in events:
+            e.synchronize()
 
     def save(self, path, *, metadata=None, max_shard_size=None, durable: bool = True,
              shared: str = "error") -> SaveFuture:
@@ -120,6 +135,7 @@ class Snapshot:
         direct = len(shards) == 1 and [it.name for it in _save.file_order(items)] == [it.name for it in self._order]
 
         def run():
+            self.wait_copied()
             return _save.save_items(path, items, meta, max_shard_size, durable,
                                     source=self._buffer if direct else None)
 
@@ -137,7 +153,7 @@ def _signature(items) -> list:
     return [(it.name, it.tensor.dtype, tuple(it.tensor.shape)) for it in items]
 
 
-def snapshot(state_dict, into: Snapshot | None = None, *, pool=None) -> Snapshot:
+def snapshot(state_dict, into: Snapshot | None = None, *, pool=None, non_blocking: bool = False) -> Snapshot:
     """A host copy of state_dict ({name: tensor}, CUDA or CPU tensors), in one
     ferry pool allocation; with `into` (a Snapshot of a state dict with the
     same names, dtypes and shapes), copied into it and `into` returned,
@@ -152,6 +168,14 @@ def snapshot(state_dict, into: Snapshot | None = None, *, pool=None) -> Snapshot
     ordered before the call by the caller (as for any read on the current
     stream).
 
+    non_blocking=True: returns once the copy is queued (CPU tensors are
+    copied before the call returns). The copy is ordered on each GPU's current
+    stream: work queued there later (the next step) runs after it, so it may
+    change the tensors; work on another stream must wait for the copy itself
+    (``torch.cuda.current_stream().synchronize()``, or ``wait_copied()``).
+    Read ``tensors`` after ``wait_copied()``; ``save()`` waits for the copy in
+    its thread.
+
     pool: the ferry pool to allocate from (default: the process's pinned pool
     for the tensors' GPU, or a pageable ferry Pool when all are CPU tensors).
     """
@@ -164,11 +188,12 @@ def snapshot(state_dict, into: Snapshot | None = None, *, pool=None) -> Snapshot
                 "into: the snapshot was taken of a state dict with other names, dtypes or shapes "
                 "(take a new snapshot without into=)")
         into.wait_saved()
-        into._copy_from(state_dict)
+        into.wait_copied()
+        into._copy_from(state_dict, non_blocking)
         return into
     if pool is None:
         cuda = [it.tensor.device.index for it in items if it.tensor.is_cuda]
         pool = default_pinned_pool(cuda[0]) if cuda else _save.pageable_pool()
     s = Snapshot(items, pool)
-    s._copy_from(state_dict)
+    s._copy_from(state_dict, non_blocking)
     return s
