@@ -411,6 +411,8 @@ def test_tied_snapshot(tmp_path):
     assert s.tensors["embed"].data_ptr() == s.tensors["head"].data_ptr()
     with pytest.raises(InvalidArgumentError, match="share memory"):
         s.save(tmp_path / "t.safetensors")
+    with pytest.raises(InvalidArgumentError, match="tied weights"):  # untied now: not the same snapshot
+        ft.snapshot({"embed": w, "head": w.clone()}, into=s)
     s.save(tmp_path / "t.safetensors", shared="keep_one").wait()
     assert torch.equal(load_file(str(tmp_path / "t.safetensors"))["embed"], w)
 

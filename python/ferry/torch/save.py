@@ -117,7 +117,8 @@ def collect(obj, what: str = "save_safetensors") -> list[Item]:
     return items
 
 
-def _span(it: Item):
+def storage_span(it: Item):
+    """(device, first byte, end) of the memory an item's tensor occupies."""
     t = it.tensor
     start = t.untyped_storage().data_ptr() + t.storage_offset() * it.itemsize
     return (t.device, start, start + it.nbytes)
@@ -132,7 +133,7 @@ def resolve_shared(items: list[Item], shared: str) -> tuple[list[Item], dict]:
     does."""
     if shared not in ("error", "keep_one"):
         raise InvalidArgumentError(f"shared={shared!r}: expected 'error' or 'keep_one'")
-    spans = sorted(((_span(it), it) for it in items if it.nbytes), key=lambda x: (str(x[0][0]), x[0][1], x[0][2]))
+    spans = sorted(((storage_span(it), it) for it in items if it.nbytes), key=lambda x: (str(x[0][0]), x[0][1], x[0][2]))
     groups: list[list] = []
     end = None
     for (dev, b, e), it in spans:
@@ -148,7 +149,7 @@ def resolve_shared(items: list[Item], shared: str) -> tuple[list[Item], dict]:
         if len(g) < 2:
             continue
         names = sorted((it.name for it in g), key=position.__getitem__)
-        same = len({(_span(it), it.tensor.dtype, tuple(it.tensor.shape)) for it in g}) == 1
+        same = len({(storage_span(it), it.tensor.dtype, tuple(it.tensor.shape)) for it in g}) == 1
         if shared == "error" or not same:
             why = "tied weights" if same else "overlapping views of one storage"
             hint = " (shared='keep_one' writes one of them)" if same else ""
@@ -456,6 +457,15 @@ def save_items(path: str, items: list[Item], metadata, max_shard_size, durable: 
     return written
 
 
+def prepare(obj, path, metadata, shared: str, what: str):
+    """(checked path, items to write, metadata with the dropped ties recorded)."""
+    path = check_destination(path)
+    items, dropped = resolve_shared(collect(obj, what), shared)
+    meta = check_metadata(metadata)
+    meta.update({k: v for k, v in dropped.items() if k not in meta})
+    return path, items, meta
+
+
 def save_safetensors(obj, path, *, metadata=None, max_shard_size=None, durable: bool = True,
                      shared: str = "error") -> list[str]:
     """Writes a state dict ({name: tensor}, CPU or CUDA tensors) as safetensors;
@@ -487,9 +497,5 @@ def save_safetensors(obj, path, *, metadata=None, max_shard_size=None, durable: 
     before it renames the shards into place, the index last: a failure while
     writing leaves the earlier checkpoint whole.
     """
-    path = check_destination(path)
-    items = collect(obj)
-    items, dropped = resolve_shared(items, shared)
-    meta = check_metadata(metadata)
-    meta.update({k: v for k, v in dropped.items() if k not in meta})
+    path, items, meta = prepare(obj, path, metadata, shared, "save_safetensors")
     return save_items(path, items, meta, max_shard_size, durable)

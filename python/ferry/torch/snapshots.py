@@ -75,15 +75,7 @@ class Snapshot:
 
     def __init__(self, items, pool):
         torch = _torch()
-        # Tied weights: one storage range, copied once, viewed under every name.
-        unique: dict = {}
-        self._ties: dict[str, str] = {}
-        for it in items:
-            key = (_save._span(it), it.tensor.dtype, tuple(it.tensor.shape)) if it.nbytes else None
-            if key is not None and key in unique:
-                self._ties[it.name] = unique[key].name
-            elif key is not None:
-                unique[key] = it
+        self._ties = _ties(items)  # tied weights: copied once, viewed under every name
         self._order = [it for it in _save.file_order(items) if it.name not in self._ties]
         self.nbytes = sum(it.nbytes for it in self._order)
         self._buffer = pool.alloc(-(-max(self.nbytes, 1) // 4096) * 4096, alignment=4096)
@@ -126,11 +118,7 @@ class Snapshot:
         and files) in a background thread; returns its SaveFuture. Do not pass
         this snapshot to ``snapshot(into=)`` or ``to_host(out=)`` while it is
         saving: ``snapshot`` waits for the save, ``to_host`` does not."""
-        path = _save.check_destination(path)
-        items = _save.collect(self.tensors, "Snapshot.save")
-        items, dropped = _save.resolve_shared(items, shared)
-        meta = _save.check_metadata(metadata)
-        meta.update({k: v for k, v in dropped.items() if k not in meta})
+        path, items, meta = _save.prepare(self.tensors, path, metadata, shared, "Snapshot.save")
         shards = _save.shard_plan(items, max_shard_size)  # checks max_shard_size now, not in the thread
         direct = len(shards) == 1 and [it.name for it in _save.file_order(items)] == [it.name for it in self._order]
 
@@ -149,8 +137,23 @@ class Snapshot:
             f._done.wait()
 
 
-def _signature(items) -> list:
-    return [(it.name, it.tensor.dtype, tuple(it.tensor.shape)) for it in items]
+def _ties(items) -> dict[str, str]:
+    """{name: the earlier name of the same tensor} (same memory, dtype and shape)."""
+    first: dict = {}
+    ties: dict[str, str] = {}
+    for it in items:
+        if it.nbytes:
+            key = (_save.storage_span(it), it.tensor.dtype, tuple(it.tensor.shape))
+            if key in first:
+                ties[it.name] = first[key]
+            else:
+                first[key] = it.name
+    return ties
+
+
+def _signature(items) -> tuple:
+    """What a snapshot must match to be reused: names, dtypes, shapes and ties."""
+    return [(it.name, it.tensor.dtype, tuple(it.tensor.shape)) for it in items], _ties(items)
 
 
 def snapshot(state_dict, into: Snapshot | None = None, *, pool=None, non_blocking: bool = False) -> Snapshot:
@@ -185,7 +188,7 @@ def snapshot(state_dict, into: Snapshot | None = None, *, pool=None, non_blockin
             raise InvalidArgumentError(f"into must be a Snapshot, not {type(into).__name__}")
         if into._signature != _signature(items):
             raise InvalidArgumentError(
-                "into: the snapshot was taken of a state dict with other names, dtypes or shapes "
+                "into: the snapshot was taken of a state dict with other names, dtypes, shapes or tied weights "
                 "(take a new snapshot without into=)")
         into.wait_saved()
         into.wait_copied()
