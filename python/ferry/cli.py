@@ -30,7 +30,9 @@ def bench_description() -> str:
     from . import bench
 
     return ("Benchmarks: ferry beside its baseline (CUDA, PyTorch) in one run, with the ratio; "
-            "`ferry bench SUITE --help` shows a suite's options.\n\nsuites:\n" + bench.listing())
+            "`ferry bench SUITE --help` shows a suite's options. `ferry bench --json FILE copy,pool` "
+            "runs several suites (each with the options that follow) and writes their records "
+            "into one file.\n\nsuites:\n" + bench.listing())
 
 
 def cmd_bench(args) -> int:
@@ -40,9 +42,14 @@ def cmd_bench(args) -> int:
         print(bench_description())
         return 0
     found = bench.suites()
-    if args.suite not in found:
-        raise InvalidArgumentError(f"unknown bench suite '{args.suite}' (suites: {', '.join(found)})")
-    return found[args.suite].main(args.rest)
+    keys = [k.strip() for k in args.suite.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in found]
+    if unknown or not keys:
+        raise InvalidArgumentError(f"unknown bench suite '{unknown[0] if unknown else args.suite}' "
+                                   f"(suites: {', '.join(found)})")
+    rest = list(args.rest) + (["--json", args.json] if args.json else [])
+    # Each suite merges its records into the file (bench/report.py write_json).
+    return max(found[k].main(rest) for k in keys)
 
 
 # ---- ferry doctor --------------------------------------------------------------------
@@ -114,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks: ferry beside its baseline (`ferry bench` lists the suites)",
                        description=bench_description(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("suite", nargs="?", help="the suite to run (listed above)")
+    b.add_argument("--json", metavar="FILE",
+                   help="write every suite's records into FILE (with the machine's facts)")
+    b.add_argument("suite", nargs="?", help="the suite to run, or several: copy,pool (listed above)")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="the suite's options")
     b.set_defaults(func=cmd_bench)
 

@@ -374,6 +374,15 @@ NB_MODULE(_ferry, m) {
                out.append(nb::make_tuple(c.base, c.bytes, c.generation));
              return out;
            })
+      .def("shared_location",
+           [](PoolHandle& h, nb::handle address_arg) -> nb::object {
+             const size_t address = ferry::python::size_arg(address_arg, "address");
+             const ferry::Pool::SharedLocation where =
+                 h.pool->shared_location(reinterpret_cast<const void*>(address));
+             if (where.fd < 0) return nb::none();
+             return nb::make_tuple(where.fd, where.offset);
+           },
+           "address"_a.none())
       .def_prop_ro("chunk_generation", [](const PoolHandle& h) { return h.pool->chunk_generation(); })
       .def_prop_ro("pinned", [](const PoolHandle& h) { return h.pinned; })
       .def_prop_ro("device", [](const PoolHandle& h) { return h.device; });

@@ -8,7 +8,10 @@
   ``mem_pool``, ``allocator_stats``, ``empty_cache``);
 - ``safetensors``: checkpoints to the GPU by ferry's loader (``load_safetensors``);
 - ``save``: state dicts to safetensors files (``save_safetensors``);
-- ``snapshots``: asynchronous checkpoints (``snapshot``, ``Snapshot.save``).
+- ``snapshots``: asynchronous checkpoints (``snapshot``, ``Snapshot.save``);
+- ``data``: ``DataLoader``, PyTorch's DataLoader with workers that collate
+  straight into shared pinned memory (imported on first use: it subclasses
+  PyTorch's class, and ``import ferry.torch`` does not import PyTorch).
 
 Everything public is re-exported here: ``ferry.torch.to_device(...)``.
 """
@@ -28,3 +31,11 @@ from .safetensors import load_safetensors  # noqa: F401
 from .save import save_safetensors  # noqa: F401
 from .snapshots import SaveFuture, Snapshot, snapshot  # noqa: F401
 from .transfer import to_device, to_host  # noqa: F401
+
+
+def __getattr__(name):
+    if name == "DataLoader":
+        from .data import DataLoader
+
+        return DataLoader
+    raise AttributeError(f"module 'ferry.torch' has no attribute {name!r}")
