@@ -472,12 +472,18 @@ def test_bench_save_cpu(tmp_path, capsys):
     rc = bench.main(["--device", "cpu", "--sets", "moe", "--scale", "0.1", "--repeats", "1", "--disk-bytes", "64M",
                      "--savers", "ferry,save_file (GPU)", "--dir", str(tmp_path), "--json", str(out)])
     assert rc == 0
-    records = json.loads(out.read_text())["results"]
+    from ferry.bench.records import is_record
+
+    records = json.loads(out.read_text())["records"]
     cases = {r["case"] for r in records}
     assert {"ferry save_safetensors", "ferry snapshot+save", "save_file (GPU)", "disk O_DIRECT write"} <= cases
     for r in records:
-        assert set(r) == {"suite", "case", "params", "metric", "value", "unit", "baseline", "ratio"}
-        assert r["suite"] == "save"
+        assert is_record(r) and r["suite"] == "save"
+    durable = [r for r in records if r["metric"] == "durable_time" and r["case"] == "ferry save_safetensors"]
+    assert len(durable) == 1 and durable[0]["params"]["baseline_case"] == "save_file (GPU)"
+    assert durable[0]["ratio"] == pytest.approx(durable[0]["value"] / durable[0]["baseline"])
+    verified = {r["case"]: r["value"] for r in records if r["metric"] == "verified"}
+    assert verified["ferry save_safetensors"] == "Passed" and verified["ferry snapshot+save"] == "Passed"
     assert "verified" in capsys.readouterr().out
     assert [n for n in os.listdir(tmp_path) if n != "save.json"] == []
 

@@ -40,6 +40,7 @@ import time
 from ..measure import median
 from ..units import parse_size
 from .load import PeakAnon
+from .records import Records
 from .report import progress, table, write_json
 from .suite import Suite
 
@@ -47,6 +48,7 @@ SETS = ("transformer", "moe")
 SAVERS = ("torch.save", "save_file (GPU)", "save_file (CPU)", "dcp.save", "dcp.async_save",
           "ferry save_safetensors", "ferry snapshot+save", "ferry snapshot(non_blocking)+save")
 BASELINE = "save_file (GPU)"
+DISK_CASE = "disk O_DIRECT write"
 
 
 def transformer_set(layers: int) -> list[tuple[str, tuple, str]]:
@@ -356,11 +358,14 @@ class SaveSuite(Suite):
 
         own_dir = args.dir is None
         directory = args.dir or tempfile.mkdtemp(prefix="ferry-bench-save-")
+        records = Records(self.key)
         try:
-            return _run(args, torch, directory)
+            rows = _run(args, torch, directory, records)
         finally:
             if own_dir:
                 shutil.rmtree(directory, ignore_errors=True)
+        write_json(args.json, self.key, records.items, details={"rows": rows})
+        return 0
 
 
 def _state_dict(torch, spec, device) -> dict:
@@ -369,13 +374,15 @@ def _state_dict(torch, spec, device) -> dict:
             for name, shape, dt in spec}
 
 
-def _run(args, torch, directory) -> int:
+def _run(args, torch, directory, records: Records) -> list:
+    """Measures every set with every saver, prints the table, fills records; the table's rows."""
     import ferry.torch as ft
 
     disk = disk_direct_write_rate(directory, args.disk_bytes)
     progress(f"save: disk O_DIRECT write {disk:.2f} GB/s" if disk else "save: this file system refuses O_DIRECT")
-    records = [{"suite": "save", "case": "disk O_DIRECT write", "params": {"dir": directory, "bytes": args.disk_bytes},
-                "metric": "gbps", "value": disk, "unit": "GB/s", "baseline": None, "ratio": None}]
+    if disk:
+        records.add(DISK_CASE, "bandwidth", disk, "GB/s", write_bytes=args.disk_bytes, threads=4,
+                    block_bytes=32 << 20)
     try:
         dcp_state = _DCP(torch)
     except ImportError as e:
@@ -391,8 +398,8 @@ def _run(args, torch, directory) -> int:
             sd_gpu = _state_dict(torch, spec, args.device)
             sd_cpu = {k: v.cpu() for k, v in sd_gpu.items()}
             nbytes = sum(v.numel() * v.element_size() for v in sd_gpu.values())
-            params = {"set": set_name, "tensors": len(sd_gpu), "bytes": nbytes, "layers": layers,
-                      "repeats": args.repeats}
+            params = {"set": set_name, "tensors": len(sd_gpu), "state_dict_bytes": nbytes, "layers": layers,
+                      "repeats": args.repeats, "device": args.device}
             progress(f"save: {set_name}: {len(sd_gpu)} tensors, {nbytes / 1e9:.2f} GB")
             results = {}
             for name, fn in chosen.items():
@@ -416,7 +423,7 @@ def _run(args, torch, directory) -> int:
                              r["gbps"] / disk if disk else None,
                              base["durable_s"] / r["durable_s"] if base else None, r["host_bytes"] / 1e9,
                              "yes" if r["verified"] else "-"])
-                records += _records(name, params, r, base, disk)
+            _records(records, params, results, disk)
             if dcp_state is not None and dcp_state.why_not_async is not None:
                 progress(f"save: dcp.async_save: not run: {dcp_state.why_not_async}")
             del sd_gpu, sd_cpu
@@ -428,25 +435,22 @@ def _run(args, torch, directory) -> int:
     print(table(f"save: to a durable file (disk O_DIRECT write: {disk:.2f} GB/s)" if disk else "save",
                 ["set", "saver", "blocked s", "durable s", "GB/s", "of disk", f"vs {BASELINE}", "host GB",
                  "verified"], rows))
-    write_json(args.json, "save", records)
-    return 0
+    return rows
 
 
-def _records(name, params, r, base, disk) -> list[dict]:
-    def rec(metric, value, unit, baseline, lower_is_better):
-        ratio = None
-        if baseline and value:
-            ratio = baseline / value if lower_is_better else value / baseline
-        return {"suite": "save", "case": name, "params": params, "metric": metric, "value": value, "unit": unit,
-                "baseline": baseline, "ratio": ratio}
-
-    return [
-        rec("blocked_s", r["blocked_s"], "s", base and base["blocked_s"], True),
-        rec("durable_s", r["durable_s"], "s", base and base["durable_s"], True),
-        rec("gbps", r["gbps"], "GB/s", base and base["gbps"], False),
-        rec("disk_share", r["gbps"] / disk if disk else None, "x of the disk's O_DIRECT write", None, False),
-        rec("host_bytes", r["host_bytes"], "bytes", None, True),
-    ]
+def _records(records: Records, params: dict, results: dict, disk: float | None) -> None:
+    """One set's figures: times and GB/s against save_file from the GPU (for
+    times a ratio below 1 means faster), GB/s against the disk's direct write,
+    peak host memory, whether the file was verified."""
+    for metric, key, unit in (("blocked_time", "blocked_s", "s"), ("durable_time", "durable_s", "s"),
+                              ("bandwidth", "gbps", "GB/s")):
+        records.compare(params, metric, unit, {n: r[key] for n, r in results.items()}, baseline=BASELINE)
+    for name, r in results.items():
+        if disk:
+            records.add(name, "bandwidth_vs_disk", r["gbps"], "GB/s", baseline=disk, baseline_case=DISK_CASE,
+                        **params)
+        records.add(name, "peak_host_memory", r["host_bytes"], "bytes", **params)
+        records.add(name, "verified", "Passed" if r["verified"] else "not checked", None, **params)
 
 
 SUITE = SaveSuite()
