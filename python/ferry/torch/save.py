@@ -14,7 +14,14 @@ for the work queued there before the call), CPU bytes by memmove. Writer
 threads ``pwrite`` full slots while the next ones fill, through an
 ``AtomicFile`` (``ferry.atomic_file``: temporary name, O_DIRECT where the file
 system allows it, fsync, rename, directory fsync). Host memory the save adds:
-the ring, whatever the state dict's size.
+the ring, whatever the state dict's size. A snapshot (``ferry.torch.snapshot``)
+laid out as its file's data is written straight from its memory (``source=``),
+without the ring.
+
+Why Python threads: ``os.pwrite`` releases the GIL, and the disk, not the
+CPU, is the bound. On our CPU machine (2 cores, ext4), 0.8 GB of CPU bf16
+tensors took 0.40 s (2.0 GB/s, the disk's O_DIRECT rate in the same session),
+``safetensors.torch.save_file`` plus fsync 2.7 s.
 
 File layout: the JSON header is padded with spaces (which safetensors readers
 accept) so the data starts on a 4 KiB boundary, and the tensors are ordered by
