@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 from . import _ferry
@@ -70,7 +72,7 @@ def cmd_doctor(args) -> int:
     from .doctor import html_report, text_report
 
     mode = "full" if args.full else "quick" if args.quick else "default"
-    if args.html:
+    if args.html is not None:  # "" is refused, not ignored
         problem = html_report.unwritable(args.html)  # before measuring, not after
         if problem:
             print(f"ferry doctor: error: cannot write the HTML report: {problem}", file=sys.stderr)
@@ -81,7 +83,7 @@ def cmd_doctor(args) -> int:
         sys.stdout.write("\n")
     else:
         print(text_report.format_report(report))
-    if args.html:
+    if args.html is not None:
         sys.stdout.flush()
         try:
             written = html_report.write(report, args.html)
@@ -138,10 +140,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _ferry.check_options()
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return status
     except FerryError as e:
         print(f"ferry: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`ferry doctor --json | head -c 1`): end quietly, as
+        # other commands do. stdout points at /dev/null from now on, so the
+        # interpreter's own flush at exit cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

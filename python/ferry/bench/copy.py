@@ -34,7 +34,7 @@ from .. import _ferry
 from ..units import GiB, KiB, MiB, link_limit, parse_size_list
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite, Waived
+from .suite import Suite, Waived, choices_list, int_at_least, size_list, size_list_or_none
 
 
 def _torch_with_cuda() -> bool:
@@ -453,15 +453,15 @@ class CopySuite(Suite):
     description = "pageable host<->GPU copies by size, direction and backing: ferry beside cudaMemcpy and torch"
 
     def add_arguments(self, p):
-        p.add_argument("--sizes", default="4K,64K,1M,16M,64M,256M,1G,2G", help="(default: %(default)s)")
-        p.add_argument("--directions", default="h2d,d2h,bidir", help="(default: %(default)s)")
-        p.add_argument("--backings", default="4k,thp,memfd", help="(default: %(default)s)")
-        p.add_argument("--strategies", default=",".join(STRATEGIES), help="(default: %(default)s)")
-        p.add_argument("--iterations", type=int, default=5, help="timed repeats per case (default: %(default)s)")
+        p.add_argument("--sizes", type=size_list, default="4K,64K,1M,16M,64M,256M,1G,2G", help="(default: %(default)s)")
+        p.add_argument("--directions", type=choices_list(("h2d", "d2h", "bidir")), default="h2d,d2h,bidir", help="(default: %(default)s)")
+        p.add_argument("--backings", type=choices_list(("4k", "thp", "memfd", "memfd-thp")), default="4k,thp,memfd", help="(default: %(default)s)")
+        p.add_argument("--strategies", type=choices_list(STRATEGIES), default=",".join(STRATEGIES), help="(default: %(default)s)")
+        p.add_argument("--iterations", type=int_at_least(1), default=5, help="timed repeats per case (default: %(default)s)")
         p.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
         p.add_argument("--plot", metavar="PNG", help="write a plot of bandwidth by size")
         p.add_argument("--calibrate", action="store_true", help="measure and write the machine profile")
-        p.add_argument("--sweep-sizes", default="4K,64K,256K,1M,4M,16M,64M,256M,1G,2G",
+        p.add_argument("--sweep-sizes", type=size_list_or_none, default="4K,64K,256K,1M,4M,16M,64M,256M,1G,2G",
                        help="sizes of the per-call sweep from Python (default: %(default)s; 'none' skips it)")
         p.add_argument("--gpus", help="'all' or a list such as 0,1: each GPU alone and all at once (1 GiB copies)")
         p.add_argument("--no-backings", action="store_true", help="only the sweep (and --gpus): skip the table "

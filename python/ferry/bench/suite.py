@@ -23,8 +23,9 @@ description, a "can this machine run it" check and a run method.
     SUITE = CopySuite()
     main = SUITE.main                        # `python -m ferry.bench.copy`, tests
 
-`main(argv)` parses the arguments (`ferry bench copy --help` shows them), asks
-`waived()`, and prints "ferry bench copy: waived: <why>" (exit status 0) instead of
+`main(argv)` parses the arguments (`ferry bench copy --help` shows them: give each
+option a checking `type=`, such as `size_list` or `int_at_least(1)`, so that a typo is
+refused on any machine, before the waiver), asks `waived()`, and prints "ferry bench copy: waived: <why>" (exit status 0) instead of
 running where the machine cannot; `run()` may also raise `Waived(why)` when it
 learns so late (e.g. from a probe process). A waived suite with --json records
 why in the file (no records). Register the module in bench/__init__.py's
@@ -60,6 +61,68 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+
+def _checked(convert, name: str):
+    """An argparse type from a converter that raises InvalidArgumentError or ValueError."""
+
+    def check(text: str):
+        from ..errors import InvalidArgumentError
+
+        try:
+            return convert(text)
+        except (InvalidArgumentError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    check.__name__ = name  # argparse names the type in its message
+    return check
+
+
+def _size_list(text: str) -> str:
+    from ..units import parse_size_list
+
+    if not parse_size_list(text):
+        raise ValueError(f"'{text}': expected a list of sizes such as 4K,64M,1G")
+    return text  # kept as written; run() parses it again
+
+
+size_list = _checked(_size_list, "size list")
+size_list_or_none = _checked(lambda t: t if t == "none" else _size_list(t), "size list")
+
+
+def _size(text: str) -> str:
+    from ..units import parse_size
+
+    parse_size(text)
+    return text
+
+
+size = _checked(_size, "size")
+
+
+def int_at_least(lo: int):
+    """An argparse type: an integer >= lo."""
+
+    def convert(text: str) -> int:
+        v = int(text)
+        if v < lo:
+            raise ValueError(f"'{text}': expected an integer >= {lo}")
+        return v
+
+    return _checked(convert, "integer")
+
+
+def choices_list(allowed):
+    """An argparse type: a comma-separated list whose items are all in `allowed`."""
+
+    def convert(text: str) -> str:
+        items = [x for x in text.split(",") if x]
+        bad = [x for x in items if x not in allowed]
+        if bad or not items:
+            raise ValueError(f"'{text}': expected a comma-separated list of {', '.join(allowed)}")
+        return text
+
+    return _checked(convert, "list")
 
 
 class Waived(Exception):
