@@ -104,6 +104,10 @@ class SlotWriter:
         self.used = begin + nbytes
         return self.slot[begin:begin + nbytes], begin
 
+    def fits(self, nbytes: int) -> bool:
+        """Whether take(nbytes) would find room (counts nothing)."""
+        return self.slot is not None and align_up(self.used, LEAF_ALIGNMENT) + nbytes <= self.capacity
+
     def holds(self, tensor) -> bool:
         """Whether tensor's bytes lie inside this writer's slot."""
         if self.slot is None:

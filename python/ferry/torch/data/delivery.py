@@ -61,13 +61,18 @@ class Delivery:
         sized; one larger than those before): slots grow to hold it, and it
         moves whole into a new one, so that it too is pinned and one piece.
         A copy in the main process, once per size."""
+        import numpy as np
+
         self.slots.fit(batch.needed_bytes)
         new = self.slots.acquire()
         writer = SlotWriter(new.bytes)
 
         def move(leaf):
             region, offset = writer.take(leaf_nbytes(leaf))
-            region.view(leaf.dtype).view(leaf.shape).copy_(leaf_view(leaf, None if slot is None else slot.bytes))
+            if leaf.data is not None:  # its bytes, copied as they are (no tensor made of them first)
+                region.numpy()[:] = np.frombuffer(leaf.data, dtype=np.uint8)
+            else:
+                region.view(leaf.dtype).view(leaf.shape).copy_(leaf_view(leaf, slot.bytes))
             return TensorLeaf(offset, leaf.shape, leaf.dtype)
 
         tree = map_leaves(batch.tree, move, _is_leaf)

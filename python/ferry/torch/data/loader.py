@@ -31,9 +31,11 @@ from .slot_collate import SlotCollator
 from .slots import SlotPool
 from .worker import _samples, worker_loop
 
-# Slots beyond the tasks in flight: the batch being delivered and the one
-# whose copy is still running.
-EXTRA_SLOTS = 2
+# Slots beyond the tasks in flight, made at once: the batch being delivered
+# (device=...: while its copy runs), and with device=None the one the user
+# holds while the next is delivered. More are made one by one when needed.
+EXTRA_SLOTS_DEVICE = 1
+EXTRA_SLOTS_CPU = 2
 
 
 def _device_arg(device):
@@ -95,7 +97,8 @@ class DataLoader(_data.DataLoader):
             else:
                 pinned = None
             in_flight = (self.prefetch_factor or 0) * self.num_workers if self.num_workers else 1
-            self._ferry_slots = SlotPool(pinned, in_flight + EXTRA_SLOTS)
+            extra = EXTRA_SLOTS_CPU if self.device is None else EXTRA_SLOTS_DEVICE
+            self._ferry_slots = SlotPool(pinned, in_flight + extra)
         return self._ferry_slots
 
     def slot_stats(self) -> dict:

@@ -51,8 +51,9 @@ class SlotCollator:
         if elem.is_nested or elem.layout is not torch.strided or elem.device.type != "cpu":
             return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)  # PyTorch's rules and errors
         shape = (len(batch), *elem.shape)
-        region, _ = self._writer.take(elem.element_size() * math.prod(shape))
-        if region is not None:
+        nbytes = elem.element_size() * math.prod(shape)
+        if self._writer.fits(nbytes):  # else pack() counts it, once, and sends its bytes
+            region, _ = self._writer.take(nbytes)
             try:
                 return torch.stack(batch, 0, out=region.view(elem.dtype).view(shape))
             except RuntimeError:

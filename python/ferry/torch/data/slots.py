@@ -114,7 +114,7 @@ class SlotPool:
         import torch
 
         if self._pool is None:
-            self._pool = self._make_pool(align_up(self.capacity * self.expected_slots, CHUNK_GRANULE))
+            self._pool = self._make_pool()
         # huge=False: the exact size (a huge allocation is rounded to 2 MiB, and
         # expected_slots of them would no longer fit the chunk).
         buf = self._pool.alloc(self.capacity, alignment=SLOT_ALIGNMENT, huge=False)
@@ -128,10 +128,14 @@ class SlotPool:
         self.grown += 1
         return slot
 
-    def _make_pool(self, chunk_bytes: int):
+    def _make_pool(self):
+        """The expected slots in one chunk (the target: one mapping, one
+        registration, made at once); a slot beyond them gets a chunk of its own,
+        so memory follows the slots in use."""
         from ...pool import PinnedPool, Pool
 
-        options = dict(memfd=True, chunk_bytes=chunk_bytes, release_delay_ms=0)
+        options = dict(memfd=True, release_delay_ms=0, chunk_bytes=align_up(self.capacity, CHUNK_GRANULE),
+                       target_bytes=align_up(self.capacity * self.expected_slots, CHUNK_GRANULE), target_huge=False)
         if self.pinned_device is None:
             return Pool(**options)
         return PinnedPool(device=self.pinned_device, **options)
