@@ -57,20 +57,23 @@
 //
 // No call leaves the caller's current device changed.
 //
-// Locking (Impl in copy_engine.cpp; lock order top to bottom, each a leaf
-// except Lane::mu):
-//   Lane::mu       a lane's next_gen and the order of its stream operations:
-//                  held while one stream-ordered copy enqueues (CUDA calls
-//                  inside: they never wait for a CPU thread, because every
-//                  task they will wait on is already submitted).
-//   Impl::pin_mu   the pin stream: held while one pin-in-place copy registers
-//                  and enqueues its pieces (cudaHostRegister inside; the pinner
-//                  thread's unregisters take no engine lock).
-//   Impl::lanes_mu lanes[] until created (creation's CUDA calls run under it
-//                  once per lane, before any copy can use the lane).
-//   Impl::stats_mu stats.
-//   AreaPool::mu_, EventPool::mu_, Crew::mu_, WorkerPool::mu_, TaskGroup::mu_:
-//                  leaves, never held across a CUDA call.
+// Locking (each mutex a leaf: none is held while another is taken, and no
+// CUDA call runs under any of them, PyTorch's rule; the H200 hangs came from
+// a CUDA call under an engine lock):
+//   LanePool::mu_    free_, all_ and count_ (the lanes per direction). A
+//                    lane's CUDA objects are made outside it; a lane is then
+//                    lent to one copy at a time, so Lane::next_gen and the
+//                    order of its stream operations belong to the holder and
+//                    need no lock while it enqueues.
+//   CopyState::mu    one copy's first error. `abort` is an atomic; `parts` is
+//                    written by the thread that builds the copy before the
+//                    Completion is returned.
+//   Impl::stats_mu   stats (counters only).
+//   Impl::workers_started (a once_flag) starts the stream-ordered workers.
+//   AreaPool::mu_ (staging_area.h), EventPool::mu_ (event_pool.h),
+//   Crew::mu_, WorkerPool::mu_, TaskGroup::mu_ (src/core): their own fields.
+// Pin-in-place takes no engine lock: the calling thread registers its pieces
+// and the pinner thread (one per engine) unregisters them.
 #pragma once
 
 #include <cstddef>
