@@ -2,7 +2,8 @@
 // device memory, in both directions, at close to the pinned DMA rate, one
 // buffer or many per call.
 //
-// Paths (copy/strategy.h picks one per item):
+// Paths (copy/strategy.h's choose_route picks one per item, in one place;
+// copy_engine.cpp dispatches, engine_impl.h lists the files of each path):
 //   direct   pinned host memory (or device<->device): DMAs on the caller's stream.
 //   staged, eager (cuda/copy/eager_copy.h): synchronous copies, and async
 //            host->device copies below profile.eager_async_below_bytes. The
@@ -60,15 +61,15 @@
 // Locking (each mutex a leaf: none is held while another is taken, and no
 // CUDA call runs under any of them, PyTorch's rule; the H200 hangs came from
 // a CUDA call under an engine lock):
-//   LanePool::mu_    free_, all_ and count_ (the lanes per direction). A
-//                    lane's CUDA objects are made outside it; a lane is then
-//                    lent to one copy at a time, so Lane::next_gen and the
-//                    order of its stream operations belong to the holder and
-//                    need no lock while it enqueues.
-//   CopyState::mu    one copy's first error. `abort` is an atomic; `parts` is
-//                    written by the thread that builds the copy before the
-//                    Completion is returned.
-//   Impl::stats_mu   stats (counters only).
+//   LanePool::mu_    (lane_pool.h) free_, all_ and count_, the lanes per
+//                    direction. A lane's CUDA objects are made outside it; a
+//                    lane is then lent to one copy at a time, so its next_gen
+//                    and the order of its stream operations belong to the
+//                    holder and need no lock while it enqueues.
+//   CopyState::mu    (copy_state.h) one copy's first error. `abort` is an
+//                    atomic; `parts` is written by the thread that builds the
+//                    copy before the Completion is returned.
+//   Impl::stats_mu   stats (counters only; engine_impl.h).
 //   Impl::workers_started (a once_flag) starts the stream-ordered workers.
 //   AreaPool::mu_ (staging_area.h), EventPool::mu_ (event_pool.h),
 //   Crew::mu_, WorkerPool::mu_, TaskGroup::mu_ (src/core): their own fields.
