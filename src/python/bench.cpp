@@ -111,7 +111,7 @@ std::vector<uint64_t> host_memcpy_ns(size_t bytes, int threads, int iterations) 
   return ns;
 }
 
-// Nanoseconds of each batch (copy_batch_async + wait) on one stream.
+// Nanoseconds of each batch (copy_many_async + wait) on one stream.
 std::vector<uint64_t> batch_ns(cuda::CopyEngine& e, const std::vector<uintptr_t>& dsts,
                                const std::vector<uintptr_t>& srcs, const std::vector<size_t>& sizes,
                                const std::string& strategy, int iterations) {
@@ -123,7 +123,7 @@ std::vector<uint64_t> batch_ns(cuda::CopyEngine& e, const std::vector<uintptr_t>
   cuda::StreamHandle stream;
   for (int i = -1; i < iterations; ++i) {
     auto t0 = Clock::now();
-    e.copy_batch_async(ops, stream.get(), s).wait();
+    e.copy_many_async(ops, stream.get(), s).wait();
     if (i >= 0) ns.push_back(since_ns(t0));
   }
   return ns;

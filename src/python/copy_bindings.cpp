@@ -311,7 +311,7 @@ void bind_copy(nb::module_& m) {
              return e.copy_async(ptr(dst), ptr(src), n, reinterpret_cast<cudaStream_t>(stream), s);
            },
            "dst"_a, "src"_a, "nbytes"_a, "stream"_a = 0, "strategy"_a = nb::none())
-      .def("copy_batch_async",
+      .def("copy_many_async",
            [](cuda::CopyEngine& e, nb::handle dsts, nb::handle srcs, nb::handle sizes, uintptr_t stream,
               nb::handle strategy) {
              auto ops = int_ops(addresses(dsts, "dsts"), addresses(srcs, "srcs"), addresses(sizes, "sizes"));

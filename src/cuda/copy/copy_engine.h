@@ -163,11 +163,6 @@ class CopyEngine {
                              Strategy strategy = Strategy::automatic);
   void copy_many(std::span<const CopyOp> ops, cudaStream_t stream = nullptr,
                  Strategy strategy = Strategy::automatic);
-  // The former name of copy_many_async.
-  Completion copy_batch_async(std::span<const CopyOp> ops, cudaStream_t stream,
-                              Strategy strategy = Strategy::automatic) {
-    return copy_many_async(ops, stream, strategy);
-  }
 
   // Creates the lanes and staging memory now (else on first use).
   void warm_up();
