@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/fork.h"
 #include "core/options.h"
-#include "copy/numa_home.h"
+#include "pool/numa_home.h"
 #include "os/affinity.h"
 #include "os/sysfs.h"
 

@@ -173,7 +173,7 @@ class CopyEngine {
   CopyEngineStats stats() const;
   const CopyEngineOptions& options() const;
   // Where the engine serves its device from, fixed at creation: the host NUMA
-  // node (copy/numa_home.h; -1 on a one-node host or when unknown) and the
+  // node (pool/numa_home.h; -1 on a one-node host or when unknown) and the
   // crew of that node (copy/copy_crew.h) its staged copies run on.
   int numa_node() const;
   const Crew& crew() const;

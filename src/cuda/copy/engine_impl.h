@@ -39,7 +39,7 @@ class PointerLookup;
 
 struct CopyEngine::Impl {
   CopyEngineOptions options;
-  int numa_node = -1;    // the host node that serves the device (copy/numa_home.h), -1: none
+  int numa_node = -1;    // the host node that serves the device (pool/numa_home.h), -1: none
   Crew* crew = nullptr;  // that node's crew (copy/copy_crew.h), shared with other engines
   std::unique_ptr<Pool> staging;  // pinned pool of the slots and areas, bound to numa_node
   // Stream-ordered workers, one pool per direction: a worker blocks until the

@@ -34,48 +34,19 @@ std::unique_ptr<Lane> LanePool::make(Direction d) {
 }
 
 Lane& LanePool::acquire(Direction d) {
-  const int di = static_cast<int>(d);
-  std::unique_lock lock(mu_);
-  for (;;) {
-    if (!free_[di].empty()) {
-      Lane* l = free_[di].back();
-      free_[di].pop_back();
-      return *l;
-    }
-    if (count_[di] < kMaxLanes) {
-      ++count_[di];
-      lock.unlock();
-      std::unique_ptr<Lane> made;
-      try {
-        made = make(d);
-      } catch (...) {
-        lock.lock();
-        --count_[di];
-        throw;
-      }
-      lock.lock();
-      all_.push_back(std::move(made));
-      return *all_.back();
-    }
-    returned_.wait(lock);
-  }
+  return lent_[static_cast<int>(d)].acquire([&] { return make(d); });
 }
 
-void LanePool::release(Lane& lane) noexcept {
-  {
-    std::lock_guard lock(mu_);
-    free_[static_cast<int>(lane.dir)].push_back(&lane);
-  }
-  returned_.notify_one();
-}
+void LanePool::release(Lane& lane) noexcept { lent_[static_cast<int>(lane.dir)].release(lane); }
 
 LanePool::~LanePool() {
-  for (auto& l : all_) {
-    cudaStreamSynchronize(l->stream);
-    cudaStreamDestroy(l->stream);
-    cudaFreeHost(l->flag_block);
-    for (auto* slot : l->slots) staging_.deallocate(slot);
-  }
+  for (auto& lent : lent_)
+    for (auto& l : lent.all_unlocked()) {
+      cudaStreamSynchronize(l->stream);
+      cudaStreamDestroy(l->stream);
+      cudaFreeHost(l->flag_block);
+      for (auto* slot : l->slots) staging_.deallocate(slot);
+    }
   cudaGetLastError();
 }
 

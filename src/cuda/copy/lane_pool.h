@@ -7,17 +7,16 @@
 // lock around CUDA calls; copies on the same lane follow each other on its
 // stream. At most kMaxLanes lanes per direction, made on demand.
 //
-// Locking: LanePool::mu_ guards free_, all_ and count_; the CUDA calls that
-// make a lane run outside it (count_ reserves the lane meanwhile).
+// Locking: each direction's Lender (core/lender.h) has its mutex over its free
+// and made lanes; the CUDA calls that make a lane run outside it.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "copy/strategy.h"
+#include "core/lender.h"
 
 typedef struct CUstream_st* cudaStream_t;
 
@@ -55,15 +54,11 @@ class LanePool {
   void release(Lane& lane) noexcept;
 
  private:
-  std::unique_ptr<Lane> make(Direction d);  // CUDA calls: outside mu_
+  std::unique_ptr<Lane> make(Direction d);  // CUDA calls: outside the lender's lock
   Pool& staging_;
   const MachineProfile& profile_;
   const int device_;
-  std::mutex mu_;
-  std::condition_variable returned_;
-  std::vector<Lane*> free_[2];                // mu_
-  std::vector<std::unique_ptr<Lane>> all_;    // mu_
-  int count_[2] = {0, 0};                     // mu_: made or being made
+  Lender<Lane> lent_[2] = {Lender<Lane>(kMaxLanes), Lender<Lane>(kMaxLanes)};  // by Direction
 };
 
 // Holds a lane for a scope.

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "copy/copy_crew.h"
-#include "copy/numa_home.h"
+#include "pool/numa_home.h"
 #include "core/crew.h"
 #include "cuda/device.h"
 #include "cuda/pinned_pool.h"

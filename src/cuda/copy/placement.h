@@ -1,5 +1,5 @@
 // placement.h — where an engine serves its device from, fixed at creation:
-// the host NUMA node nearest the GPU (copy/numa_home.h), that node's crew of
+// the host NUMA node nearest the GPU (pool/numa_home.h), that node's crew of
 // copy threads (copy/copy_crew.h, shared with other engines of the node) and
 // pinned staging memory bound to the node. One-node hosts: node -1, one crew,
 // no binding.

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "copy/host_copy.h"
+#include "core/cpu_relax.h"
 #include "core/crew.h"
 #include "core/fault.h"
 #include "core/thread_affinity.h"
@@ -53,9 +54,7 @@ bool wait_flag(const volatile uint64_t* flag, uint64_t value, CopyState& st) {
   };
   for (int i = 0; i < 2000; ++i) {
     if (reached()) return true;
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
+    cpu_relax();
   }
   auto start = Clock::now();
   for (int i = 0;; ++i) {
