@@ -8,6 +8,7 @@
 #include "copy/staging_plan.h"
 #include "core/error.h"
 #include "core/options.h"
+#include "os/memory.h"
 
 namespace ferry {
 
@@ -109,7 +110,7 @@ MachineProfile parse_profile(const std::string& text) {
     else if (key == "hybrid_below_bytes") p.hybrid_below_bytes = parse_size(value, where);
     else if (key == "hybrid_pinned_share_h2d") p.hybrid_pinned_share[0] = share();
     else if (key == "hybrid_pinned_share_d2h") p.hybrid_pinned_share[1] = share();
-    else if (key == "pin_piece_bytes") p.pin_piece_bytes = bytes_in(2u << 20, kMaxPinPieceBytes);
+    else if (key == "pin_piece_bytes") p.pin_piece_bytes = bytes_in(os::kHugePage2MBytes, kMaxPinPieceBytes);
     else if (key == "batch_sm_below_bytes") p.batch_sm_below_bytes = parse_size(value, where);
     else if (key == "eager_chunk_bytes") p.eager_chunk_bytes = bytes_in(1, kMaxStagingChunkBytes);
     else if (key == "eager_slots") p.eager_slots = count_in(1, 4096);
@@ -119,7 +120,7 @@ MachineProfile parse_profile(const std::string& text) {
   }
   if (p.eager_chunk_bytes % kFragmentAlign)
     throw InvalidArgument("profile: eager_chunk_bytes must be a multiple of " + std::to_string(kFragmentAlign));
-  if (p.pin_piece_bytes % (2u << 20))
+  if (p.pin_piece_bytes % os::kHugePage2MBytes)
     throw InvalidArgument("profile: pin_piece_bytes must be a multiple of 2 MiB");
   return p;
 }

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/options.h"
+#include "os/memory.h"
 #include "os/sysfs.h"
 #include "pool/pool.h"
 
@@ -21,7 +22,7 @@ const char* backing_name(Backing b) noexcept {
 
 namespace {
 
-constexpr size_t kChunkGranule = size_t{2} << 20;
+constexpr size_t kChunkGranule = os::kHugePage2MBytes;
 constexpr size_t kAddressSpace = size_t{1} << 47;  // the x86-64 user address space
 
 void check_range(const char* name, int64_t value, int64_t lo, int64_t hi, const char* meaning) {
@@ -41,7 +42,7 @@ void PoolOptions::validate() const {
   check_range("touch_threads", touch_threads, 0, kMaxThreads, "0 = one per core, at most 16");
   check_range("release_delay_ms", release_delay_ms, 0, kMaxReleaseDelayMs,
               "0 = only trim releases memory; at most a day");
-  check_range("numa_node", numa_node, -2, kMaxNumaNode, "-1 = no binding, -2 = never bind");
+  check_range("numa_node", numa_node, kNumaNeverBind, kMaxNumaNode, "-1 = no binding, -2 = never bind");
   // A target the machine cannot hold would only fail, or swap, later and
   // slowly; say so now.
   const uint64_t memory = os::physical_memory_bytes();
@@ -54,7 +55,7 @@ void PoolOptions::validate() const {
 PoolOptions PoolOptions::from_options(const Options& o) {
   PoolOptions p;
   p.chunk_bytes = o.size("FERRY_CHUNK_SIZE");
-  if (p.chunk_bytes == 0 || p.chunk_bytes % (size_t{2} << 20) != 0)
+  if (p.chunk_bytes == 0 || p.chunk_bytes % kChunkGranule != 0)
     throw InvalidArgument("FERRY_CHUNK_SIZE=" + std::to_string(p.chunk_bytes) + " (" +
                           format_bytes(p.chunk_bytes) + "): expected a nonzero multiple of 2 MiB");
   const std::string& huge = o.text("FERRY_HUGE_PAGES");

@@ -123,7 +123,7 @@ struct CopyEngineOptions {
   int device = 0;
   MachineProfile profile = MachineProfile::defaults();
   Strategy strategy = Strategy::automatic;  // default for calls that ask for automatic
-  int workers = 0;                          // 0: profile.workers, else cores (<= 16)
+  int workers = 0;                          // 0: profile.workers, else cores (<= kDefaultThreadCap)
   // Read FERRY_COPY_STRATEGY, FERRY_COPY_WORKERS and the profile file.
   static CopyEngineOptions from_environment(int device);
 };

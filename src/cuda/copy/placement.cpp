@@ -6,6 +6,7 @@
 #include "copy/copy_crew.h"
 #include "pool/numa_home.h"
 #include "core/crew.h"
+#include "core/thread_counts.h"
 #include "cuda/device.h"
 #include "cuda/pinned_pool.h"
 #include "os/sysfs.h"
@@ -19,7 +20,7 @@ EnginePlacement place_engine(int device) {
   p.crew = &copy_crew(p.numa_node);
   PoolOptions staging;
   staging.chunk_bytes = 64u << 20;
-  staging.numa_node = p.numa_node >= 0 ? p.numa_node : -2;
+  staging.numa_node = p.numa_node >= 0 ? p.numa_node : kNumaNeverBind;  // one node: bind nothing
   p.staging = make_pinned_pool(staging, device);
   return p;
 }
@@ -27,7 +28,7 @@ EnginePlacement place_engine(int device) {
 int stream_worker_count(int requested, int profile_workers, const Crew& crew) {
   const int w = requested > 0 ? requested : profile_workers;
   const int cores = crew.cpus().empty() ? os::usable_cores() : static_cast<int>(crew.cpus().size());
-  return w > 0 ? w : std::min(cores, 16);
+  return w > 0 ? w : std::min(cores, kDefaultThreadCap);
 }
 
 }  // namespace ferry::cuda

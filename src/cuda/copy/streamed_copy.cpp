@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "copy/host_copy.h"
@@ -24,6 +25,18 @@
 namespace ferry::cuda {
 
 using Clock = std::chrono::steady_clock;
+
+// How a worker waits for a flag the GPU writes (wait_flag): first it spins,
+// since a chunk's DMA takes tens of microseconds (4 MiB at 55 GB/s: 76 us) and
+// a flag about to be written is caught fastest without a system call; then it
+// yields to other threads a few times; then it sleeps in short naps, short
+// enough that a late wake-up costs a small share of one chunk's DMA time.
+constexpr int kFlagSpinPolls = 2000;               // PAUSEs: ~10-100 us, by CPU model
+constexpr int kFlagYieldPolls = 64;                // then sched_yield()s
+constexpr auto kFlagNap = std::chrono::microseconds(20);
+// No healthy DMA of one chunk takes a second: after this long the device has
+// hung or the stream is blocked, and the copy fails instead of hanging.
+constexpr auto kFlagTimeout = std::chrono::seconds(60);
 
 int CopyEngine::Impl::worker_count() const {
   return stream_worker_count(options.workers, options.profile.workers, *crew);
@@ -52,7 +65,7 @@ bool wait_flag(const volatile uint64_t* flag, uint64_t value, CopyState& st) {
     uint64_t v = std::atomic_ref<const uint64_t>(*const_cast<const uint64_t*>(flag)).load(std::memory_order_acquire);
     return static_cast<int64_t>(v - value) >= 0;
   };
-  for (int i = 0; i < 2000; ++i) {
+  for (int i = 0; i < kFlagSpinPolls; ++i) {
     if (reached()) return true;
     cpu_relax();
   }
@@ -60,12 +73,13 @@ bool wait_flag(const volatile uint64_t* flag, uint64_t value, CopyState& st) {
   for (int i = 0;; ++i) {
     if (reached()) return true;
     if (st.abort) return false;
-    if (i < 64)
+    if (i < kFlagYieldPolls)
       std::this_thread::yield();
     else
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    if (Clock::now() - start > std::chrono::seconds(60))
-      throw CudaError("copy engine: the GPU did not reach a staging flag within 60 s (device hung or stream blocked)",
+      std::this_thread::sleep_for(kFlagNap);
+    if (Clock::now() - start > kFlagTimeout)
+      throw CudaError("copy engine: the GPU did not reach a staging flag within " +
+                          std::to_string(kFlagTimeout.count()) + " s (device hung or stream blocked)",
                       cudaErrorLaunchTimeout);
   }
 }
