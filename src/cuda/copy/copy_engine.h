@@ -61,18 +61,20 @@
 // Locking (each mutex a leaf: none is held while another is taken, and no
 // CUDA call runs under any of them, PyTorch's rule; the H200 hangs came from
 // a CUDA call under an engine lock):
-//   LanePool::mu_    (lane_pool.h) free_, all_ and count_, the lanes per
-//                    direction. A lane's CUDA objects are made outside it; a
-//                    lane is then lent to one copy at a time, so its next_gen
-//                    and the order of its stream operations belong to the
-//                    holder and need no lock while it enqueues.
+//   Lender::mu_      (core/lender.h) one per LanePool direction and one per
+//                    AreaPool: which lanes or staging areas are free, how
+//                    many are made, and each area's `pending`. Lanes and
+//                    areas are made (CUDA calls) outside it; a lane or area is
+//                    then lent to one copy at a time, so a lane's next_gen and
+//                    the order of its stream operations belong to the holder
+//                    and need no lock while it enqueues.
 //   CopyState::mu    (copy_state.h) one copy's first error. `abort` is an
 //                    atomic; `parts` is written by the thread that builds the
 //                    copy before the Completion is returned.
 //   Impl::stats_mu   stats (counters only; engine_impl.h).
 //   Impl::workers_started (a once_flag) starts the stream-ordered workers.
-//   AreaPool::mu_ (staging_area.h), EventPool::mu_ (event_pool.h),
-//   Crew::mu_, WorkerPool::mu_, TaskGroup::mu_ (src/core): their own fields.
+//   EventPool::mu_ (event_pool.h), Crew::mu_, WorkerPool::mu_,
+//   TaskGroup::mu_ (src/core): their own fields.
 // Pin-in-place takes no engine lock: the calling thread registers its pieces
 // and the pinner thread (one per engine) unregisters them.
 #pragma once
