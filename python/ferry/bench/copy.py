@@ -338,7 +338,6 @@ def calibrate(iterations: int) -> str:
             best_share, best = 0.0, gbps(n, _ferry.copy_ns(eng, dst, src, n, "staged", iterations))
             progress(f"calibrate: {direction} staged {best:.1f} GB/s")
             for share in (0.25, 0.4, 0.55, 0.7, 1.0):  # 1.0: pin-in-place
-                os.environ.pop("FERRY_PROFILE", None)
                 r = _hybrid_gbps(dst, src, n, share, direction, iterations)
                 progress(f"calibrate: {direction} hybrid share {share} {r:.1f} GB/s")
                 if r > best * 1.03:
@@ -388,25 +387,10 @@ def print_wins(rows) -> None:
 
 
 def _hybrid_gbps(dst, src, n, share, direction, iterations) -> float:
-    """Bandwidth of the hybrid strategy at a given pinned share (a private engine)."""
-    import tempfile
-
-    from .. import _ferry
-
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(f"hybrid_pinned_share_{direction} = {share}\n")
-        path = f.name
-    old = os.environ.get("FERRY_PROFILE")
-    os.environ["FERRY_PROFILE"] = path
-    try:
-        eng = _ferry.Engine(0)
-        return gbps(n, _ferry.copy_ns(eng, dst, src, n, "hybrid", iterations))
-    finally:
-        if old is None:
-            os.environ.pop("FERRY_PROFILE", None)
-        else:
-            os.environ["FERRY_PROFILE"] = old
-        os.unlink(path)
+    """Bandwidth of the hybrid strategy at a given pinned share (a private engine
+    with that profile line: FERRY_PROFILE is read once per process)."""
+    profile = f"hybrid_pinned_share_{direction} = {share}\n"
+    return gbps(n, _ferry.copy_ns_with_profile(0, profile, dst, src, n, "hybrid", iterations))
 
 
 def profile_path() -> str:
