@@ -116,12 +116,11 @@ void CopyEngine::warm_up() {
 // ---- one copy -----------------------------------------------------------------------
 
 Route CopyEngine::Impl::route(void* dst, const void* src, size_t bytes, Strategy strategy, CallKind call,
-                              PointerLookup& lookup, size_t batch_pinned_mean_bytes) {
+                              PointerLookup& lookup) {
   refuse_if_forked();  // every copy call decides first
   const CopyPair pair = check_copy_pair(dst, src, bytes, lookup, options.device);
-  CopyFacts facts = copy_facts(pair, bytes, call);
-  facts.batch_pinned_mean_bytes = batch_pinned_mean_bytes;
-  return choose_route(facts, options.profile, strategy != Strategy::automatic ? strategy : options.strategy);
+  return choose_route(copy_facts(pair, bytes, call), options.profile,
+                      strategy != Strategy::automatic ? strategy : options.strategy);
 }
 
 Strategy CopyEngine::plan(void* dst, const void* src, size_t bytes, Strategy strategy) {

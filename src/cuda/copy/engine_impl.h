@@ -66,8 +66,7 @@ struct CopyEngine::Impl {
   size_t staged_chunk_bytes(size_t bytes) const;
 
   // Validates the pair and asks copy/strategy.h's choose_route how it moves.
-  Route route(void* dst, const void* src, size_t bytes, Strategy strategy, CallKind call, PointerLookup& lookup,
-              size_t batch_pinned_mean_bytes = 0);
+  Route route(void* dst, const void* src, size_t bytes, Strategy strategy, CallKind call, PointerLookup& lookup);
   // Enqueues one validated copy along `r` (the engine's device current).
   Completion start(void* dst, const void* src, size_t bytes, cudaStream_t stream, const Route& r,
                    PointerLookup& lookup);
