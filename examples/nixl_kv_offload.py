@@ -23,9 +23,12 @@ one NIXL request for all blocks); the median and best GB/s are printed, and
 with --json written to a file. --device cpu does the same with host memory
 only (ferry Pool buffers on both sides, no GPU, no torch): what CI runs.
 
-UCX chooses the transports: --ucx-tls sets UCX_TLS for both processes, --ucx
-KEY=VALUE any other UCX_* variable (README, "Several nodes: ferry memory on
-NIXL", says which settings matter). Needs `pip install 'ferry[nixl]'`.
+Both agents come from ferry.nixl.agent (UCX settings chosen for this machine;
+B prints what was chosen) unless --agent nixl asks for NIXL's defaults.
+--ucx-tls sets UCX_TLS for both processes, --ucx KEY=VALUE any other UCX_*
+variable: the user's settings, they win over ferry's choice (README, "Several
+nodes: ferry memory on NIXL", says which settings matter). Needs `pip install
+'ferry[nixl]'`.
 
   python examples/nixl_kv_offload.py --blocks 1024 --block-bytes 1MiB
   python examples/nixl_kv_offload.py --mode write --ucx-tls cuda_copy,cuda_ipc,sm,self
@@ -75,14 +78,21 @@ def gbps(nbytes: int, seconds: float) -> float:
 
 
 def make_agent(name: str, args):
-    """A NIXL agent with UCX; --ucx-error-handling goes to the UCX backend."""
+    """A NIXL agent with UCX: ferry.nixl.agent (UCX settings chosen for this
+    machine; --agent ferry) or NIXL's defaults (--agent nixl). --ucx-tls, --ucx
+    and --ucx-error-handling are the user's settings: they win either way."""
     params = {"UCX": {"ucx_error_handling_mode": args.ucx_error_handling}} if args.ucx_error_handling else None
-    return fn.make_agent(name, backend_params=params)
+    if args.agent == "nixl":
+        return fn.make_agent(name, backend_params=params)
+    agent = fn.agent(name, peers="local", backend_params=params)
+    if args.role == "puller":
+        say("B", fn.settings(agent).describe())
+    return agent
 
 
 def timed_transfers(agent, op, local, remote, peer, args) -> dict:
     """One verified-size transfer, then --iters timed ones; their figures."""
-    t = fn.transfer(agent, op, local, remote, peer, timeout=args.timeout)
+    t = fn.transfer(agent, op, local, remote, peer, timeout=args.timeout, split=args.split)
     try:
         first = t.seconds
         backend = t.backend
@@ -93,7 +103,7 @@ def timed_transfers(agent, op, local, remote, peer, args) -> dict:
         t.release()
     nbytes = local.nbytes
     median = statistics.median(times) if times else first
-    return {"op": op, "bytes": nbytes, "descriptors": len(local), "backend": backend,
+    return {"op": op, "bytes": nbytes, "descriptors": len(local), "backend": backend, "split": args.split,
             "first_seconds": first, "seconds": times, "median_gbps": gbps(nbytes, median),
             "best_gbps": gbps(nbytes, min(times)) if times else gbps(nbytes, first),
             "first_gbps": gbps(nbytes, first)}
@@ -282,14 +292,14 @@ def launch(args, argv: list[str]) -> int:
         env = child_env(args)
         ucx = {k: v for k, v in env.items() if k.startswith("UCX_")}
         print(f"{args.mode}: {args.blocks} of {args.gpu_blocks} blocks of {fmt_bytes(args.block_bytes)}, "
-              f"device {args.device}; UCX: {ucx or 'defaults'}, error handling "
-              f"{args.ucx_error_handling or 'NIXL default (peer)'}", flush=True)
+              f"device {args.device}; agent {args.agent}; user UCX settings: {ucx or 'none'}, error handling "
+              f"{args.ucx_error_handling or 'not set'}", flush=True)
         base = [sys.executable, os.path.abspath(__file__), *argv, "--exchange", str(exchange)]
         children = [subprocess.Popen([*base, "--role", role], env=env) for role in ("offloader", "puller")]
         codes = supervise(children, 3 * args.timeout + 60)
         result_path = exchange / "result.json"
         result = json.loads(result_path.read_text()) if result_path.exists() else {}
-    result.update({"mode": args.mode, "device": args.device, "block_bytes": args.block_bytes,
+    result.update({"mode": args.mode, "device": args.device, "block_bytes": args.block_bytes, "agent": args.agent,
                    "blocks": args.blocks, "ucx": ucx, "ucx_error_handling": args.ucx_error_handling,
                    "exit_codes": codes})
     ok = codes == [0, 0] and result.get("verified") is True
@@ -327,12 +337,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ucx-error-handling", choices=("peer", "none"), default=None,
                    help="the UCX backend's endpoint error handling (NIXL's default: peer, which rules out "
                         "shared-memory and cuda_ipc lanes that cannot report a dead peer; none allows them)")
+    p.add_argument("--agent", choices=("ferry", "nixl"), default="ferry",
+                   help="ferry: ferry.nixl.agent, UCX settings chosen for this machine (default); nixl: NIXL's "
+                        "own defaults")
+    p.add_argument("--split", type=int, default=1, help="NIXL requests each transfer is posted as (default 1)")
     p.add_argument("--seed", type=int, default=1234, help="the KV cache generator's seed")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds any one wait may take (default 120)")
     p.add_argument("--json", default=None, help="write the result here")
     p.add_argument("--role", choices=("offloader", "puller"), default=None, help=argparse.SUPPRESS)
     p.add_argument("--exchange", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.split < 1:
+        p.error(f"--split ({args.split}) must be at least 1")
     if args.blocks < 1 or args.block_bytes < 1:
         p.error(f"--blocks ({args.blocks}) and --block-bytes ({args.block_bytes}) must be at least 1")
     if args.gpu_blocks is None:

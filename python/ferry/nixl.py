@@ -16,6 +16,13 @@ The pieces, bottom-up:
   ``slots(obj, indices, slot_bytes)`` (equal slots of one object, e.g. KV
   blocks ``tensor[i]``), ``blocks(addresses, lengths, mem_type=...)`` (lists or
   int64 arrays). ``xfer_descs`` / ``reg_descs`` turn one into NIXL's lists.
+- ``agent(name)``: a NIXL agent with UCX settings chosen for this machine
+  and its traffic (ferry.ucx: the transports that start here, the fastest set
+  for peers on this host and on others, the error handling they allow, UCX's
+  RMA pipeline where GPUs are); the user's UCX_* variables and backend_params
+  win. ``settings(agent).describe()`` says what was chosen and why (also
+  logged at INFO by the "ferry.nixl" logger). ``make_agent`` takes NIXL's
+  defaults.
 - ``register_pool(agent, pool)``: a ferry ``Pool`` or ``PinnedPool`` (both
   "DRAM") registered chunk by chunk. Its chunks now; ``sync()`` registers the
   chunks the pool added since and deregisters the ones it released (it polls
@@ -42,17 +49,19 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
+import threading
 import time
+import weakref
 from typing import Iterable, Sequence
 
 from ._resolve import resolve
 from .errors import FerryError, InvalidArgumentError, NotSupportedError
 from .pool import Buffer
+from .ucx import NIXL_MODULES
 
-# NIXL's Python modules, in the order tried: the CUDA 13 and 12 wheels
-# (nixl-cu13, nixl-cu12), then the `nixl` meta package or a source build.
-MODULES = ("nixl_cu13", "nixl_cu12", "nixl")
+MODULES = NIXL_MODULES  # the modules tried, in order (ferry.ucx finds UCX through them)
 INSTALL_HINT = "pip install 'ferry[nixl]' (or: pip install nixl-cu13; nixl-cu12 for CUDA 12)"
 MEM_TYPES = ("DRAM", "VRAM")
 OPERATIONS = ("READ", "WRITE")
@@ -155,6 +164,70 @@ def make_agent(name: str, *, backends: Sequence[str] = ("UCX",), backend_params:
                         "backend_params={'UCX': {'ucx_error_handling_mode': 'none'}}; where NVIDIA GPUs are "
                         "present NIXL also wants a CUDA transport in UCX_TLS (cuda_copy, or cuda)")
     return agent
+
+
+log = logging.getLogger("ferry.nixl")
+_env_lock = threading.Lock()  # held while agent() sets UCX_* variables for one agent creation
+_settings: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # agent -> ucx.Settings
+
+
+def agent(name: str, *, peers: str = "any", backend_params: dict | None = None, cma: bool | None = None,
+          progress_thread: bool = True, num_threads: int = 0):
+    """A ``nixl_agent`` with UCX, configured for this machine and traffic.
+
+    peers: where the agents it talks to run: "local" (this host), "remote"
+    (other nodes) or "any" (default). UCX's transports are probed once per
+    process (ferry.ucx.probe: a child process, about a second) and
+    ferry.ucx.choose picks UCX_TLS (CUDA transports, shared memory, RDMA, tcp,
+    as they start here), UCX_RMA_PPLN_ENABLE=y where GPUs are, and the
+    backend's ``ucx_error_handling_mode`` ("none" where shared-memory or
+    cuda_ipc lanes are chosen: they cannot report a dead peer; "peer" for
+    remote-only traffic). cma: allow UCX's cma transport between local
+    processes (default: only where no CUDA transport starts; see ferry.ucx).
+
+    Precedence: a UCX_* variable in this process's environment and an entry
+    of backend_params ({"UCX": {...}}, as make_agent takes) always win; they
+    are reported in ``settings(agent)``. UCX reads its variables when the
+    backend is created, so ferry's choices are put into os.environ for that
+    call only (under a lock, restored right after): other threads that read
+    the environment during those milliseconds see them; later agents,
+    make_agent() and child processes do not."""
+    from . import ucx
+
+    if not name:
+        raise InvalidArgumentError("a NIXL agent needs a non-empty name")
+    params = dict(backend_params or {})
+    unknown = set(params) - {"UCX"}
+    if unknown:
+        raise InvalidArgumentError(f"backend_params for {sorted(unknown)}: ferry.nixl.agent creates the UCX "
+                                   "backend only (make_agent takes others)")
+    nixl()  # NixlUnavailableError before the probe
+    chosen = ucx.choose(ucx.probe(), peers=peers, backend_params=params.get("UCX"), cma=cma)
+    with _env_lock:
+        saved = {k: os.environ.get(k) for k in chosen.env}
+        os.environ.update(chosen.env)
+        try:
+            created = make_agent(name, backend_params={"UCX": dict(chosen.backend_params)},
+                                 progress_thread=progress_thread, num_threads=num_threads)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    _settings[created] = chosen
+    log.info("NIXL agent %r: %s", name, chosen.describe())
+    return created
+
+
+def settings(a):
+    """The ferry.ucx.Settings that agent() chose for `a` (``.describe()``:
+    the text); InvalidArgumentError for an agent that agent() did not make."""
+    try:
+        return _settings[a]
+    except (KeyError, TypeError):
+        raise InvalidArgumentError(f"{type(a).__name__} was not made by ferry.nixl.agent(): no settings "
+                                   "recorded") from None
 
 
 # ---- descriptor lists (pure Python) ------------------------------------------------
@@ -339,13 +412,25 @@ def blocks(addresses, lengths, *, mem_type: str, device: int = 0, owner=None) ->
     return Descs(mem_type, [(a, n, dev) for a, n in zip(addrs, lens)], () if owner is None else (owner,))
 
 
+def _agent(agent, what: str):
+    """agent, checked: a NIXL agent (make_agent()) or InvalidArgumentError naming the
+    argument (agent=None gave "AttributeError: 'NoneType' object has no attribute ...")."""
+    if agent is None or not callable(getattr(agent, "get_xfer_descs", None)):
+        text = repr(agent)
+        text = text if len(text) <= 80 else text[:77] + "..."
+        raise InvalidArgumentError(f"{what}: agent={text}: expected a NIXL agent (ferry.nixl.make_agent())")
+    return agent
+
+
 def xfer_descs(agent, d: Descs):
     """NIXL's transfer descriptor list (nixlXferDList) for `d`."""
+    _agent(agent, "xfer_descs")
     return _nixl_call("get_xfer_descs", agent.get_xfer_descs, d.array(), d.mem_type)
 
 
 def reg_descs(agent, d: Descs):
     """NIXL's registration descriptor list (nixlRegDList) for `d`."""
+    _agent(agent, "reg_descs")
     return _nixl_call("get_reg_descs", agent.get_reg_descs, d.array(), d.mem_type)
 
 
@@ -357,6 +442,7 @@ class Registration:
     block). Holds what it describes alive."""
 
     def __init__(self, agent, d: Descs, backends: Sequence[str] = ()):
+        _agent(agent, "Registration")
         self.agent = agent
         self.descs = d
         self._backends = list(backends)
@@ -379,6 +465,7 @@ def register(agent, obj, nbytes: int | None = None, *, mem_type: str | None = No
              device: int | None = None, backends: Sequence[str] = ()) -> Registration:
     """Register memory with `agent`: a Descs, or anything descs() takes (a GPU
     tensor becomes VRAM on its device)."""
+    _agent(agent, "register")
     d = obj if isinstance(obj, Descs) else descs(obj, nbytes, mem_type=mem_type, device=device)
     return Registration(agent, d, backends)
 
@@ -410,6 +497,7 @@ class PoolRegistration:
     mem_type = "DRAM"
 
     def __init__(self, agent, pool, backends: Sequence[str] = ()):
+        _agent(agent, "PoolRegistration")
         chunks = getattr(pool, "chunks", None)
         if not callable(chunks) or not hasattr(pool, "chunk_generation"):
             raise InvalidArgumentError(f"register_pool needs a ferry.Pool or ferry.PinnedPool, "
@@ -483,6 +571,7 @@ class PoolRegistration:
 
 def register_pool(agent, pool, *, backends: Sequence[str] = ()) -> PoolRegistration:
     """Register `pool`'s chunks with `agent` as DRAM (see PoolRegistration)."""
+    _agent(agent, "register_pool")
     return PoolRegistration(agent, pool, backends)
 
 
@@ -492,6 +581,7 @@ def register_pool(agent, pool, *, backends: Sequence[str] = ()) -> PoolRegistrat
 def add_remote(agent, metadata: bytes) -> str:
     """Load a remote agent's metadata into `agent` (a known agent is updated:
     regions it registered since are added); returns its name as a str."""
+    _agent(agent, "add_remote")
     name = _nixl_call("add_remote_agent", agent.add_remote_agent, metadata)
     return name.decode() if isinstance(name, bytes) else name
 
@@ -499,6 +589,7 @@ def add_remote(agent, metadata: bytes) -> str:
 def publish_metadata(agent, path: str | os.PathLike, extra: dict | None = None) -> None:
     """Write `agent`'s metadata (and `extra`, JSON: e.g. where its blocks are)
     to `path`, atomically: a reader sees the whole file or none."""
+    _agent(agent, "publish_metadata")
     metadata = _nixl_call("get_agent_metadata", agent.get_agent_metadata)
     document = {"agent": agent.name, "metadata": metadata.hex(), "extra": extra or {}}
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
@@ -510,6 +601,7 @@ def publish_metadata(agent, path: str | os.PathLike, extra: dict | None = None) 
 def load_metadata(agent, path: str | os.PathLike, timeout: float = 60.0) -> tuple[str, dict]:
     """Wait (up to `timeout` s) for a file publish_metadata() wrote, add that
     agent to `agent` (a known agent is updated) and return (its name, extra)."""
+    _agent(agent, "load_metadata")
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
         if time.monotonic() > deadline:
@@ -550,15 +642,18 @@ def _check_pair(local: Descs, remote: Descs) -> None:
 class Transfer:
     """A posted NIXL transfer. wait(timeout) until it is done; done (a poll);
     release() frees its handle (aborting it if still running); repost() runs
-    the same transfer again. A context manager that releases on exit."""
+    the same transfer again. A context manager that releases on exit.
+    ``parts``: the NIXL requests it was posted as (post(split=N))."""
 
-    def __init__(self, agent, handle, op: str, local: Descs, remote: Descs, remote_agent: str):
+    def __init__(self, agent, handles, op: str, local: Descs, remote: Descs, remote_agent: str):
+        _agent(agent, "Transfer")
         self.agent = agent
         self.op = op
         self.local = local  # held: their memory stays alive while the transfer may run
         self.remote = remote
         self.remote_agent = remote_agent
-        self._handle = handle
+        self._handles = list(handles) if isinstance(handles, (list, tuple)) else [handles]
+        self._handle = self._handles[0]
         self._posted = 0.0
         self.seconds: float | None = None  # post to done, as seen by done/wait
 
@@ -573,6 +668,10 @@ class Transfer:
             raise InvalidArgumentError("this transfer was released")
         return _nixl_call("query_xfer_backend", self.agent.query_xfer_backend, self._handle)
 
+    @property
+    def parts(self) -> int:
+        return len(self._handles)
+
     def _what(self) -> str:
         arrow, direction = ("<-", "from") if self.op == "READ" else ("->", "to")
         return (f"NIXL {self.op} of {self.nbytes} bytes ({len(self.local)} descriptor(s), {self.local.mem_type} "
@@ -583,8 +682,8 @@ class Transfer:
             raise InvalidArgumentError("this transfer was released")
         self.seconds = None
         self._posted = time.perf_counter()
-        state = _nixl_call(f"post of {self._what()}", self.agent.transfer, self._handle, notif)
-        self._settle(state)
+        states = [_nixl_call(f"post of {self._what()}", self.agent.transfer, h, notif) for h in self._handles]
+        self._settle(states)
 
     def repost(self, notif: bytes = b"") -> "Transfer":
         """Post the same transfer again (after it is done)."""
@@ -593,14 +692,15 @@ class Transfer:
         self._post(notif)
         return self
 
-    def _settle(self, state: str) -> bool:
-        if state == "DONE":
+    def _settle(self, states: list[str]) -> bool:
+        bad = [s for s in states if s not in ("DONE", "PROC")]
+        if not bad and all(s == "DONE" for s in states):
             if self.seconds is None:
                 self.seconds = time.perf_counter() - self._posted
             return True
-        if state == "PROC":
+        if not bad:
             return False
-        raise NixlError(f"{self._what()} failed (state {state}); NIXL's log above says why "
+        raise NixlError(f"{self._what()} failed (state {bad[0]}); NIXL's log above says why "
                         "(for UCX: the peer may be gone, or no transport both sides share reaches this memory)")
 
     @property
@@ -610,8 +710,8 @@ class Transfer:
             return True
         if self._handle is None:
             raise InvalidArgumentError("this transfer was released")
-        return self._settle(_nixl_call(f"check_xfer_state of {self._what()}", self.agent.check_xfer_state,
-                                       self._handle))
+        return self._settle([_nixl_call(f"check_xfer_state of {self._what()}", self.agent.check_xfer_state, h)
+                             for h in self._handles])
 
     def wait(self, timeout: float | None = 60.0) -> "Transfer":
         """Block until done (polling NIXL, which also drives its progress);
@@ -634,8 +734,9 @@ class Transfer:
     def release(self) -> None:
         """Free the NIXL handle (aborting a running transfer); idempotent."""
         if self._handle is not None:
-            handle, self._handle = self._handle, None
-            _nixl_call(f"release_xfer_handle of {self._what()}", self.agent.release_xfer_handle, handle)
+            handles, self._handles, self._handle = self._handles, [], None
+            for handle in handles:
+                _nixl_call(f"release_xfer_handle of {self._what()}", self.agent.release_xfer_handle, handle)
 
     def __enter__(self):
         return self
@@ -644,27 +745,55 @@ class Transfer:
         self.release()
 
 
+def _split_rows(d: Descs, parts: int) -> list[Descs]:
+    """d's rows in `parts` contiguous groups of nearly equal row counts."""
+    n = len(d.rows)
+    bounds = [n * k // parts for k in range(parts + 1)]
+    return [Descs(d.mem_type, d.rows[a:b], d._owners) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
 def post(agent, op: str, local, remote, remote_agent: str, *, notif: bytes = b"",
-         backends: Sequence[str] = (), sync: PoolRegistration | Sequence[PoolRegistration] = ()) -> Transfer:
+         backends: Sequence[str] = (), sync: PoolRegistration | Sequence[PoolRegistration] = (),
+         split: int = 1) -> Transfer:
     """Start one transfer: op "READ" (remote -> local) or "WRITE" (local ->
     remote); local and remote are Descs (or objects descs() takes) paired row by
     row; remote rows are addresses in the remote agent's memory. `sync`: pool
-    registrations to bring up to date first (so new chunks are registered)."""
+    registrations to bring up to date first (so new chunks are registered).
+    split: post the rows as up to that many NIXL requests at once (contiguous
+    groups; one Transfer waits for all): more requests in flight, for UCX
+    protocols that serialize one request's descriptors (scripts/gpu-nixl-write
+    measures whether it helps; notif goes with each part)."""
     if op not in OPERATIONS:
         raise InvalidArgumentError(f"op={op!r}: expected READ or WRITE")
     local = _as_descs(local, "local")
     remote = _as_descs(remote, "remote")
     _check_pair(local, remote)
+    split = _count(split, "split")
+    if split < 1:
+        raise InvalidArgumentError("split=0: a transfer is posted as at least one request")
+    _agent(agent, "post")  # after the request's checks (they need no agent)
     if isinstance(remote_agent, bytes):
         remote_agent = remote_agent.decode()
     for registration in [sync] if isinstance(sync, PoolRegistration) else sync:
         registration.sync()
     hint = ("NIXL_ERR_NOT_FOUND means a descriptor lies outside the memory registered here or in the "
             "remote agent's metadata as loaded (register it; the peer loads the metadata again)")
-    handle = _nixl_call(f"initialize_xfer ({op} of {local.nbytes} bytes, {len(local)} descriptor(s), "
-                        f"with agent {remote_agent!r})", agent.initialize_xfer, op, xfer_descs(agent, local),
-                        xfer_descs(agent, remote), remote_agent, notif, list(backends), hint=hint)
-    t = Transfer(agent, handle, op, local, remote, remote_agent)
+    handles = []
+    try:
+        for part_local, part_remote in zip(_split_rows(local, min(split, len(local))),
+                                           _split_rows(remote, min(split, len(local)))):
+            handles.append(_nixl_call(f"initialize_xfer ({op} of {part_local.nbytes} bytes, {len(part_local)} "
+                                      f"descriptor(s), with agent {remote_agent!r})", agent.initialize_xfer, op,
+                                      xfer_descs(agent, part_local), xfer_descs(agent, part_remote), remote_agent,
+                                      notif, list(backends), hint=hint))
+    except BaseException:
+        for h in handles:
+            try:
+                agent.release_xfer_handle(h)
+            except Exception:
+                pass  # the initialize error says more
+        raise
+    t = Transfer(agent, handles, op, local, remote, remote_agent)
     try:
         t._post(notif)
     except BaseException:
@@ -677,10 +806,10 @@ def post(agent, op: str, local, remote, remote_agent: str, *, notif: bytes = b""
 
 
 def transfer(agent, op: str, local, remote, remote_agent: str, *, timeout: float | None = 60.0,
-             notif: bytes = b"", backends: Sequence[str] = (), sync=()) -> Transfer:
+             notif: bytes = b"", backends: Sequence[str] = (), sync=(), split: int = 1) -> Transfer:
     """post() and wait(timeout); returns the done Transfer (``seconds``: post to
     done). Release it (or use it in a with block) when not reposting it."""
-    t = post(agent, op, local, remote, remote_agent, notif=notif, backends=backends, sync=sync)
+    t = post(agent, op, local, remote, remote_agent, notif=notif, backends=backends, sync=sync, split=split)
     try:
         return t.wait(timeout)
     except NixlTimeoutError:
@@ -701,7 +830,7 @@ def write(agent, local, remote, remote_agent: str, **kwargs) -> Transfer:
 
 
 __all__ = [
-    "Changes", "Descs", "add_remote", "NixlError", "NixlTimeoutError", "NixlUnavailableError", "PoolRegistration",
+    "Changes", "Descs", "add_remote", "agent", "settings", "NixlError", "NixlTimeoutError", "NixlUnavailableError", "PoolRegistration",
     "Registration", "Transfer", "available", "blocks", "descs", "load_metadata", "make_agent", "nixl", "post",
     "publish_metadata", "read", "reg_descs", "register", "register_pool", "slots", "transfer",
     "unavailable_reason", "write", "xfer_descs",

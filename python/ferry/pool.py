@@ -106,6 +106,16 @@ class Pool:
         (new pages back that part: register the chunk again)."""
         return self._native.chunks()
 
+    def shared_location(self, buf) -> tuple[int, int] | None:
+        """Where ``buf`` (a Buffer of this pool, or an address in one) lies in a
+        memfd-backed chunk (``Pool(memfd=True)``): ``(fd, offset)``, the chunk's
+        descriptor (owned by the pool, open while the chunk lives) and the
+        offset of the memory in it. Another process maps the same memory with
+        ``mmap(fd, ...)`` (passing the fd, or opening ``/proc/<pid>/fd/<fd>``).
+        None where the memory is not in a memfd chunk of this pool."""
+        address = buf.ptr if isinstance(buf, Buffer) else buf
+        return self._native.shared_location(address)
+
     @property
     def chunk_generation(self) -> int:
         """A number that grows whenever ``chunks()`` would change (a chunk added,

@@ -685,6 +685,25 @@ def _check_memory_low_for_pool(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
+def _check_nixl_ucx_slow_settings(facts: dict, m: dict) -> Optional[Verdict]:
+    """The doctor's NIXL check lists the user's UCX settings known to be slow on this
+    machine (ferry.ucx.choose decides which: one place); this turns them into advice."""
+    nixl = m.get("nixl")
+    if nixl is None:
+        return None
+    nixl = _dict(nixl, "nixl")
+    warnings = _list(nixl.get("warnings") or [], "nixl.warnings")
+    if not warnings:
+        return None
+    evidence, fixes = [], []
+    for i, w in enumerate(warnings):
+        w = _dict(w, f"nixl.warnings[{i}]")
+        evidence.append(f"{_str(w.get('setting'), 'setting')}: {_str(w.get('problem'), 'problem')}")
+        fixes.append(_str(w.get("fix"), "fix") or "")
+    return Verdict(evidence, "; ".join(f for f in fixes if f) + " (`ferry.nixl.agent(name)` chooses UCX settings "
+                   "for this machine when none are forced; its settings(agent).describe() says which)")
+
+
 RULES: tuple[Rule, ...] = (
     Rule("pcie-link-degraded", "warning", "PCIe link runs below the speed the GPU and slot support",
          "a GPU's current PCIe generation or width is below the maximum it and its slot support",
@@ -737,6 +756,9 @@ RULES: tuple[Rule, ...] = (
     Rule("memory-low-for-pool", "warning", "The planned pinned pool is larger than the available memory",
          "the planned pinned pool (1 GiB when none is planned) exceeds the available host memory",
          _check_memory_low_for_pool),
+    Rule("nixl-ucx-slow-settings", "warning", "UCX settings in the environment force NIXL onto slow paths",
+         "a UCX_TLS without a CUDA transport (or without cuda_ipc), UCX_RMA_PPLN_ENABLE=n or peer error "
+         "handling on a GPU machine: NIXL transfers run at a few GB/s or less", _check_nixl_ucx_slow_settings),
 )
 
 

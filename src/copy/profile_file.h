@@ -15,9 +15,10 @@ namespace ferry {
 // *named is set to whether FERRY_PROFILE named it.
 std::string profile_file_path(bool* named);
 
-// The profile from that file; the built-in defaults when there is no file.
-// Throws InvalidArgument naming the file for a bad line, or when FERRY_PROFILE
-// names a file that cannot be read.
+// The profile from that file; the built-in defaults when there is no file
+// (unless FERRY_PROFILE named it). Throws InvalidArgument naming the file for
+// a bad line, or a file that cannot be read, is over 64 KiB or is not a
+// regular file.
 MachineProfile load_machine_profile();
 
 }  // namespace ferry

@@ -12,6 +12,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <memory>
+#include <typeinfo>
 
 #include "core/error.h"
 #include "core/fault.h"
@@ -271,12 +272,26 @@ NB_MODULE(_ferry, m) {
   // nanobind would report those as reference leaks of the bindings.
   nb::set_leak_warnings(false);
 
+  // ferry::Error -> its ferry.errors class. A message may hold bytes that are
+  // not UTF-8 (a file name as the OS spelled it): they appear as \xNN escapes,
+  // never as a UnicodeDecodeError in place of the error.
+  // The last resort for a conversion that no checked argument (args.h) caught:
+  // nanobind's std::bad_cast (a cast_error) becomes InvalidArgumentError, not
+  // "RuntimeError: std::bad_cast".
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    auto raise = [](const char* cls_name, const std::string& text) {
+      nb::object cls = nb::module_::import_("ferry.errors").attr(cls_name);
+      PyObject* msg = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace");
+      if (!msg) return;  // the decoding error stays set
+      PyErr_SetObject(cls.ptr(), msg);
+      Py_DECREF(msg);
+    };
     try {
       std::rethrow_exception(p);
     } catch (const ferry::Error& e) {
-      nb::object cls = nb::module_::import_("ferry.errors").attr(error_class(e.status()));
-      PyErr_SetString(cls.ptr(), e.what());
+      raise(error_class(e.status()), e.what());
+    } catch (const std::bad_cast&) {
+      raise("InvalidArgumentError", "an argument has the wrong type (see the function's documentation)");
     }
   });
 
@@ -374,6 +389,15 @@ NB_MODULE(_ferry, m) {
                out.append(nb::make_tuple(c.base, c.bytes, c.generation));
              return out;
            })
+      .def("shared_location",
+           [](PoolHandle& h, nb::handle address_arg) -> nb::object {
+             const size_t address = ferry::python::size_arg(address_arg, "address");
+             const ferry::Pool::SharedLocation where =
+                 h.pool->shared_location(reinterpret_cast<const void*>(address));
+             if (where.fd < 0) return nb::none();
+             return nb::make_tuple(where.fd, where.offset);
+           },
+           "address"_a.none())
       .def_prop_ro("chunk_generation", [](const PoolHandle& h) { return h.pool->chunk_generation(); })
       .def_prop_ro("pinned", [](const PoolHandle& h) { return h.pinned; })
       .def_prop_ro("device", [](const PoolHandle& h) { return h.device; });

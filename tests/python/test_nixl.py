@@ -197,7 +197,8 @@ def test_without_nixl_the_module_imports_and_names_the_package():
 def test_example_help_needs_no_nixl():
     r = run_python([str(EXAMPLE), "--help"])
     assert r.returncode == 0, r.stderr
-    for option in ("--block-bytes", "--blocks", "--mode", "--ucx-tls", "--ucx", "--ucx-error-handling", "--device"):
+    for option in ("--block-bytes", "--blocks", "--mode", "--ucx-tls", "--ucx", "--ucx-error-handling", "--device",
+                   "--agent", "--split"):
         assert option in r.stdout
 
 

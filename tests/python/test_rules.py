@@ -147,6 +147,9 @@ BAD = {
     "thp-defrag-never": ("info", _set(("f", "host", "thp", "defrag"), "never")),
     "memory-low-for-pool": ("warning", _set(("f", "host", "memory", "available_bytes"), 4 * GiB)),
     "gpu-below-peers": ("warning", lambda f, m: _add_second_gpu(f, m, link=31.5, gen=4, pinned=27.5)),
+    "nixl-ucx-slow-settings": ("warning", _set(("m", "nixl"), {"installed": True, "warnings": [
+        {"setting": "UCX_TLS=sm,self", "problem": "no CUDA transport on a GPU machine",
+         "fix": "unset UCX_TLS or add cuda_copy,cuda_ipc"}]})),
 }
 
 

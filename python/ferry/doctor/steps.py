@@ -314,6 +314,55 @@ def _report_by_size(f: Figures, gpu: str) -> list:
     return [Block(f"Bandwidth by size, GPU {gpu} (GB/s)", table=table)]
 
 
+# ---- NIXL --------------------------------------------------------------------------------
+
+
+def _run_nixl(r, number: int) -> None:
+    from . import nixl_check
+
+    quick = r.mode == "quick"
+    what = "NIXL: installation" + ("" if quick else ", UCX transports, pool->GPU self-test")
+    got = r.attempt(number, what, ["nixl"], nixl_check.check, quick, len(r.devices))
+    if got is not None:
+        r.m["nixl"] = got
+
+
+def _report_nixl(f: Figures, gpu=None) -> list:
+    n = f.m.get("nixl")
+    if not isinstance(n, dict):
+        return []
+    if not n.get("installed"):
+        return [Block("NIXL", (Row("installed", "no", (str(n.get("reason") or ""),)),))]
+    settings = n.get("settings") if isinstance(n.get("settings"), dict) else {}
+    env = settings.get("effective_env") if isinstance(settings.get("effective_env"), dict) else {}
+    transports = n.get("transports") if isinstance(n.get("transports"), dict) else {}
+    rows = [Row("installed", f"{n.get('module')} {n.get('version') or ''} at {n.get('location')}"),
+            Row("UCX", str(n.get("ucx_version") or "unknown")),
+            Row("transports that start",
+                ", ".join(f"{t} ({'/'.join(d)})" for t, d in sorted(transports.items()))
+                or str(n.get("probe_error") or "unknown"))]
+    user = settings.get("user") if isinstance(settings.get("user"), dict) else {}
+    if n.get("probe_error") and not transports:
+        rows.append(Row("ferry.nixl.agent picks", "decided when an agent is made (UCX was not probed)",
+                        tuple(f"the user's {k}={v} wins" for k, v in sorted(user.items()))))
+    else:
+        rows.append(Row("ferry.nixl.agent picks",
+                        f"UCX_TLS={env.get('UCX_TLS', '(UCX default)')}, error handling "
+                        f"{settings.get('error_handling', 'peer')}, RMA pipeline "
+                        f"{env.get('UCX_RMA_PPLN_ENABLE', '(UCX default: n)')}",
+                        tuple(f"the user's {k}={v} wins" for k, v in sorted(user.items()))))
+    t = n.get("self_test") if isinstance(n.get("self_test"), dict) else {}
+    if t.get("error"):
+        rows.append(Row("self-test", f"not run: {t['error']}"))
+    elif t:
+        verified = "verified" if t.get("verified") else "NOT VERIFIED"
+        gbps = lambda v: fmt_gbps(v) if number(v) is not None else "-"  # noqa: E731
+        rows.append(Row(f"self-test ({t.get('memory')}, {fmt_bytes(t.get('bytes') or 0)} in "
+                        f"{fmt_bytes(t.get('block_bytes') or 0)} blocks)",
+                        f"WRITE {gbps(t.get('write_gbps'))}, READ {gbps(t.get('read_gbps'))}, {verified}"))
+    return [Block("NIXL", tuple(rows))]
+
+
 # ---- the table --------------------------------------------------------------------------
 
 MEMCPY = Step(
@@ -362,4 +411,13 @@ BY_SIZE = Step(
     '"pageable_{h2d,d2h}_gbps_{ferry,cuda}"}]}',
     "gpu", _run_by_size, _report_by_size, full_only=True)
 
-STEPS: tuple[Step, ...] = (MEMCPY, TOUCH_STEP, PINNED, ALL_GPUS, PAGEABLE, ALLOC, LATENCY, REGISTRATION, BY_SIZE)
+NIXL = Step(
+    "NIXL", ("nixl",),
+    "nixl: {installed, module, version, location | reason, ucx_version, transports: {name: [devices]}, "
+    "settings (ferry.nixl.agent's choice: env, backend_params, user, reasons, warnings), warnings: "
+    "[{setting, problem, fix}], self_test: {memory, bytes, block_bytes, write_gbps, read_gbps, verified | error}} "
+    "(--quick: no transports and no self-test)",
+    "host", _run_nixl, _report_nixl)
+
+STEPS: tuple[Step, ...] = (MEMCPY, TOUCH_STEP, PINNED, ALL_GPUS, PAGEABLE, ALLOC, LATENCY, REGISTRATION, BY_SIZE,
+                           NIXL)

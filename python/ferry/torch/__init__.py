@@ -6,7 +6,10 @@
   (``to_device``, ``to_host``);
 - ``allocators``: managed-memory allocators for PyTorch (``use_allocator``,
   ``mem_pool``, ``allocator_stats``, ``empty_cache``);
-- ``safetensors``: checkpoints to the GPU by ferry's loader (``load_safetensors``).
+- ``safetensors``: checkpoints to the GPU by ferry's loader (``load_safetensors``);
+- ``data``: ``DataLoader``, PyTorch's DataLoader with workers that collate
+  straight into shared pinned memory (imported on first use: it subclasses
+  PyTorch's class, and ``import ferry.torch`` does not import PyTorch).
 
 Everything public is re-exported here: ``ferry.torch.to_device(...)``.
 """
@@ -24,3 +27,11 @@ from .allocators import (  # noqa: F401
 from .pinned import default_pinned_pool, empty_pinned  # noqa: F401
 from .safetensors import load_safetensors  # noqa: F401
 from .transfer import to_device, to_host  # noqa: F401
+
+
+def __getattr__(name):
+    if name == "DataLoader":
+        from .data import DataLoader
+
+        return DataLoader
+    raise AttributeError(f"module 'ferry.torch' has no attribute {name!r}")

@@ -1,0 +1,10 @@
+"""``ferry.torch.DataLoader`` (``ferry.torch.data.DataLoader``): PyTorch's
+DataLoader whose workers collate each batch straight into shared pinned memory.
+
+One module per piece: ``loader`` (the DataLoader and its iterators),
+``worker`` (the worker process), ``slot_collate`` (collation into a slot),
+``batch_layout`` (the descriptor that crosses the queue), ``slots`` (the
+shared pinned slots), ``delivery`` (a descriptor made into CPU or GPU tensors).
+"""
+
+from .loader import DataLoader  # noqa: F401

@@ -1,0 +1,286 @@
+"""``ferry.torch.DataLoader``: PyTorch's DataLoader whose workers collate each
+batch straight into a slot of one shared, pinned region.
+
+PyTorch's multi-process loader collates each batch into a new shared-memory
+segment (in /dev/shm), sends its file descriptor to the main process, which
+maps it, faults it in and copies it again, in one pin_memory thread, into
+pinned memory before the DMA. Here the workers write into slots of a memfd-
+backed ferry pool that the main process registered with CUDA once: only a
+small descriptor crosses the queue, and the slot is DMAed at the link's speed
+and reused (``slots``, ``delivery``).
+
+Everything else is PyTorch's: the sampler, the batches and their order, the
+seeds, the worker loop's rules (``worker``), in-order and out-of-order
+delivery, persistent workers, timeouts, worker errors and deaths. The iterator
+classes below subclass PyTorch's and change only where tasks get their slot
+and how a result becomes a batch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.utils.data as _data
+from torch.utils.data import _utils
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
+
+from .batch_layout import Batch, SlotWriter, WorkerFailure
+from .delivery import Delivery
+from .slot_collate import SlotCollator
+from .slots import SlotPool
+from .worker import _samples, worker_loop
+
+# Slots beyond the tasks in flight: the batch being delivered and the one
+# whose copy is still running.
+EXTRA_SLOTS = 2
+
+
+def _device_arg(device):
+    """None, or the torch.device("cuda", N) batches are delivered to."""
+    if device is None:
+        return None
+    from ...errors import InvalidArgumentError
+
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise InvalidArgumentError(f"DataLoader: device must be None or a CUDA device, not {device!r}") from e
+    if d.type != "cuda":
+        raise InvalidArgumentError(
+            f"DataLoader: device must be None (pinned CPU batches) or a CUDA device, not {device!r}")
+    if not torch.cuda.is_available():
+        from ...errors import NoDeviceError
+
+        raise NoDeviceError(f"DataLoader(device={device!r}): PyTorch sees no CUDA device on this machine "
+                            "(use device=None for CPU batches)")
+    return d
+
+
+class DataLoader(_data.DataLoader):
+    """A drop-in for ``torch.utils.data.DataLoader`` (the same arguments and
+    behaviour) whose batches cross from the workers to the GPU without a copy
+    in the main process, plus:
+
+    device: None (default) hands out CPU batches in pinned memory (pageable
+        shared memory where there is no CUDA device); "cuda" or "cuda:N" hands
+        out batches already on that GPU, copied on a side stream, with the
+        current stream ordered after the copy.
+
+    ``pin_memory`` is accepted and has no further effect: batches are pinned
+    wherever there is a CUDA device. Tensors of the batch are laid out in the
+    slot; anything else in it (strings, numbers of a custom collate, objects)
+    crosses the queue as PyTorch sends it.
+    """
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, num_workers=0,
+                 collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
+                 multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
+                 pin_memory_device="", in_order=True, device=None):
+        target = _device_arg(device)
+        super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+                         pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+                         prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                         pin_memory_device=pin_memory_device, in_order=in_order)
+        self.device = target
+        self._ferry_slots = None
+
+    def _slot_pool(self) -> SlotPool:
+        if self._ferry_slots is None:
+            if self.device is not None:
+                pinned = self.device.index if self.device.index is not None else torch.cuda.current_device()
+                self.device = torch.device("cuda", pinned)
+            elif torch.cuda.is_available():
+                pinned = torch.cuda.current_device()
+            else:
+                pinned = None
+            in_flight = (self.prefetch_factor or 0) * self.num_workers if self.num_workers else 1
+            self._ferry_slots = SlotPool(pinned, in_flight + EXTRA_SLOTS)
+        return self._ferry_slots
+
+    def slot_stats(self) -> dict:
+        """The slots: capacity (bytes each), slots (made and alive), free, held
+        (waiting for a copy), made (in all), pinned."""
+        return self._slot_pool().stats()
+
+    def _get_iterator(self):
+        if self.num_workers == 0:
+            return _FerrySingleProcessIter(self)
+        self.check_worker_number_rationality()
+        return _FerryMultiProcessIter(self)
+
+
+class _FerrySingleProcessIter(_SingleProcessDataLoaderIter):
+    """num_workers=0: the main process fetches, collates into a slot and delivers."""
+
+    def __init__(self, loader):
+        super().__init__(loader)
+        self._pin_memory = False  # the slots are pinned already
+        self._slots = loader._slot_pool()
+        self._deliver = Delivery(self._slots, loader.device)
+        self._collate = SlotCollator(loader.collate_fn)
+        self._dataset_fetcher = _data._DatasetKind.create_fetcher(
+            self._dataset_kind, self._dataset, self._auto_collation, _samples, self._drop_last)
+
+    def _next_data(self):
+        index = self._next_index()  # may raise StopIteration
+        raw = self._dataset_fetcher.fetch(index)  # may raise StopIteration
+        slot = None if self._slots.capacity is None else self._slots.acquire()
+        try:
+            writer = SlotWriter(None if slot is None else slot.bytes)
+            tree = self._collate(raw, writer)
+        except BaseException:
+            if slot is not None:
+                self._slots.release(slot)
+            raise
+        return self._deliver(Batch(None, None if slot is None else slot.id, tree, writer.used, writer.needed))
+
+
+class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
+    """PyTorch's multi-process iterator with ferry's workers and slots."""
+
+    def __init__(self, loader):  # PyTorch's __init__, with ferry's worker loop and no pin thread
+        _data.dataloader._BaseDataLoaderIter.__init__(self, loader)
+        self._pin_memory = False  # the slots are pinned already: no pin_memory thread
+        self._prefetch_factor = loader.prefetch_factor
+        self._in_order = loader.in_order
+        self._slots = loader._slot_pool()
+        self._deliver = Delivery(self._slots, loader.device)
+        self._task_slot: dict[int, object] = {}  # task idx -> the slot its worker writes
+        self._main_pid = os.getpid()
+        self._resuming = False
+        self._window_short = False  # the first window was cut to one task (sizing)
+
+        ctx = loader.multiprocessing_context or torch.multiprocessing
+        self._worker_init_fn = loader.worker_init_fn
+        if isinstance(self._dataset, (_data.IterDataPipe, _data.MapDataPipe)):
+            import functools
+
+            self._worker_init_fn = functools.partial(_data.dataloader._sharding_worker_init_fn,
+                                                     self._worker_init_fn, self._world_size, self._rank)
+        self._worker_result_queue = ctx.Queue()
+        self._worker_pids_set = False
+        self._shutdown = False
+        self._workers_done_event = ctx.Event()
+        self._index_queues = []
+        self._workers = []
+        for i in range(self._num_workers):
+            index_queue = ctx.Queue()
+            index_queue.cancel_join_thread()
+            w = ctx.Process(
+                target=worker_loop,
+                args=(self._dataset_kind, self._dataset, index_queue, self._worker_result_queue,
+                      self._workers_done_event, self._auto_collation, self._collate_fn, self._drop_last,
+                      self._base_seed, self._worker_init_fn, i, self._num_workers, self._shared_seed),
+            )
+            w.daemon = True
+            w.start()
+            self._index_queues.append(index_queue)
+            self._workers.append(w)
+        self._data_queue = self._worker_result_queue
+        _utils.signal_handling._set_worker_pids(id(self), tuple(w.pid for w in self._workers))
+        _utils.signal_handling._set_SIGCHLD_handler()
+        self._worker_pids_set = True
+        self._reset(loader, first_iter=True)
+
+    # ---- tasks get slots -------------------------------------------------
+
+    def _reset(self, loader, first_iter=False):
+        if not first_iter:  # batches received but never delivered last epoch: their slots are free
+            for idx, info in list(getattr(self, "_task_info", {}).items()):
+                if len(info) == 2:
+                    self._free_task_slot(idx)
+        self._resuming = not first_iter
+        try:
+            super()._reset(loader, first_iter)
+        finally:
+            self._resuming = False
+
+    def _try_put_index(self):
+        max_tasks = self._prefetch_factor * self._num_workers
+        if self._slots.capacity is None and self._tasks_outstanding >= 1:
+            self._window_short = True  # slots are sized by the first batch: one task until it is back
+            return
+        try:
+            index = self._next_index()
+        except StopIteration:
+            return
+        for _ in range(self._num_workers):  # the next active worker, as PyTorch picks it
+            worker = next(self._worker_queue_idx_cycle)
+            if self._workers_status[worker]:
+                if self._in_order:
+                    break
+                if self._workers_num_tasks[worker] < max_tasks // sum(self._workers_status):
+                    break
+        else:
+            return
+        slot = None if self._slots.capacity is None else self._slots.acquire()
+        message = None if slot is None else slot.message(self._main_pid)
+        self._index_queues[worker].put((self._send_idx, index, message))
+        self._task_info[self._send_idx] = (worker,)
+        self._task_slot[self._send_idx] = slot
+        self._workers_num_tasks[worker] += 1
+        self._tasks_outstanding += 1
+        self._send_idx += 1
+
+    def _dispatch_after_delivery(self):
+        """One task per batch delivered, as PyTorch keeps its window; once the
+        first batch has sized the slots, the rest of the window at once."""
+        if not (self._window_short and self._slots.capacity is not None):
+            self._try_put_index()
+            return
+        self._window_short = False
+        max_tasks = self._prefetch_factor * self._num_workers
+        while self._tasks_outstanding < max_tasks:
+            sent = self._send_idx
+            self._try_put_index()
+            if self._send_idx == sent:
+                return
+
+    def _free_task_slot(self, idx):
+        slot = self._task_slot.pop(idx, None)
+        if slot is not None:
+            self._slots.release(slot)
+
+    # ---- results become batches -------------------------------------------
+
+    def _get_data(self):
+        try:
+            idx, data = super()._get_data()
+        except RuntimeError as e:
+            raise RuntimeError(f"ferry DataLoader: {e} ({self._worker_names()})") from e
+        if isinstance(data, _utils.worker._IterableDatasetStopIteration) or (
+                self._resuming and not isinstance(idx, _utils.worker._ResumeIteration)):
+            self._free_task_slot(idx)  # no batch in it (the replica ended; a stale task of the last epoch)
+        return idx, data
+
+    def _worker_names(self) -> str:
+        return "workers: " + ", ".join(
+            f"{i} pid {w.pid}{'' if w.is_alive() else ' (exited, code ' + str(w.exitcode) + ')'}"
+            for i, w in enumerate(self._workers))
+
+    def _process_data(self, data, worker_idx):
+        self._workers_num_tasks[worker_idx] -= 1
+        if isinstance(data, WorkerFailure):
+            self._free_task_slot(data.idx)
+            self._dispatch_after_delivery()
+            data.error.reraise()
+        if not isinstance(data, Batch):  # pragma: no cover - our workers send nothing else
+            raise RuntimeError(f"ferry DataLoader: unexpected message from worker {worker_idx}: {type(data)}")
+        slot = self._task_slot.pop(data.idx, None)  # the batch holds it now
+        try:
+            batch = self._deliver(data)
+        except BaseException:
+            if slot is not None:
+                self._slots.release(slot)
+            raise
+        finally:
+            self._dispatch_after_delivery()
+        return batch
+
+    def _shutdown_workers(self):
+        super()._shutdown_workers()
+        if self._shutdown:  # workers are gone: slots of tasks never delivered are free
+            for idx in list(self._task_slot):
+                self._free_task_slot(idx)
+

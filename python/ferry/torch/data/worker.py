@@ -1,0 +1,124 @@
+"""The worker process: PyTorch's worker loop (torch.utils.data._utils.worker),
+with each batch collated into the slot its task names and only a descriptor
+sent back.
+
+Kept from PyTorch, so that a worker behaves the same: the signal handlers, the
+seeds (``random``, ``torch`` and numpy from the base seed and the worker id),
+``get_worker_info()``, ``worker_init_fn``, IterableDataset replicas and their
+end, ``_ResumeIteration`` for persistent workers, the watchdog that ends the
+worker when the main process is gone, and errors wrapped with the worker's
+traceback.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+
+import torch
+from torch._utils import ExceptionWrapper
+from torch.utils.data import _utils
+from torch.utils.data._utils.worker import (
+    ManagerWatchdog,
+    WorkerInfo,
+    _generate_state,
+    _IterableDatasetStopIteration,
+    _ResumeIteration,
+)
+
+from .batch_layout import Batch, SlotWriter, WorkerFailure
+from .slot_collate import SlotCollator
+from .slots import SlotMappings
+
+
+def _samples(data):
+    """The fetcher's collate_fn: the samples as they are (collation is ours)."""
+    return data
+
+
+def _seed(base_seed: int, worker_id: int) -> int:
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy comes with the test extras
+        return seed
+    np.random.seed(_generate_state(base_seed, worker_id))
+    return seed
+
+
+def worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto_collation, collate_fn,
+                drop_last, base_seed, init_fn, worker_id, num_workers, shared_seed) -> None:
+    """Runs in the worker process until the main process sends None (or dies)."""
+    from torch.utils.data import IterDataPipe, _DatasetKind
+    from torch.utils.data.graph_settings import apply_random_seed
+
+    try:
+        _utils.signal_handling._set_worker_signal_handlers()
+        torch.multiprocessing._set_thread_name("ferry_data_worker")
+        torch.set_num_threads(1)
+        seed = _seed(base_seed, worker_id)
+
+        shared_rng = torch.Generator()
+        if isinstance(dataset, IterDataPipe):
+            shared_rng.manual_seed(shared_seed)
+            dataset = apply_random_seed(dataset, shared_rng)
+
+        _utils.worker._worker_info = WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+
+        collator = SlotCollator(collate_fn)
+        mappings = SlotMappings()
+        init_exception = None
+        try:
+            if init_fn is not None:
+                init_fn(worker_id)
+            fetcher = _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, _samples, drop_last)
+        except Exception:
+            init_exception = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
+
+        iteration_end = False
+        watchdog = ManagerWatchdog()
+        while watchdog.is_alive():
+            try:
+                r = index_queue.get(timeout=_utils.MP_STATUS_CHECK_INTERVAL)
+            except queue.Empty:
+                continue
+            if isinstance(r, _ResumeIteration):
+                data_queue.put((r, None))
+                iteration_end = False
+                if isinstance(dataset, IterDataPipe):
+                    shared_rng.manual_seed(r.seed)
+                    dataset = apply_random_seed(dataset, shared_rng)
+                fetcher = _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, _samples, drop_last)
+                continue
+            if r is None:
+                break  # the final signal
+            if done_event.is_set() or iteration_end:
+                continue  # wait for the final signal
+            idx, index, slot_message = r
+            slot_id = None if slot_message is None else slot_message[0]
+            if init_exception is not None:
+                data, init_exception = WorkerFailure(idx, slot_id, init_exception), None
+            else:
+                try:
+                    raw = fetcher.fetch(index)
+                    slot = None if slot_message is None else mappings.slot_bytes(slot_message)
+                    writer = SlotWriter(slot)
+                    tree = collator(raw, writer)
+                    data = Batch(idx, slot_id, tree, writer.used, writer.needed)
+                except Exception as e:
+                    if isinstance(e, StopIteration) and dataset_kind == _DatasetKind.Iterable:
+                        data = _IterableDatasetStopIteration(worker_id)
+                        iteration_end = True
+                    else:
+                        data = WorkerFailure(
+                            idx, slot_id,
+                            ExceptionWrapper(where=f"in DataLoader worker process {worker_id}"))
+            data_queue.put((idx, data))
+            del data, idx, index, r
+    except KeyboardInterrupt:
+        pass  # the main process raises it
+    if done_event.is_set():
+        data_queue.cancel_join_thread()
+        data_queue.close()

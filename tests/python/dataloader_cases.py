@@ -1,0 +1,136 @@
+"""Datasets and helpers for tests/python/test_dataloader.py, importable by the
+worker processes (spawn pickles them by module and name)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+Pair = collections.namedtuple("Pair", "left right")
+
+
+class NestedSamples(Dataset):
+    """Samples of every kind default_collate handles, odd sizes and dtypes,
+    random content drawn from the worker's seeded generators (so equal
+    batches need equal seeds)."""
+
+    def __init__(self, n: int = 41):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(1000 + i)
+        return {
+            "image": torch.randint(0, 256, (3, 7, 5), dtype=torch.uint8, generator=g),
+            "half": torch.randn(3, generator=g).to(torch.bfloat16),
+            "mask": torch.rand(9, generator=g) > 0.5,
+            "empty": torch.empty(0, 4),
+            "scalar": torch.tensor(i * 1.5, dtype=torch.float64),
+            "np": np.random.default_rng(i).standard_normal(6).astype(np.float32),
+            "np_scalar": np.int16(i),
+            "label": i,
+            "weight": i / 7,
+            "name": f"sample-{i}",
+            "raw": bytes([i % 256]) * 3,
+            "pair": Pair(torch.full((2,), i, dtype=torch.int32), [i, -i]),
+            "augment": torch.rand(4),  # the worker's torch seed
+            "np_augment": np.random.rand(2),  # the worker's numpy seed
+        }
+
+
+class SizedByIndex(Dataset):
+    """Sample i holds i // group + 1 float32 values: batches (of `group`
+    consecutive samples, or each sample with batch_size=None) grow as the
+    epoch goes on."""
+
+    def __init__(self, n: int, group: int = 1):
+        self.n, self.group = n, group
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.arange(i // self.group + 1, dtype=torch.float32) + i * 1000
+
+
+class ShardedStream(IterableDataset):
+    """An iterable dataset split among workers through get_worker_info()."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, self.n, step):
+            yield torch.full((3,), i, dtype=torch.int64)
+
+
+class FailsAt(Dataset):
+    def __init__(self, n: int, bad: int):
+        self.n, self.bad = n, bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise ValueError(f"sample {i} is broken")
+        return torch.full((4,), i)
+
+
+class KillsItsWorker(Dataset):
+    """The worker that fetches sample `victim` kills itself with SIGKILL."""
+
+    def __init__(self, n: int, victim: int):
+        self.n, self.victim = n, victim
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.victim and get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(10)
+        return torch.full((4,), i)
+
+
+class Frames(Dataset):
+    """Cheap large samples: slices of one random pool per process (the bench's
+    synthetic dataset), so the loader path is what is measured."""
+
+    def __init__(self, n: int, shape=(3, 224, 224), dtype=torch.uint8, pool_items: int = 64):
+        self.n, self.shape, self.dtype, self.pool_items = n, tuple(shape), dtype, pool_items
+        self._pool = None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self._pool is None:
+            g = torch.Generator().manual_seed(7)
+            if self.dtype.is_floating_point:
+                self._pool = torch.randn((self.pool_items, *self.shape), generator=g).to(self.dtype)
+            else:
+                self._pool = torch.randint(0, 256, (self.pool_items, *self.shape), generator=g).to(self.dtype)
+        return self._pool[i % self.pool_items], i
+
+
+def record_worker(worker_id):
+    info = get_worker_info()
+    assert info is not None and info.id == worker_id
+    torch.utils.data.get_worker_info().dataset.init_ids = worker_id
+
+
+def pair_collate(samples):
+    """A custom collate: a tuple of a non-contiguous tensor, a list and a string."""
+    x = torch.stack([s["image"] for s in samples]).transpose(1, 3)
+    return x, [s["label"] for s in samples], "custom"
