@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "core/thread_counts.h"  // kDefaultThreadCap, the engine's too
 #include "load/pipeline.h"
 #include "load/read_plan.h"
 
@@ -60,11 +61,6 @@ class Options;
 namespace ferry::cuda {
 
 enum class Progress { automatic, always, never };  // automatic: when stderr is a terminal
-
-// The default reader count's cap: page-cache reads reach the host's memcpy
-// bound with 16 threads on the H200 machine (16 cores: 37 GB/s, DESIGN.md);
-// more threads only contend.
-inline constexpr int kDefaultThreadCap = 16;
 
 struct LoaderOptions {
   int device = 0;
