@@ -120,8 +120,8 @@ void bind_load(nb::module_& m) {
         "text"_a.none(), "name"_a.none(), "[(tensor, shard file)] of a model.safetensors.index.json text (str or bytes).");
 
   m.def("shard_index_columns",
-        [](const std::string& text, const std::string& name) {
-          load::ShardIndex idx = load::parse_shard_index(text, name);
+        [](nb::handle text, nb::handle name) {
+          load::ShardIndex idx = load::parse_shard_index(text_arg(text, "text"), text_arg(name, "name"));
           nb::list tensors, shard_of;
           std::unordered_map<std::string_view, size_t> at;
           for (size_t k = 0; k < idx.shards.size(); ++k) at.emplace(idx.shards[k], k);
@@ -133,13 +133,25 @@ void bind_load(nb::module_& m) {
           for (const std::string& f : idx.shards) shards.append(fs_str(f));
           return nb::make_tuple(shards, tensors, shard_of);
         },
-        "text"_a, "name"_a, "(shards, tensors, shard_of): tensors[k] is in shards[shard_of[k]], shards in first-seen order.");
+        "text"_a.none(), "name"_a.none(),
+        "(shards, tensors, shard_of): tensors[k] is in shards[shard_of[k]], shards in first-seen order.");
   m.def("read_catalog",
-        [](nb::handle files_arg, std::vector<std::string> index_tensors, std::vector<uint32_t> index_files) {
+        [](nb::handle files_arg, nb::handle index_tensors_arg, nb::handle index_files_arg) {
           nb::list file_items = items_arg(files_arg, "files", "a list of paths");
           std::vector<std::string> files;  // any path the OS takes (str, bytes, os.PathLike)
           for (size_t i = 0; i < file_items.size(); ++i)
             files.push_back(path_arg(file_items[i], ("files[" + std::to_string(i) + "]").c_str()));
+          nb::list tensor_items = items_arg(index_tensors_arg, "index_tensors", "a list of tensor names");
+          std::vector<std::string> index_tensors;
+          for (size_t i = 0; i < tensor_items.size(); ++i)
+            index_tensors.push_back(text_arg(tensor_items[i], ("index_tensors[" + std::to_string(i) + "]").c_str()));
+          std::vector<uint32_t> index_files;
+          for (uintptr_t f : addresses(index_files_arg, "index_files")) {
+            if (f >= files.size())
+              throw InvalidArgument("read_catalog: index_files names file " + std::to_string(f) + " of " +
+                                    std::to_string(files.size()));
+            index_files.push_back(static_cast<uint32_t>(f));
+          }
           load::Catalog c;
           {
             ferry::python::GilRelease unlocked;
@@ -166,7 +178,7 @@ void bind_load(nb::module_& m) {
           d["nbytes"] = c.bytes;
           return d;
         },
-        "files"_a, "index_tensors"_a, "index_files"_a,
+        "files"_a.none(), "index_tensors"_a.none(), "index_files"_a.none(),
         "Every tensor of the files as columns {names, file, dtype, shape, offset (from the file's start), nbytes}, "
         "checked: headers, unique names, the index (index_tensors[k] in files[index_files[k]]).");
 

@@ -157,12 +157,12 @@ def test_file_names_that_are_not_utf8(tmp_path):
     with open(index_path, "wb") as f:
         f.write(index_b)
     try:
-        pairs = ferry.load.read_shard_index(index_path)
+        shards, names, shard_of = ferry.load.read_shard_index(index_path)
     except InvalidArgumentError as e:  # refused as JSON that is not UTF-8: the file is named
         assert "model-\\xfe" in str(e), str(e)
     else:
-        assert pairs == [("w", os.fsdecode(b"model-\xff.safetensors"))]
-        assert os.path.exists(os.path.join(os.fsdecode(folder), pairs[0][1]))
+        assert names == ["w"] and shards == [os.fsdecode(b"model-\xff.safetensors")] and shard_of == [0]
+        assert os.path.exists(os.path.join(os.fsdecode(folder), shards[0]))
     # A broken file with such a name: the error names it (escaped), not a UnicodeDecodeError.
     broken = os.path.join(folder, b"broken-\xff.safetensors")
     with open(broken, "wb") as f:
@@ -179,9 +179,9 @@ def test_load_safetensors_catalogs_a_directory_of_non_utf8_names(tmp_path):
     blob, _ = safetensors_bytes(rng, "x")
     with open(os.path.join(os.fsencode(tmp_path), b"model-\xff.safetensors"), "wb") as f:
         f.write(blob)
-    files, weight_map = st._resolve(tmp_path)
-    catalog = st._catalog(files, weight_map)
-    assert list(catalog) == ["x"] and os.fsencode(files[0]).endswith(b"model-\xff.safetensors")
+    files, index_tensors, index_files = st._resolve(tmp_path)
+    catalog = st._catalog(files, index_tensors, index_files)
+    assert list(catalog.names) == ["x"] and os.fsencode(files[0]).endswith(b"model-\xff.safetensors")
 
 
 # ---- items 3 and 6: wrong argument types -----------------------------------------------
@@ -279,7 +279,7 @@ def test_a_wrong_argument_is_an_invalid_argument_error_naming_it(call, text):
 # Every native call a user reaches through ferry's wrappers, with its positional
 # arguments (all but the flags).
 NATIVE = [("copy", 6), ("copy_async", 6), ("copy_many", 6), ("engine", 1), ("read_safetensors_header", 1),
-          ("parse_safetensors_header", 2), ("parse_shard_index", 2), ("Loader", 7), ("Engine", 1),
+          ("parse_safetensors_header", 2), ("parse_shard_index", 2), ("shard_index_columns", 2), ("read_catalog", 3), ("Loader", 6), ("Engine", 1),
           ("Registration", 3), ("resolve_copy_arg", 1)]
 
 

@@ -49,6 +49,7 @@ _TORCH_DTYPE_NAMES = {
     "F8_E5M2FNUZ": "float8_e5m2fnuz",
     "F4": "float4_e2m1fn_x2",  # two values per byte: the last dimension halves
 }
+SAFETENSORS_TO_TORCH = _TORCH_DTYPE_NAMES  # the table the saver (ferry.torch.save) inverts
 
 _INDEX_NAME = "model.safetensors.index.json"
 _CAST_BATCH_BYTES = 1 << 30  # device memory a dtype cast borrows at a time
