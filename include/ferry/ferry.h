@@ -64,8 +64,10 @@ extern "C" {
 
 #if defined(__GNUC__)
 #define FERRY_API __attribute__((visibility("default")))
+#define FERRY_DEPRECATED(why) __attribute__((deprecated(why)))
 #else
 #define FERRY_API
+#define FERRY_DEPRECATED(why)
 #endif
 
 typedef enum ferry_status {
@@ -258,10 +260,11 @@ FERRY_API ferry_status_t ferry_copy_many_async(ferry_engine_t engine, void* cons
 /* The same, returning when every item is in place. */
 FERRY_API ferry_status_t ferry_copy_many(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
                                          const size_t* sizes, size_t count, void* stream);
-/* ferry_copy_many_async with FERRY_STRATEGY_AUTO (the earlier name). */
-FERRY_API ferry_status_t ferry_copy_batch_async(ferry_engine_t engine, void* const* dsts,
-                                                const void* const* srcs, const size_t* sizes, size_t count,
-                                                void* stream, ferry_copy_t* out);
+/* Deprecated: ferry_copy_many_async with FERRY_STRATEGY_AUTO (the earlier
+ * name, kept for the C ABI: old signatures stay). */
+FERRY_API FERRY_DEPRECATED("use ferry_copy_many_async") ferry_status_t
+ferry_copy_batch_async(ferry_engine_t engine, void* const* dsts, const void* const* srcs, const size_t* sizes,
+                       size_t count, void* stream, ferry_copy_t* out);
 FERRY_API ferry_status_t ferry_copy_wait(ferry_copy_t copy);
 FERRY_API ferry_status_t ferry_copy_query(ferry_copy_t copy, int* done);
 /* The cudaEvent_t recorded when the copy is done (owned by the copy). */

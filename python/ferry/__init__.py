@@ -21,7 +21,6 @@ from .copy import (  # noqa: F401
     Registration,
     copy,
     copy_async,
-    copy_batch_async,
     copy_many,
     copy_many_async,
     engine,

@@ -115,11 +115,6 @@ def copy_many_async(dsts, srcs, sizes=None, *, stream=None, strategy: str | None
     return Copy(native, (dsts, srcs))
 
 
-def copy_batch_async(dsts, srcs, sizes, *, stream=None, device: int | None = None) -> Copy:
-    """copy_many_async (the earlier name), for KV-cache blocks given as addresses."""
-    return copy_many_async(dsts, srcs, sizes, stream=stream, device=device)
-
-
 class Registration:
     """A host buffer pinned until unregister() (or the end of a with block)."""
 

@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
         o.workers = workers;
         o.profile.staging_chunk_bytes = chunk;
         o.profile.staging_slots = slots;
-        o.profile.cuda_below_bytes = 0;
+        o.profile.cuda_below_bytes[0] = o.profile.cuda_below_bytes[1] = 0;
         cuda::CopyEngine e(o);
         e.warm_up();
         for (size_t n : sizes) {

@@ -9,7 +9,8 @@
 #include "core/error.h"
 #include "core/fork.h"
 #include "core/options.h"
-#include "copy/numa_home.h"
+#include "core/thread_counts.h"
+#include "pool/numa_home.h"
 #include "os/affinity.h"
 #include "os/sysfs.h"
 
@@ -61,7 +62,8 @@ Crew& copy_crew(int numa_node) {
   ThreadAffinity affinity{host_crew_cpus(numa_node), &os::bind_thread_to_cpus};
   const int home = affinity.cpus.empty() ? -1 : numa_node;
   if (threads == 0)
-    threads = std::clamp(home < 0 ? os::usable_cores() : static_cast<int>(affinity.cpus.size()), 1, 16);
+    threads = std::clamp(home < 0 ? os::usable_cores() : static_cast<int>(affinity.cpus.size()), 1,
+                         kDefaultThreadCap);
   std::lock_guard lock(mu);
   if (generation != fork_generation()) {  // a fork() between the two locks
     crews->clear();

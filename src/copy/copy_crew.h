@@ -7,7 +7,7 @@
 // affinity set. On a host with several nodes, copy_crew(N) is node N's crew:
 // its threads are bound (sched_setaffinity) to the CPUs of N that this thread
 // may use (/sys/devices/system/node/nodeN/cpulist within sched_getaffinity),
-// so a GPU's staging memcpys run beside its staging memory (copy/numa_home.h).
+// so a GPU's staging memcpys run beside its staging memory (pool/numa_home.h).
 // A node none of whose CPUs may be used (numactl bound the process to another)
 // gets the default crew.
 //

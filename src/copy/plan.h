@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "os/memory.h"
+
 namespace ferry {
 
 struct Piece {
@@ -31,7 +33,7 @@ struct PinPlan {
 
 // Preconditions: boundary is a power of two; piece_bytes is a multiple of it.
 PinPlan plan_pin_in_place(uintptr_t host_address, size_t n, size_t piece_bytes,
-                          size_t boundary = size_t{2} << 20);
+                          size_t boundary = os::kHugePage2MBytes);
 
 // Splits the body of a pin plan: the first `pinned_share` of its bytes (rounded
 // to whole pieces) stay pinned in place, the rest is moved to `staged`.

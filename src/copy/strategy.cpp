@@ -10,6 +10,7 @@
 #include "copy/staging_plan.h"
 #include "core/error.h"
 #include "core/options.h"
+#include "os/memory.h"
 
 namespace ferry {
 
@@ -128,7 +129,7 @@ MachineProfile parse_profile(const std::string& text) {
     else if (key == "hybrid_below_bytes") p.hybrid_below_bytes = parse_size(value, where);
     else if (key == "hybrid_pinned_share_h2d") p.hybrid_pinned_share[0] = share();
     else if (key == "hybrid_pinned_share_d2h") p.hybrid_pinned_share[1] = share();
-    else if (key == "pin_piece_bytes") p.pin_piece_bytes = bytes_in(2u << 20, kMaxPinPieceBytes);
+    else if (key == "pin_piece_bytes") p.pin_piece_bytes = bytes_in(os::kHugePage2MBytes, kMaxPinPieceBytes);
     else if (key == "batch_sm_below_bytes") p.batch_sm_below_bytes = parse_size(value, where);
     else if (key == "eager_chunk_bytes") p.eager_chunk_bytes = bytes_in(1, kMaxStagingChunkBytes);
     else if (key == "eager_slots") p.eager_slots = count_in(1, 4096);
@@ -138,26 +139,80 @@ MachineProfile parse_profile(const std::string& text) {
   }
   if (p.eager_chunk_bytes % kFragmentAlign)
     throw InvalidArgument("profile: eager_chunk_bytes must be a multiple of " + std::to_string(kFragmentAlign));
-  if (p.pin_piece_bytes % (2u << 20))
+  if (p.pin_piece_bytes % os::kHugePage2MBytes)
     throw InvalidArgument("profile: pin_piece_bytes must be a multiple of 2 MiB");
   return p;
 }
 
-Strategy choose_strategy(Direction dir, size_t bytes, HostBacking backing,
-                         const MachineProfile& profile, Strategy requested) {
-  if (backing == HostBacking::pinned) return requested == Strategy::sm ? Strategy::sm : Strategy::direct;
+const char* path_name(Path p) noexcept {
+  switch (p) {
+    case Path::dma: return "dma";
+    case Path::cuda: return "cuda";
+    case Path::sm_kernel: return "sm-kernel";
+    case Path::eager: return "eager";
+    case Path::streamed: return "streamed";
+    case Path::pin_in_place: return "pin-in-place";
+  }
+  return "?";
+}
+
+namespace {
+
+Strategy choose(const CopyFacts& f, const MachineProfile& profile, Strategy requested) {
+  const int d = static_cast<int>(f.dir);
+  const bool pinned = f.device_to_device || f.backing == HostBacking::pinned;
+  if (pinned) {
+    if (requested == Strategy::sm && !f.device_to_device) return Strategy::sm;
+    const bool small_batch = f.batch_pinned_mean_bytes > 0 && f.batch_pinned_mean_bytes < profile.batch_sm_below_bytes;
+    return requested == Strategy::automatic && small_batch ? Strategy::sm : Strategy::direct;
+  }
   // "direct" asked for pageable memory means the plain CUDA call; the SM
   // kernel needs pinned memory, so pageable memory is staged instead.
   if (requested == Strategy::direct) return Strategy::cuda;
   if (requested == Strategy::sm) return Strategy::staged;
   if (requested != Strategy::automatic) return requested;
-  if (bytes < profile.cuda_below_bytes[static_cast<int>(dir)]) return Strategy::cuda;
-  // Pinning shmem THP in pieces splits its huge pages (the gVisor 2x loss):
-  // stage those copies, never pin them.
-  if (backing == HostBacking::shmem_thp) return Strategy::staged;
-  double share = profile.hybrid_pinned_share[static_cast<int>(dir)];
-  if (bytes >= profile.hybrid_below_bytes && share > 0) return share >= 1.0 ? Strategy::pin_in_place : Strategy::hybrid;
+  if (f.bytes < profile.cuda_below_bytes[d]) return Strategy::cuda;
+  const double share = profile.hybrid_pinned_share[d];
+  if (f.bytes >= profile.hybrid_below_bytes && share > 0) return share >= 1.0 ? Strategy::pin_in_place : Strategy::hybrid;
   return Strategy::staged;
+}
+
+// Eager while the caller may wait for staging: synchronous calls, and async
+// host->device copies (a batch's always, one copy's below
+// eager_async_below_bytes); the stream-ordered pipeline returns at once.
+Path staged_path(const CopyFacts& f, const MachineProfile& profile) {
+  switch (f.call) {
+    case CallKind::copy:
+    case CallKind::copy_many: return Path::eager;
+    case CallKind::copy_many_async: return f.dir == Direction::h2d ? Path::eager : Path::streamed;
+    case CallKind::copy_async: break;
+  }
+  return f.dir == Direction::h2d && f.bytes < profile.eager_async_below_bytes ? Path::eager : Path::streamed;
+}
+
+}  // namespace
+
+Route choose_route(const CopyFacts& f, const MachineProfile& profile, Strategy requested) {
+  const Strategy s = choose(f, profile, requested);
+  switch (s) {
+    case Strategy::direct: return {s, Path::dma, f.dir};
+    case Strategy::cuda: return {s, Path::cuda, f.dir};
+    case Strategy::sm: return {s, Path::sm_kernel, f.dir};
+    case Strategy::pin_in_place:
+    case Strategy::hybrid: return {s, Path::pin_in_place, f.dir};
+    case Strategy::staged:
+    case Strategy::automatic: break;
+  }
+  return {Strategy::staged, staged_path(f, profile), f.dir};
+}
+
+Strategy choose_strategy(Direction dir, size_t bytes, HostBacking backing, const MachineProfile& profile,
+                         Strategy requested) {
+  CopyFacts f;
+  f.dir = dir;
+  f.bytes = bytes;
+  f.backing = backing;
+  return choose_route(f, profile, requested).strategy;
 }
 
 }  // namespace ferry

@@ -79,8 +79,61 @@ inline constexpr size_t kMaxPinPieceBytes = size_t{64} << 30;
 std::string format_profile(const MachineProfile& p);
 MachineProfile parse_profile(const std::string& text);
 
-// The strategy for one copy. `requested` != automatic wins (FERRY_COPY_STRATEGY
-// or the call's argument), except that pinned host memory always goes direct.
+// ---- the choice: every rule that decides how a copy moves is in choose_route ----
+
+// Which engine call asks: the eager/stream-ordered split of `staged` depends on it.
+enum class CallKind { copy, copy_async, copy_many, copy_many_async };
+
+// How a strategy runs in the engine (cuda/copy/copy_engine.cpp dispatches on it).
+enum class Path {
+  dma,           // pinned host memory or device<->device: DMA on the caller's stream
+                 // (copy_many: all such items in one cudaMemcpyBatchAsync)
+  cuda,          // pageable memory through the CUDA runtime's own path (cudaMemcpyAsync)
+  sm_kernel,     // pinned host memory, moved by the block-copy kernel
+  eager,         // staged, the caller's thread drives the DMAs (cuda/copy/eager_copy.h)
+  streamed,      // staged, stream-ordered pipeline (cuda/copy/copy_engine.h)
+  pin_in_place,  // pin-in-place, or hybrid (the profile's pinned share of the body)
+};
+const char* path_name(Path p) noexcept;
+
+// What is known about one copy when it is decided. The page backing of
+// pageable memory is not read by the engine (unknown): /proc/self/smaps costs
+// 15-20 ms in a process with many mappings on the H200 machine, as much as a
+// copy of 1 GiB.
+struct CopyFacts {
+  Direction dir = Direction::h2d;
+  size_t bytes = 0;
+  HostBacking backing = HostBacking::unknown;  // pinned: the driver knows the host memory
+  bool device_to_device = false;
+  CallKind call = CallKind::copy;
+  // copy_many: mean bytes of the batch's items that are pinned or
+  // device<->device (0: none, or not a batch).
+  size_t batch_pinned_mean_bytes = 0;
+};
+
+struct Route {
+  Strategy strategy;  // what stats and Completion::strategy() report
+  Path path;
+  Direction dir;      // facts.dir
+};
+
+// THE choice. `requested` != automatic wins (FERRY_COPY_STRATEGY or the call's
+// argument), except that pinned host memory always goes direct (or sm when
+// asked) and device<->device always direct. With `automatic`, in order:
+//   pinned, or device<->device        direct; in a batch whose such items
+//                                     average < batch_sm_below_bytes: sm
+//   bytes < cuda_below_bytes[dir]     cuda (0 by default: never)
+//   bytes >= hybrid_below_bytes and hybrid_pinned_share[dir] > 0
+//                                     pin-in-place (share 1) or hybrid
+//                                     (share 0 by default: never)
+//   else                              staged
+// and staged runs eager for copy and copy_many, for copy_many_async h2d and
+// for copy_async h2d below eager_async_below_bytes; stream-ordered otherwise.
+// The defaults are the H200 machine's; `ferry bench copy --calibrate` prints
+// where each strategy wins per size and writes the profile keys above.
+Route choose_route(const CopyFacts& facts, const MachineProfile& profile, Strategy requested);
+
+// choose_route(...).strategy of a single synchronous copy.
 Strategy choose_strategy(Direction dir, size_t bytes, HostBacking backing,
                          const MachineProfile& profile, Strategy requested = Strategy::automatic);
 

@@ -5,19 +5,9 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/cpu_relax.h"
+
 namespace ferry {
-
-namespace {
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-}  // namespace
 
 bool CrewJob::work_one() noexcept {
   uint32_t i = next_.load(std::memory_order_relaxed);

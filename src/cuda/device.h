@@ -26,7 +26,7 @@ struct DeviceInfo {
   int host_register_supported = 0;
   // cudaDevAttrNumaId: the node of the GPU's own memory where it is one
   // (coherent platforms); -1 when unknown. Not the host node nearest the GPU:
-  // that is numa_home(pci_bus_id) (copy/numa_home.h).
+  // that is numa_home(pci_bus_id) (pool/numa_home.h).
   int numa_node = -1;
 };
 

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/fault.h"
-#include "copy/numa_home.h"
+#include "pool/numa_home.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/scoped_device.h"

@@ -18,7 +18,7 @@ namespace ferry::cuda {
 
 // Throws NoDevice / InvalidArgument when `device` is not usable. With
 // options.numa_node == -1 the chunks are bound to the GPU's host NUMA node on
-// a host with several nodes (copy/numa_home.h).
+// a host with several nodes (pool/numa_home.h).
 std::unique_ptr<Pool> make_pinned_pool(PoolOptions options, int device);
 
 }  // namespace ferry::cuda

@@ -17,7 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "copy/range_cache.h"
+#include "core/range_cache.h"
 
 namespace ferry::cuda {
 

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/options.h"  // parse_size, parse_bool
+#include "managed/managed_pool.h"
 
 namespace ferry {
 
@@ -144,7 +145,7 @@ ManagedOptions parse_managed_options(ManagedKind kind, std::string_view text) {
       o.oversubscribe = parse_bool(value, what);
     } else if (key == "chunk_bytes") {
       const uint64_t n = parse_size(value, what);
-      if (n == 0 || n % (2u << 20) != 0)
+      if (n == 0 || n % ManagedPool::kGranule != 0)
         throw InvalidArgument(what + "='" + value + "': must be a positive multiple of 2 MiB");
       o.chunk_bytes = n;
     } else if (key == "stream_wait") {

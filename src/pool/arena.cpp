@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/thread_counts.h"
 #include "os/memory.h"
 #include "os/sysfs.h"
 #include "pool/first_touch.h"
@@ -37,7 +38,7 @@ Arena::Arena(const PoolOptions& options)
       policy_(options.huge_pages),
       numa_node_(options.numa_node),
       touch_threads_(options.touch_threads > 0 ? options.touch_threads
-                                               : std::min(os::usable_cores(), 16)) {}
+                                               : std::min(os::usable_cores(), kDefaultThreadCap)) {}
 
 size_t Arena::page_bytes(Backing backing) noexcept {
   switch (backing) {

@@ -35,11 +35,13 @@
 #include <thread>
 #include <vector>
 
+#include "os/memory.h"
+
 namespace ferry {
 
 class FirstTouch {
  public:
-  static constexpr size_t kUnitBytes = size_t{2} << 20;
+  static constexpr size_t kUnitBytes = os::kHugePage2MBytes;
 
   // Starts up to `threads` helper threads touching [base, base + bytes).
   // Preconditions: the range is mapped read-write, base 2 MiB aligned,

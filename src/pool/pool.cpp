@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/options.h"
+#include "os/memory.h"
 #include "pool/first_touch.h"
 #include "pool/pool_impl.h"
 #include "pool/stats.h"
@@ -22,9 +23,9 @@
 namespace ferry {
 namespace {
 
-constexpr size_t kMaxAlignment = size_t{2} << 20;
+constexpr size_t kMaxAlignment = os::kHugePage2MBytes;
 constexpr size_t kMaxRequest = size_t{1} << 47;    // the x86-64 user address space
-constexpr size_t kChunkGranule = size_t{2} << 20;  // chunks are 2 MiB aligned and sized
+constexpr size_t kChunkGranule = os::kHugePage2MBytes;  // chunks are 2 MiB aligned and sized
 
 int index(PageKind k) { return static_cast<int>(k); }
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -41,7 +42,7 @@ PageKind resolve_kind(HugeWant want, size_t size) {
     case HugeWant::no: return PageKind::small;
     case HugeWant::automatic: break;
   }
-  return size >= (size_t{2} << 20) ? PageKind::huge : PageKind::small;
+  return size >= os::kHugePage2MBytes ? PageKind::huge : PageKind::small;
 }
 
 // Clears the spans; with up to `threads` threads when they are big (a

@@ -59,6 +59,9 @@ class ChunkHooks {
 };
 
 inline constexpr int kMaxNumaNode = 1023;  // Linux: at most 1024 NUMA nodes
+// PoolOptions::numa_node for "no binding, not even the GPU's node": -1 already
+// means the GPU's node for pinned pools, so "none" needs its own value.
+inline constexpr int kNumaNeverBind = -2;
 
 struct PoolOptions {
   size_t chunk_bytes = 64u << 20;     // multiple of 2 MiB
@@ -70,7 +73,7 @@ struct PoolOptions {
   int64_t release_delay_ms = 0;       // background release of chunks free this long; 0 = off
   size_t release_batch_bytes = 128u << 20;  // cap per background round
   int numa_node = -1;                 // bind chunks to this node (mbind), 0 .. 1023; -1 = no binding
-                                      // (pinned pools: the GPU's node), -2 = never bind
+                                      // (pinned pools: the GPU's node), kNumaNeverBind
   // The target: ONE chunk of target_bytes (rounded up to 2 MiB), reserved,
   // touched and registered (one registration) in the background at creation;
   // it serves any allocation up to its size, or many smaller ones.

@@ -36,7 +36,7 @@ void PoolOptions::validate() const {
   check_range("touch_threads", touch_threads, 0, kMaxThreads, "0 = one per core, at most 16");
   check_range("release_delay_ms", release_delay_ms, 0, kMaxReleaseDelayMs,
               "0 = only trim releases memory; at most a day");
-  check_range("numa_node", numa_node, -2, kMaxNumaNode, "-1 = no binding, -2 = never bind");
+  check_range("numa_node", numa_node, kNumaNeverBind, kMaxNumaNode, "-1 = no binding, -2 = never bind");
   // A target the machine cannot hold would only fail, or swap, later and
   // slowly; say so now.
   const uint64_t memory = os::physical_memory_bytes();

@@ -65,6 +65,24 @@ std::vector<uint64_t> copy_ns(cuda::CopyEngine& e, uintptr_t dst, uintptr_t src,
   return ns;
 }
 
+// copy_ns on a private engine of `device` whose profile is `profile_text`
+// (profile lines; keys not named keep their defaults). FERRY_PROFILE cannot
+// do this in-process: the options are read once per process (core/options.h).
+std::vector<uint64_t> copy_ns_with_profile(int device, const std::string& profile_text, uintptr_t dst, uintptr_t src,
+                                           size_t n, const std::string& strategy, int iterations) {
+  auto o = cuda::CopyEngineOptions::from_environment(device);
+  o.profile = parse_profile(profile_text);
+  std::unique_ptr<cuda::CopyEngine> e;
+  {
+    ferry::python::GilRelease unlocked;
+    e = std::make_unique<cuda::CopyEngine>(o);
+  }
+  auto ns = copy_ns(*e, dst, src, n, strategy, iterations);
+  ferry::python::GilRelease unlocked;
+  e.reset();  // waits for its work
+  return ns;
+}
+
 // Nanoseconds of each of `iterations` parallel host memcpys of `bytes` (after
 // one untimed warm-up copy): `threads` threads each copy their slice of a
 // source buffer into a destination buffer, both first-touched by that thread
@@ -111,7 +129,7 @@ std::vector<uint64_t> host_memcpy_ns(size_t bytes, int threads, int iterations) 
   return ns;
 }
 
-// Nanoseconds of each batch (copy_batch_async + wait) on one stream.
+// Nanoseconds of each batch (copy_many_async + wait) on one stream.
 std::vector<uint64_t> batch_ns(cuda::CopyEngine& e, const std::vector<uintptr_t>& dsts,
                                const std::vector<uintptr_t>& srcs, const std::vector<size_t>& sizes,
                                const std::string& strategy, int iterations) {
@@ -123,7 +141,7 @@ std::vector<uint64_t> batch_ns(cuda::CopyEngine& e, const std::vector<uintptr_t>
   cuda::StreamHandle stream;
   for (int i = -1; i < iterations; ++i) {
     auto t0 = Clock::now();
-    e.copy_batch_async(ops, stream.get(), s).wait();
+    e.copy_many_async(ops, stream.get(), s).wait();
     if (i >= 0) ns.push_back(since_ns(t0));
   }
   return ns;
@@ -144,6 +162,8 @@ void bind_bench(nb::module_& m) {
         },
         "dsts"_a, "srcs"_a, "sizes"_a, "iterations"_a = 10);
   m.def("copy_ns", &copy_ns, "engine"_a, "dst"_a, "src"_a, "nbytes"_a, "strategy"_a = "auto", "iterations"_a = 5);
+  m.def("copy_ns_with_profile", &copy_ns_with_profile, "device"_a, "profile"_a, "dst"_a, "src"_a, "nbytes"_a,
+        "strategy"_a = "auto", "iterations"_a = 5);
   m.def("cuda_memcpy_ns",
         [](uintptr_t dst, uintptr_t src, size_t n, int iterations) {
           ferry::python::GilRelease unlocked;

@@ -329,7 +329,7 @@ void bind_copy(nb::module_& m) {
              return e.copy_async(d, s, bytes, st, how);
            },
            "dst"_a.none(), "src"_a.none(), "nbytes"_a.none(), "stream"_a.none() = 0, "strategy"_a.none() = nb::none())
-      .def("copy_batch_async",
+      .def("copy_many_async",
            [=](cuda::CopyEngine& e, nb::handle dsts, nb::handle srcs, nb::handle sizes, nb::handle stream,
                nb::handle strategy) {
              auto ops = int_ops(addresses(dsts, "dsts"), addresses(srcs, "srcs"), addresses(sizes, "sizes"));

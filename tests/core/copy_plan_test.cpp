@@ -93,7 +93,6 @@ TEST(Strategy, Choice) {
   prof.hybrid_pinned_share[1] = 0.4;
   EXPECT_EQ(choose_strategy(Direction::d2h, 1u << 30, HostBacking::thp, prof), Strategy::hybrid);
   EXPECT_EQ(choose_strategy(Direction::h2d, 1u << 30, HostBacking::thp, prof), Strategy::staged);
-  EXPECT_EQ(choose_strategy(Direction::d2h, 1u << 30, HostBacking::shmem_thp, prof), Strategy::staged);
   EXPECT_EQ(choose_strategy(Direction::d2h, 8u << 20, HostBacking::thp, prof), Strategy::staged);
   EXPECT_EQ(choose_strategy(Direction::d2h, 1u << 20, HostBacking::thp, prof), Strategy::cuda);
   // Overrides win, but pinned memory always goes direct.
@@ -105,6 +104,54 @@ TEST(Strategy, Choice) {
             Strategy::cuda);
   EXPECT_EQ(choose_strategy(Direction::h2d, 4096, HostBacking::pinned, prof, Strategy::sm), Strategy::sm);
   EXPECT_EQ(choose_strategy(Direction::h2d, 4096, HostBacking::small_pages, prof, Strategy::sm), Strategy::staged);
+}
+
+// Every rule of choose_route, the one place a copy's path is decided.
+TEST(Strategy, Route) {
+  const MachineProfile prof = MachineProfile::defaults();
+  auto route = [&](Direction d, size_t n, HostBacking b, CallKind call, size_t batch_mean = 0,
+                   Strategy requested = Strategy::automatic, bool d2d = false) {
+    CopyFacts f;
+    f.dir = d;
+    f.bytes = n;
+    f.backing = b;
+    f.call = call;
+    f.batch_pinned_mean_bytes = batch_mean;
+    f.device_to_device = d2d;
+    return choose_route(f, prof, requested);
+  };
+  const auto pageable = HostBacking::unknown, pinned = HostBacking::pinned;
+  // Staged: eager while the caller may wait for staging, stream-ordered otherwise.
+  EXPECT_EQ(route(Direction::h2d, 1u << 20, pageable, CallKind::copy).path, Path::eager);
+  EXPECT_EQ(route(Direction::d2h, 1u << 30, pageable, CallKind::copy).path, Path::eager);
+  EXPECT_EQ(route(Direction::h2d, prof.eager_async_below_bytes - 1, pageable, CallKind::copy_async).path, Path::eager);
+  EXPECT_EQ(route(Direction::h2d, prof.eager_async_below_bytes, pageable, CallKind::copy_async).path, Path::streamed);
+  EXPECT_EQ(route(Direction::d2h, 4096, pageable, CallKind::copy_async).path, Path::streamed);
+  EXPECT_EQ(route(Direction::h2d, 1u << 30, pageable, CallKind::copy_many_async).path, Path::eager);
+  EXPECT_EQ(route(Direction::d2h, 4096, pageable, CallKind::copy_many_async).path, Path::streamed);
+  EXPECT_EQ(route(Direction::d2h, 4096, pageable, CallKind::copy_many).path, Path::eager);
+  // Pinned and device<->device: one DMA; a batch of small such items: the SM kernel.
+  EXPECT_EQ(route(Direction::h2d, 4096, pinned, CallKind::copy_async).path, Path::dma);
+  EXPECT_EQ(route(Direction::h2d, 4096, pinned, CallKind::copy_many, 16u << 10).path, Path::sm_kernel);
+  EXPECT_EQ(route(Direction::h2d, 4096, pinned, CallKind::copy_many, prof.batch_sm_below_bytes).path, Path::dma);
+  EXPECT_EQ(route(Direction::h2d, 4096, pinned, CallKind::copy_many, 16u << 10, Strategy::direct).path, Path::dma);
+  EXPECT_EQ(route(Direction::h2d, 4096, HostBacking::unknown, CallKind::copy_many, 16u << 10, Strategy::automatic,
+                  true).path, Path::sm_kernel);
+  EXPECT_EQ(route(Direction::h2d, 4096, HostBacking::unknown, CallKind::copy, 0, Strategy::sm, true).strategy,
+            Strategy::direct);
+  // Explicit strategies on pageable memory keep their paths.
+  EXPECT_EQ(route(Direction::h2d, 4096, pageable, CallKind::copy_async, 0, Strategy::cuda).path, Path::cuda);
+  EXPECT_EQ(route(Direction::h2d, 4096, pageable, CallKind::copy_async, 0, Strategy::pin_in_place).path,
+            Path::pin_in_place);
+  Route hybrid = route(Direction::d2h, 4096, pageable, CallKind::copy, 0, Strategy::hybrid);
+  EXPECT_EQ(hybrid.path, Path::pin_in_place);
+  EXPECT_EQ(hybrid.strategy, Strategy::hybrid);
+  EXPECT_EQ(hybrid.dir, Direction::d2h);
+  // A pinned share of 1 in the profile: auto picks pin-in-place from hybrid_below_bytes.
+  MachineProfile pin = prof;
+  pin.hybrid_pinned_share[0] = 1.0;
+  EXPECT_EQ(choose_strategy(Direction::h2d, pin.hybrid_below_bytes, HostBacking::unknown, pin), Strategy::pin_in_place);
+  EXPECT_EQ(choose_strategy(Direction::h2d, pin.hybrid_below_bytes - 1, HostBacking::unknown, pin), Strategy::staged);
 }
 
 TEST(Strategy, Names) {

@@ -1,4 +1,4 @@
-// numa_test.cpp — a GPU's host NUMA node from sysfs (copy/numa_home.h) and
+// numa_test.cpp — a GPU's host NUMA node from sysfs (pool/numa_home.h) and
 // the copy crews per node (copy/copy_crew.h): the placement rules
 // (table-driven), every PCI device of this machine, and the real CPU affinity
 // of crew and worker-pool threads bound to a node's CPUs.
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "copy/copy_crew.h"
-#include "copy/numa_home.h"
+#include "pool/numa_home.h"
 #include "core/crew.h"
 #include "core/error.h"
 #include "core/worker_pool.h"

@@ -5,7 +5,7 @@
 
 #include <random>
 
-#include "copy/range_cache.h"
+#include "core/range_cache.h"
 
 namespace ferry {
 namespace {

@@ -128,8 +128,8 @@ struct Blocks {
 void round_trip(Blocks& b, Strategy strategy) {
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  engine().copy_batch_async(b.up, s, strategy).wait();
-  engine().copy_batch_async(b.down, s, strategy).wait();
+  engine().copy_many_async(b.up, s, strategy).wait();
+  engine().copy_many_async(b.down, s, strategy).wait();
   CUDA_OK(cudaStreamDestroy(s));
   b.check();
 }
@@ -160,7 +160,7 @@ TEST(BatchLookup, OneOpPastItsDeviceAllocationRefusesTheBatch) {
   const uint64_t copies = engine().stats().copies;
   for (Strategy strategy : {Strategy::automatic, Strategy::direct, Strategy::sm}) {
     try {
-      engine().copy_batch_async(up, nullptr, strategy);
+      engine().copy_many_async(up, nullptr, strategy);
       ADD_FAILURE() << "the batch was accepted";
     } catch (const InvalidArgument& e) {
       const std::string m = e.what();

@@ -257,12 +257,12 @@ TEST(CopyEngine, BatchOfScatteredBlocks) {
   up.push_back({dev.p, pageable.p, 3 * MiB});
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  engine().copy_batch_async(up, s).wait();
+  engine().copy_many_async(up, s).wait();
   std::vector<unsigned char> head(3 * MiB);
   CUDA_OK(cudaMemcpy(head.data(), dev.p, 3 * MiB, cudaMemcpyDeviceToHost));
   ASSERT_EQ(std::memcmp(head.data(), pageable.p, 3 * MiB), 0);
   // The pageable op overwrote the first device bytes: skip blocks it touched.
-  engine().copy_batch_async(down, s).wait();
+  engine().copy_many_async(down, s).wait();
   for (size_t i = 0; i < down.size(); ++i) {
     auto* d = static_cast<unsigned char*>(down[i].dst);
     if (static_cast<const unsigned char*>(down[i].src) < dev.p + 3 * MiB) continue;
@@ -299,10 +299,10 @@ TEST(CopyEngine, SmKernelBatchOfOddBlocksBothDirections) {
   }
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  Completion c = engine().copy_batch_async(up, s, Strategy::sm);
+  Completion c = engine().copy_many_async(up, s, Strategy::sm);
   EXPECT_EQ(c.strategy(), Strategy::sm);
   c.wait();
-  engine().copy_batch_async(down, s, Strategy::sm).wait();
+  engine().copy_many_async(down, s, Strategy::sm).wait();
   for (size_t i = 0; i < up.size(); ++i)
     ASSERT_EQ(std::memcmp(down[i].dst, up[i].src, up[i].bytes), 0) << "block " << i << " of " << up[i].bytes;
   // Nothing outside the blocks was written on the host side.

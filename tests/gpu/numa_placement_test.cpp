@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "copy/copy_crew.h"
-#include "copy/numa_home.h"
+#include "pool/numa_home.h"
 #include "core/crew.h"
 #include "cuda/copy/copy_engine.h"
 #include "cuda/device.h"

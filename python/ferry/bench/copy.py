@@ -19,9 +19,12 @@ thread per GPU, pageable through ferry and pinned through torch, both
 directions), after a table of where each GPU's engine runs: its host NUMA
 node and the crew of copy threads it uses.
 
-`--calibrate` measures the choices the engine makes (CUDA-path threshold per
-direction, hybrid share per direction) and writes the machine profile the
-engine reads.
+`--calibrate` first prints, per direction and size, each pageable strategy's
+bandwidth and which one wins (staged, cuda, pin-in-place, hybrid at half the
+body pinned): the table `auto` is judged by (copy/strategy.h's choose_route).
+It then measures the choices the profile can express (CUDA-path threshold per
+direction, pinned share per direction: 1 is pin-in-place) and writes the
+machine profile the engine reads.
 """
 
 from __future__ import annotations
@@ -314,6 +317,7 @@ def calibrate(iterations: int) -> str:
     dev = _ferry.cuda_malloc(n)
     lines = ["# ferry machine profile, written by `ferry bench copy --calibrate`"]
     try:
+        print_wins(where_each_wins(eng, dev, n, iterations))
         # Per direction: the smallest size from which staging beats CUDA's
         # own pageable path at every size measured (0: staging wins throughout).
         small = HostBuffer(4 * MiB, "4k")
@@ -334,8 +338,7 @@ def calibrate(iterations: int) -> str:
             dst, src = (dev, buf.addr) if direction == "h2d" else (buf.addr, dev)
             best_share, best = 0.0, gbps(n, _ferry.copy_ns(eng, dst, src, n, "staged", iterations))
             progress(f"calibrate: {direction} staged {best:.1f} GB/s")
-            for share in (0.25, 0.4, 0.55, 0.7):
-                os.environ.pop("FERRY_PROFILE", None)
+            for share in (0.25, 0.4, 0.55, 0.7, 1.0):  # 1.0: pin-in-place
                 r = _hybrid_gbps(dst, src, n, share, direction, iterations)
                 progress(f"calibrate: {direction} hybrid share {share} {r:.1f} GB/s")
                 if r > best * 1.03:
@@ -347,26 +350,48 @@ def calibrate(iterations: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _hybrid_gbps(dst, src, n, share, direction, iterations) -> float:
-    """Bandwidth of the hybrid strategy at a given pinned share (a private engine)."""
-    import tempfile
+WIN_SIZES = (64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 512 * MiB)
+WIN_STRATEGIES = ("staged", "cuda", "pin-in-place", "hybrid")
 
-    from .. import _ferry
 
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(f"hybrid_pinned_share_{direction} = {share}\n")
-        path = f.name
-    old = os.environ.get("FERRY_PROFILE")
-    os.environ["FERRY_PROFILE"] = path
+def where_each_wins(eng, dev, n, iterations) -> list[dict]:
+    """Each pageable strategy's median GB/s per direction and size (at most n
+    bytes, one fresh 4 KiB-page buffer), and the winner. Hybrid runs with half
+    the body pinned, on a private engine."""
+    buf = HostBuffer(n, "4k")
+    rows = []
     try:
-        eng = _ferry.Engine(0)
-        return gbps(n, _ferry.copy_ns(eng, dst, src, n, "hybrid", iterations))
+        for direction in ("h2d", "d2h"):
+            dst, src = (dev, buf.addr) if direction == "h2d" else (buf.addr, dev)
+            for size in (s for s in WIN_SIZES if s <= n):
+                reps = iterations if size >= 64 * MiB else max(iterations, 20)
+                row = {"direction": direction, "nbytes": size}
+                for strategy in WIN_STRATEGIES:
+                    if strategy == "hybrid":
+                        row[strategy] = _hybrid_gbps(dst, src, size, 0.5, direction, reps)
+                    else:
+                        row[strategy] = gbps(size, _ferry.copy_ns(eng, dst, src, size, strategy, reps))
+                row["wins"] = max(WIN_STRATEGIES, key=lambda k: row[k])
+                row["auto"] = eng.plan(dst, src, size)
+                progress(f"calibrate: {direction} {size // KiB} KiB: {row['wins']} wins, auto picks {row['auto']}")
+                rows.append(row)
     finally:
-        if old is None:
-            os.environ.pop("FERRY_PROFILE", None)
-        else:
-            os.environ["FERRY_PROFILE"] = old
-        os.unlink(path)
+        buf.close()
+    return rows
+
+
+def print_wins(rows) -> None:
+    cols = ["dir", "Size(KiB)", *(f"{k}(GB/s)" for k in WIN_STRATEGIES), "wins", "auto picks"]
+    print(table("Where each pageable strategy wins (median GB/s; hybrid: half the body pinned)", cols,
+                [[r["direction"], r["nbytes"] // KiB, *(r[k] for k in WIN_STRATEGIES), r["wins"], r["auto"]]
+                 for r in rows]))
+
+
+def _hybrid_gbps(dst, src, n, share, direction, iterations) -> float:
+    """Bandwidth of the hybrid strategy at a given pinned share (a private engine
+    with that profile line: FERRY_PROFILE is read once per process)."""
+    profile = f"hybrid_pinned_share_{direction} = {share}\n"
+    return gbps(n, _ferry.copy_ns_with_profile(0, profile, dst, src, n, "hybrid", iterations))
 
 
 def profile_path() -> str:

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "copy/strategy.h"
+#include "cuda/copy/copy_engine.h"
 
 typedef struct CUstream_st* cudaStream_t;
 
@@ -36,7 +36,6 @@ std::vector<uint64_t> time_cuda_memcpy_async_ns(void* dst, const void* src, size
 // Wall nanoseconds of an H2D (host_a -> dev_a) and a D2H (dev_b -> host_b)
 // copy run at once from two threads: by `engine` with `strategy`, or by
 // cudaMemcpy when engine is nullptr.
-class CopyEngine;
 std::vector<uint64_t> time_bidirectional_ns(CopyEngine* engine, void* dev_a, const void* host_a, void* host_b,
                                             const void* dev_b, size_t bytes, Strategy strategy, int iterations);
 

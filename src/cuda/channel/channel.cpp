@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/cpu_relax.h"
 #include "core/fork.h"
 #include "cuda/channel/channel_layout.h"
 #include "cuda/cuda_check.h"
@@ -49,14 +50,6 @@ constexpr uint32_t kMaxTimeoutMs = 3'600'000;
 constexpr uint32_t kMaxSpinUs = 10'000;
 constexpr uint64_t kMaxWaitUs = 3'600'000'000ull;
 constexpr auto kStreamCheckInterval = milliseconds(1);
-
-void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // Spins for `spin`, then yields for 200 us, then sleeps 20 us, doubling up to 1 ms.
 class Backoff {

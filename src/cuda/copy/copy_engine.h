@@ -2,7 +2,8 @@
 // device memory, in both directions, at close to the pinned DMA rate, one
 // buffer or many per call.
 //
-// Paths (copy/strategy.h picks one per item):
+// Paths (copy/strategy.h's choose_route picks one per item, in one place;
+// copy_engine.cpp dispatches, engine_impl.h lists the files of each path):
 //   direct   pinned host memory (or device<->device): DMAs on the caller's stream.
 //   staged, eager (cuda/copy/eager_copy.h): synchronous copies, and async
 //            host->device copies below profile.eager_async_below_bytes. The
@@ -57,20 +58,25 @@
 //
 // No call leaves the caller's current device changed.
 //
-// Locking (Impl in copy_engine.cpp; lock order top to bottom, each a leaf
-// except Lane::mu):
-//   Lane::mu       a lane's next_gen and the order of its stream operations:
-//                  held while one stream-ordered copy enqueues (CUDA calls
-//                  inside: they never wait for a CPU thread, because every
-//                  task they will wait on is already submitted).
-//   Impl::pin_mu   the pin stream: held while one pin-in-place copy registers
-//                  and enqueues its pieces (cudaHostRegister inside; the pinner
-//                  thread's unregisters take no engine lock).
-//   Impl::lanes_mu lanes[] until created (creation's CUDA calls run under it
-//                  once per lane, before any copy can use the lane).
-//   Impl::stats_mu stats.
-//   AreaPool::mu_, EventPool::mu_, Crew::mu_, WorkerPool::mu_, TaskGroup::mu_:
-//                  leaves, never held across a CUDA call.
+// Locking (each mutex a leaf: none is held while another is taken, and no
+// CUDA call runs under any of them, PyTorch's rule; the H200 hangs came from
+// a CUDA call under an engine lock):
+//   Lender::mu_      (core/lender.h) one per LanePool direction and one per
+//                    AreaPool: which lanes or staging areas are free, how
+//                    many are made, and each area's `pending`. Lanes and
+//                    areas are made (CUDA calls) outside it; a lane or area is
+//                    then lent to one copy at a time, so a lane's next_gen and
+//                    the order of its stream operations belong to the holder
+//                    and need no lock while it enqueues.
+//   CopyState::mu    (copy_state.h) one copy's first error. `abort` is an
+//                    atomic; `parts` is written by the thread that builds the
+//                    copy before the Completion is returned.
+//   Impl::stats_mu   stats (counters only; engine_impl.h).
+//   Impl::workers_started (a once_flag) starts the stream-ordered workers.
+//   EventPool::mu_ (event_pool.h), Crew::mu_, WorkerPool::mu_,
+//   TaskGroup::mu_ (src/core): their own fields.
+// Pin-in-place takes no engine lock: the calling thread registers its pieces
+// and the pinner thread (one per engine) unregisters them.
 #pragma once
 
 #include <cstddef>
@@ -119,7 +125,7 @@ struct CopyEngineOptions {
   int device = 0;
   MachineProfile profile = MachineProfile::defaults();
   Strategy strategy = Strategy::automatic;  // default for calls that ask for automatic
-  int workers = 0;                          // 0: profile.workers, else cores (<= 16)
+  int workers = 0;                          // 0: profile.workers, else cores (<= kDefaultThreadCap)
   // Read FERRY_COPY_STRATEGY, FERRY_COPY_WORKERS and the profile file.
   static CopyEngineOptions from_environment(int device);
 };
@@ -159,11 +165,6 @@ class CopyEngine {
                              Strategy strategy = Strategy::automatic);
   void copy_many(std::span<const CopyOp> ops, cudaStream_t stream = nullptr,
                  Strategy strategy = Strategy::automatic);
-  // The former name of copy_many_async.
-  Completion copy_batch_async(std::span<const CopyOp> ops, cudaStream_t stream,
-                              Strategy strategy = Strategy::automatic) {
-    return copy_many_async(ops, stream, strategy);
-  }
 
   // Creates the lanes and staging memory now (else on first use).
   void warm_up();
@@ -174,7 +175,7 @@ class CopyEngine {
   CopyEngineStats stats() const;
   const CopyEngineOptions& options() const;
   // Where the engine serves its device from, fixed at creation: the host NUMA
-  // node (copy/numa_home.h; -1 on a one-node host or when unknown) and the
+  // node (pool/numa_home.h; -1 on a one-node host or when unknown) and the
   // crew of that node (copy/copy_crew.h) its staged copies run on.
   int numa_node() const;
   const Crew& crew() const;

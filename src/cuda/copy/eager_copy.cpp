@@ -12,6 +12,7 @@
 #include "copy/host_copy.h"
 #include "copy/staging_plan.h"
 #include "core/crew.h"
+#include "core/cpu_relax.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "cuda/cuda_check.h"
@@ -33,12 +34,6 @@ constexpr size_t kWakeSleepersMinBytes = 1u << 20;
 // stores and drop the staging lines from the caches (see host_copy.h); for
 // smaller ones the user's buffer is likely cached and plain stores win.
 constexpr size_t kStreamOutMinBytes = 512u << 10;
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#endif
-}
 
 // State shared by the caller and the crew threads for one run.
 struct EagerRun {

@@ -9,10 +9,10 @@
 namespace ferry::cuda {
 
 AreaPool::AreaPool(Pool& memory, StagingGeometry geometry, int max_areas)
-    : memory_(memory), geometry_(geometry), max_areas_(std::max(1, max_areas)) {}
+    : memory_(memory), geometry_(geometry), lent_(max_areas) {}
 
 AreaPool::~AreaPool() {
-  for (auto& a : all_) {
+  for (auto& a : lent_.all_unlocked()) {
     for (cudaEvent_t e : a->slot_done) {
       cudaEventSynchronize(e);  // an async copy's DMA may still read the slot
       cudaEventDestroy(e);
@@ -39,45 +39,13 @@ std::unique_ptr<StagingArea> AreaPool::make_area() {
 }
 
 StagingArea* AreaPool::acquire() {
-  std::unique_lock lock(mu_);
-  for (;;) {
-    auto idle = std::find_if(free_.begin(), free_.end(), [](StagingArea* a) { return !a->pending; });
-    if (idle != free_.end()) {
-      StagingArea* a = *idle;
-      free_.erase(idle);
-      return a;
-    }
-    if (count_ < max_areas_) {
-      ++count_;
-      lock.unlock();
-      std::unique_ptr<StagingArea> made;
-      try {
-        made = make_area();
-      } catch (...) {
-        lock.lock();
-        --count_;
-        throw;
-      }
-      lock.lock();
-      all_.push_back(std::move(made));
-      return all_.back().get();
-    }
-    if (!free_.empty()) {  // its slots' events hold back whatever still uses it
-      StagingArea* a = free_.front();
-      free_.erase(free_.begin());
-      return a;
-    }
-    returned_.wait(lock);
-  }
+  // An area whose DMAs are over first; a new one next; else the longest-free
+  // one: its slots' events hold back whatever still uses it.
+  return &lent_.acquire([&] { return make_area(); }, [](const StagingArea& a) { return !a.pending; });
 }
 
 void AreaPool::release(StagingArea* area, bool pending) noexcept {
-  {
-    std::lock_guard lock(mu_);
-    area->pending = pending;
-    free_.push_back(area);
-  }
-  returned_.notify_one();
+  lent_.release(*area, [pending](StagingArea& a) { a.pending = pending; });
 }
 
 }  // namespace ferry::cuda

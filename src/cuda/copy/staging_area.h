@@ -12,20 +12,19 @@
 // device->host) only once its event is complete: the event says the last DMA
 // that used the slot, possibly of an earlier copy on another stream, is over.
 //
-// Locking: AreaPool::mu_ guards free_, count_ and each area's `pending`; it is
-// never held across a CUDA call (areas and their events are created, and
-// pending work is waited for, outside it).
+// Locking: the Lender's mutex (core/lender.h) guards which areas are free and
+// each area's `pending`; it is never held across a CUDA call (areas and their
+// events are created, and pending work is waited for, outside it).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <condition_variable>
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "copy/staging_plan.h"
+#include "core/lender.h"
 
 namespace ferry {
 class Pool;
@@ -39,7 +38,7 @@ struct StagingArea {
   std::vector<cudaEvent_t> slot_done;   // one per slot: the last DMA that used it
   // An async copy left DMAs in flight (their slots' events say which); others
   // prefer an area without.
-  bool pending = false;                 // AreaPool::mu_
+  bool pending = false;                 // AreaPool::lent_'s lock
   size_t bytes() const { return geometry.chunk_bytes * geometry.slots; }
 };
 
@@ -61,16 +60,11 @@ class AreaPool {
   const StagingGeometry& geometry() const { return geometry_; }
 
  private:
-  std::unique_ptr<StagingArea> make_area();  // CUDA calls: outside mu_
+  std::unique_ptr<StagingArea> make_area();  // CUDA calls: outside the lender's lock
 
   Pool& memory_;
   const StagingGeometry geometry_;
-  const int max_areas_;
-  std::mutex mu_;
-  std::condition_variable returned_;
-  std::vector<StagingArea*> free_;                  // mu_
-  std::vector<std::unique_ptr<StagingArea>> all_;   // mu_ (grows only)
-  int count_ = 0;                                   // mu_: areas made or being made
+  Lender<StagingArea> lent_;
 };
 
 }  // namespace ferry::cuda

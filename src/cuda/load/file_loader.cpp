@@ -11,7 +11,7 @@
 #include "core/options.h"
 #include "core/worker_pool.h"
 #include "copy/copy_crew.h"
-#include "copy/numa_home.h"
+#include "pool/numa_home.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device.h"
 #include "cuda/pinned_pool.h"
@@ -163,7 +163,7 @@ LoaderOptions LoaderOptions::from_environment(int device) { return from_options(
 struct Loader::Impl {
   Impl(const LoaderOptions& o, int node, const std::vector<int>& cpus)
       : numa_node(node), target(o), workers(o.threads, ThreadAffinity{cpus, &os::bind_thread_to_cpus}) {}
-  const int numa_node;  // the GPU's host node (copy/numa_home.h); -1: none
+  const int numa_node;  // the GPU's host node (pool/numa_home.h); -1: none
   DeviceTarget target;  // its slots bound to numa_node by make_pinned_pool
   WorkerPool workers;   // the readers, on numa_node's usable CPUs
   const uint64_t generation = fork_generation();  // a forked child refuses it (core/fork.h)

@@ -13,7 +13,7 @@
 // reused). Never a copy of a file.
 //
 // Placement follows the copy engine's rules (cuda/copy/copy_engine.h): the
-// GPU's host node is numa_home() of its PCI address (copy/numa_home.h); on a
+// GPU's host node is numa_home() of its PCI address (pool/numa_home.h); on a
 // host with several nodes the slots are bound to that node (make_pinned_pool)
 // and the reader threads to its usable CPUs (host_crew_cpus(),
 // copy/copy_crew.h), so that pread's copy lands in local memory. The readers
@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "core/thread_counts.h"  // kDefaultThreadCap, the engine's too
 #include "load/pipeline.h"
 #include "load/read_plan.h"
 
@@ -60,11 +61,6 @@ class Options;
 namespace ferry::cuda {
 
 enum class Progress { automatic, always, never };  // automatic: when stderr is a terminal
-
-// The default reader count's cap: page-cache reads reach the host's memcpy
-// bound with 16 threads on the H200 machine (16 cores: 37 GB/s, DESIGN.md);
-// more threads only contend.
-inline constexpr int kDefaultThreadCap = 16;
 
 struct LoaderOptions {
   int device = 0;

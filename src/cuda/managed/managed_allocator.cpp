@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_check.h"
+#include "cuda/event_pool.h"
 #include "cuda/scoped_device.h"
 #include "managed/managed_pool.h"
 #include "pool/stats.h"
@@ -144,39 +145,10 @@ void managed_free_noexcept(void* p, size_t n, int device, std::string* error) no
 
 // ---- events as fences --------------------------------------------------------------
 
-class EventCache {
- public:
-  cudaEvent_t get() {  // current device must be the cache's
-    {
-      std::lock_guard lk(mu_);
-      if (!free_.empty()) {
-        cudaEvent_t e = free_.back();
-        free_.pop_back();
-        return e;
-      }
-    }
-    cudaEvent_t e = nullptr;
-    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    return e;
-  }
-  void put(cudaEvent_t e) noexcept {
-    std::lock_guard lk(mu_);
-    try {
-      free_.push_back(e);
-    } catch (...) {
-      if (cudaEventDestroy(e) != cudaSuccess) cudaGetLastError();
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<cudaEvent_t> free_;
-};
-
 class EventFence : public Fence {
  public:
-  EventFence(cudaEvent_t e, EventCache* cache) : e_(e), cache_(cache) {}
-  ~EventFence() override { cache_->put(e_); }
+  EventFence(cudaEvent_t e, EventPool* cache) : e_(e), cache_(cache) {}
+  ~EventFence() override { cache_->give(e_); }
   bool ready() noexcept override {
     cudaError_t r = cudaEventQuery(e_);
     if (r == cudaSuccess) return true;
@@ -192,7 +164,7 @@ class EventFence : public Fence {
 
  private:
   cudaEvent_t e_;
-  EventCache* cache_;
+  EventPool* cache_;
 };
 
 // For a free whose stream could be neither recorded nor synchronized (a broken
@@ -434,7 +406,7 @@ class PoolAllocator final : public Allocator {
 
  private:
   struct PerDevice {
-    EventCache events;
+    EventPool events;
     std::unique_ptr<ManagedPool> pool;
   };
 
@@ -498,11 +470,11 @@ class PoolAllocator final : public Allocator {
   std::unique_ptr<Fence> fence(PerDevice& d, int device, cudaStream_t stream) noexcept {
     try {
       DeviceGuard g(device);
-      cudaEvent_t e = d.events.get();
+      cudaEvent_t e = d.events.take();
       cudaError_t r = cudaEventRecord(e, stream);
       if (r == cudaSuccess) return std::make_unique<EventFence>(e, &d.events);
       cudaGetLastError();
-      d.events.put(e);
+      d.events.give(e);
     } catch (...) {
     }
     if (cudaStreamSynchronize(stream) == cudaSuccess) return nullptr;

@@ -1,5 +1,5 @@
 // numa_home.cpp — a GPU's host NUMA node from sysfs.
-#include "copy/numa_home.h"
+#include "pool/numa_home.h"
 
 #include <algorithm>
 #include <string>

@@ -1,0 +1,24 @@
+// profile_file.h — where the machine profile (copy/strategy.h) lives on disk
+// and reading it: FERRY_PROFILE names the file, else
+// $XDG_CACHE_HOME/ferry/profile.txt, else $HOME/.cache/ferry/profile.txt (the
+// file `ferry bench copy --calibrate` writes; python/ferry/bench/copy.py's
+// profile_path() follows the same rule).
+#pragma once
+
+#include <string>
+
+#include "copy/strategy.h"
+
+namespace ferry {
+
+// The path by the rule above; "" when none of the variables is set.
+// *named is set to whether FERRY_PROFILE named it.
+std::string profile_file_path(bool* named);
+
+// The profile from that file; the built-in defaults when there is no file
+// (unless FERRY_PROFILE named it). Throws InvalidArgument naming the file for
+// a bad line, or a file that cannot be read, is over 64 KiB or is not a
+// regular file.
+MachineProfile load_machine_profile();
+
+}  // namespace ferry
