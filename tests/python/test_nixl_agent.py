@@ -216,6 +216,8 @@ def test_doctor_quick_check_runs_no_child_and_reads_the_environment(monkeypatch)
     (["--ops", "READ,COPY"], "'COPY'"),
     (["--settings", "ferry,fast"], "'fast'"),
     (["--split", "0"], "--split=0"),
+    (["--layouts", "adjacent,strided"], "'strided'"),
+    (["--coalesce", "2Q"], "--coalesce: '2Q' is not a size"),
     (["--ucx", "TLS"], "expected KEY=VALUE"),
     (["--backend", "=3"], "expected KEY=VALUE"),
     (["--timeout", "0"], "--timeout=0"),
@@ -229,16 +231,21 @@ def test_bench_refuses_bad_arguments_before_the_waived_check(capsys, argv, fragm
 
 
 def test_bench_records_have_the_common_shape():
-    rows = [{"setting": s, "op": op, "block_bytes": 1 << 20, "blocks": 8, "bytes": 8 << 20, "gbps": g,
-             "verified": True} for s, op, g in (("ferry", "READ", 40.0), ("nixl", "READ", 0.8),
-                                                ("ferry", "WRITE", 20.0))]
+    rows = [{"setting": s, "layout": layout, "op": op, "block_bytes": 1 << 20, "blocks": 8,
+             "descriptors": posted, "bytes": 8 << 20, "gbps": g, "verified": True}
+            for s, layout, op, g, posted in (("ferry", "shuffled", "READ", 40.0, 8),
+                                             ("nixl", "shuffled", "READ", 0.8, 8),
+                                             ("ferry", "shuffled", "WRITE", 20.0, 8),
+                                             ("ferry", "adjacent", "READ", 42.0, 4))]
     recs = bench_nixl.records(rows, "gpu")
     assert [set(r) for r in recs] == [{"suite", "case", "params", "metric", "value", "unit", "baseline",
-                                       "ratio"}] * 2
-    read, write = recs
-    assert read["case"] == "read 1 MiB" and read["unit"] == "GB/s" and read["baseline"] == 0.8
+                                       "ratio"}] * 3
+    read, write, joined = recs
+    assert read["case"] == "read 1 MiB shuffled" and read["unit"] == "GB/s" and read["baseline"] == 0.8
     assert read["ratio"] == pytest.approx(50.0) and read["params"]["verified"] is True
     assert write["baseline"] is None and write["ratio"] is None
+    assert joined["case"] == "read 1 MiB adjacent" and joined["params"]["descriptors"] == 4
+    assert joined["params"]["layout"] == "adjacent" and joined["baseline"] is None
 
 
 # ---- with NIXL ----------------------------------------------------------------------------
@@ -325,6 +332,9 @@ def test_bench_nixl_host_memory_run(nixl_installed, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(out.read_text())
     recs = doc["results"]["records"]
-    assert {r["case"] for r in recs} == {"read 64 KiB", "write 64 KiB", "read 1 MiB", "write 1 MiB"}
+    assert {r["case"] for r in recs} == {f"{op} {size} {layout}" for op in ("read", "write")
+                                         for size in ("64 KiB", "1 MiB") for layout in ("adjacent", "shuffled")}
     assert all(r["params"]["verified"] and r["value"] > 0 and r["baseline"] > 0 for r in recs)
-    assert "NIXL defaults" in r.stdout and "ferry.nixl.agent" in r.stdout
+    posted = {(r["params"]["layout"], r["params"]["block_bytes"]): r["params"]["descriptors"] for r in recs}
+    assert posted[("adjacent", 65536)] == 1 and posted[("shuffled", 65536)] > 1  # 2 MiB: one joined descriptor
+    assert "NIXL defaults" in r.stdout and "ferry.nixl.agent" in r.stdout and "posted" in r.stdout
