@@ -182,7 +182,8 @@ def agent(name: str, *, peers: str = "any", backend_params: dict | None = None, 
     (other nodes) or "any" (default). UCX's transports are probed once per
     process (ferry.ucx.probe: a child process, about a second) and
     ferry.ucx.choose picks UCX_TLS (CUDA transports, shared memory, RDMA, tcp,
-    as they start here), UCX_RMA_PPLN_ENABLE=y where GPUs are, and the
+    as they start here), UCX_RMA_PPLN_ENABLE=y where GPUs are, 4 MiB
+    rendezvous fragments for GPUs and peers on this host, and the
     backend's ``ucx_error_handling_mode`` ("none" where shared-memory or
     cuda_ipc lanes are chosen: they cannot report a dead peer; "peer" for
     remote-only traffic). cma: allow UCX's cma transport between local

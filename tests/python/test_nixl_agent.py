@@ -62,6 +62,37 @@ def test_choice_from_probe_results(case, transports, gpus, peers, cma, tls, mode
     assert s.reasons and all(isinstance(r, str) for r in s.reasons)
 
 
+FRAG_CASES = [
+    # (case, transports, gpus, peers, 4 MiB fragments chosen)
+    ("GPU VM, local peers", GPU_VM, 1, "local", True),
+    ("RDMA node, any peers", RDMA_NODE, 8, "any", True),
+    ("RDMA node, remote peers: not measured there, UCX's default", RDMA_NODE, 8, "remote", False),
+    ("cpu host", CPU_BOX, 0, "local", False),
+    ("GPUs but no cuda_ipc", {**CPU_BOX, "cuda_copy": ("cuda",)}, 1, "local", False),
+]
+
+
+@pytest.mark.parametrize("case, transports, gpus, peers, frag", FRAG_CASES, ids=[c[0] for c in FRAG_CASES])
+def test_rendezvous_fragments_for_local_gpu_traffic(case, transports, gpus, peers, frag):
+    s = ucx.choose(probe(transports, gpus), peers=peers, env={})
+    if frag:
+        assert s.env["UCX_RNDV_FRAG_SIZE"] == "host:4M,cuda:4M"
+        assert s.env["UCX_RNDV_FRAG_ALLOC_COUNT"] == "host:16,cuda:128"
+        assert any("UCX_RNDV_FRAG_SIZE=host:4M,cuda:4M" in r for r in s.reasons)
+    else:
+        assert "UCX_RNDV_FRAG_SIZE" not in s.env and "UCX_RNDV_FRAG_ALLOC_COUNT" not in s.env
+
+
+def test_user_fragment_size_wins_and_takes_the_count_with_it():
+    s = ucx.choose(probe(GPU_VM, gpus=1), peers="local", env={"UCX_RNDV_FRAG_SIZE": "host:1M"})
+    assert "UCX_RNDV_FRAG_SIZE" not in s.env and "UCX_RNDV_FRAG_ALLOC_COUNT" not in s.env
+    assert s.effective_env["UCX_RNDV_FRAG_SIZE"] == "host:1M"
+    assert any("the user's 'host:1M' wins over ferry's 'host:4M,cuda:4M'" in r for r in s.reasons)
+    s = ucx.choose(probe(GPU_VM, gpus=1), peers="local", env={"UCX_RNDV_FRAG_ALLOC_COUNT": "host:4"})
+    assert s.env["UCX_RNDV_FRAG_SIZE"] == "host:4M,cuda:4M" and "UCX_RNDV_FRAG_ALLOC_COUNT" not in s.env
+    assert set(ucx.CHOSEN_KEYS) >= {"UCX_RNDV_FRAG_SIZE", "UCX_RNDV_FRAG_ALLOC_COUNT"}
+
+
 def test_a_failed_probe_leaves_the_transports_to_ucx_but_keeps_the_pipeline_on_gpus():
     s = ucx.choose(probe({}, gpus=1, error="UCX did not start within 30 s"), env={})
     assert "UCX_TLS" not in s.env and s.env["UCX_RMA_PPLN_ENABLE"] == "y"
@@ -128,7 +159,8 @@ def test_describe_says_what_and_why():
     s = ucx.choose(probe(GPU_VM, gpus=1), env={"UCX_PROTO_INFO": "y"})
     text = s.describe()
     assert "UCX 1.23.0, 1 GPU" in text
-    assert "UCX_TLS=cuda_copy,cuda_ipc,posix,sysv,self, error handling none, RMA pipeline y" in text
+    assert ("UCX_TLS=cuda_copy,cuda_ipc,posix,sysv,self, error handling none, RMA pipeline y, rendezvous "
+            "fragments host:4M,cuda:4M") in text
     assert "the user's (they win): UCX_PROTO_INFO=y" in text
     assert "why: error handling none" in text and "cuda_ipc (cuda)" in text
     d = s.to_dict()
