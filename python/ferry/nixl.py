@@ -287,6 +287,13 @@ class Descs:
         self.rows = tuple(checked)
         self._owners = tuple(owners)
 
+    @classmethod
+    def _checked(cls, mem_type: str, rows, owners: tuple) -> "Descs":
+        """Rows made from rows a Descs already checked (joined ones): no second check."""
+        d = cls.__new__(cls)
+        d.mem_type, d.rows, d._owners = mem_type, tuple(rows), tuple(owners)
+        return d
+
     def __len__(self) -> int:
         return len(self.rows)
 
@@ -771,7 +778,8 @@ def coalesce(local: Descs, remote: Descs, max_bytes: int = COALESCE_BYTES) -> tu
     out_r.append((ra, ln, rd))
     if len(out_l) == n:
         return local, remote
-    return Descs(local.mem_type, out_l, local._owners), Descs(remote.mem_type, out_r, remote._owners)
+    return (Descs._checked(local.mem_type, out_l, local._owners),
+            Descs._checked(remote.mem_type, out_r, remote._owners))
 
 
 _join = coalesce  # post()'s argument of that name hides the function there
