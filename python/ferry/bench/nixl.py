@@ -14,7 +14,8 @@ through CUDA_VISIBLE_DEVICES: indexes as nvidia-smi numbers them).
 
 Settings compared in one run: `ferry` (ferry.nixl.agent: UCX transports and
 options chosen for this machine) beside `nixl` (ferry.nixl.make_agent: NIXL's
-own UCX defaults, what NIXL's examples give), the baseline. Every case is
+own UCX defaults, what NIXL's examples give), the baseline; both post through
+ferry.nixl.post, so coalescing applies to both. Every case is
 verified: B's memory is poisoned before each case, then every block is
 compared with A's bytes. GB/s = bytes of one transfer / median seconds (post to
 done, --iters timed transfers after one untimed).
