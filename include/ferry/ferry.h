@@ -56,8 +56,10 @@ extern "C" {
 
 #define FERRY_API_MAJOR 1
 /* 1.1: struct_size in every struct, ferry_managed_kind_t.
- * 1.2: ferry_copy_many, ferry_copy_many_async, the ferry_loader_* functions. */
-#define FERRY_API_MINOR 2
+ * 1.2: ferry_copy_many, ferry_copy_many_async, the ferry_loader_* functions.
+ * 1.3: the loader's mapped share removed (ferry_loader_options_t's member is
+ *      retired_mapped_share, which must be 0; its stats members stay 0). */
+#define FERRY_API_MINOR 3
 #define FERRY_API_VERSION ((FERRY_API_MAJOR << 16) | FERRY_API_MINOR)
 
 #if defined(__GNUC__)
@@ -433,7 +435,7 @@ typedef struct ferry_loader_options {
   size_t slot_bytes;            /* one read; a multiple of 4 KiB; default FERRY_LOAD_SLOT (16 MiB) */
   int threads;                  /* reader threads; 0 = one per core, at most 16 */
   ferry_direct_io_t direct_io;
-  double mapped_share;          /* 0..1 of page-cached bytes DMA'd from registered mappings */
+  double retired_mapped_share;  /* 0 (API 1.3: the mapped share was removed; anything else is refused) */
   int progress;                 /* -1: when stderr is a terminal (default); 0: never; 1: always */
   uint32_t reserved;            /* 0 (keeps the size a multiple of 8) */
 } ferry_loader_options_t;
@@ -449,9 +451,12 @@ typedef struct ferry_load_stats {
   size_t struct_size;     /* sizeof(ferry_load_stats_t), set by the caller */
   uint64_t bytes;         /* delivered */
   uint64_t read_bytes;    /* read from files (merged gaps, O_DIRECT alignment) */
-  uint64_t staged_bytes, mapped_bytes;
-  uint64_t reads, direct_reads, registrations;
-  double seconds, register_seconds, unregister_seconds;
+  uint64_t staged_bytes;  /* read bytes that went through the staging slots */
+  uint64_t mapped_bytes;  /* 0 (API 1.3: the mapped share was removed) */
+  uint64_t reads, direct_reads;
+  uint64_t registrations; /* 0 (API 1.3) */
+  double seconds;
+  double register_seconds, unregister_seconds; /* 0 (API 1.3) */
   size_t staging_bytes;   /* pinned memory the loader holds */
 } ferry_load_stats_t;
 

@@ -20,9 +20,24 @@ MAX_U64 = (1 << 64) - 1
 MAX_U32 = (1 << 32) - 1
 
 
-def _quote(value) -> str:
+def quote(value) -> str:
+    """repr(value), cut to 80 characters."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+_quote = quote
+
+
+def items(value, name: str, expected: str) -> list:
+    """The items of any iterable (list, tuple, generator) as a list; a str, bytes or
+    a non-iterable (None, an int) is refused."""
+    if isinstance(value, (str, bytes)):
+        raise InvalidArgumentError(f"{name}={quote(value)}: expected {expected}")
+    try:
+        return list(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{name}={quote(value)}: expected {expected}") from None
 
 
 def integer(value, name: str, lo: int | None = None, hi: int | None = None, expected: str | None = None) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 from . import _ferry
@@ -30,7 +32,9 @@ def bench_description() -> str:
     from . import bench
 
     return ("Benchmarks: ferry beside its baseline (CUDA, PyTorch) in one run, with the ratio; "
-            "`ferry bench SUITE --help` shows a suite's options.\n\nsuites:\n" + bench.listing())
+            "`ferry bench SUITE --help` shows a suite's options. `ferry bench --json FILE copy,pool` "
+            "runs several suites (each with the options that follow) and writes their records "
+            "into one file.\n\nsuites:\n" + bench.listing())
 
 
 def cmd_bench(args) -> int:
@@ -40,9 +44,14 @@ def cmd_bench(args) -> int:
         print(bench_description())
         return 0
     found = bench.suites()
-    if args.suite not in found:
-        raise InvalidArgumentError(f"unknown bench suite '{args.suite}' (suites: {', '.join(found)})")
-    return found[args.suite].main(args.rest)
+    keys = [k.strip() for k in args.suite.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in found]
+    if unknown or not keys:
+        raise InvalidArgumentError(f"unknown bench suite '{unknown[0] if unknown else args.suite}' "
+                                   f"(suites: {', '.join(found)})")
+    rest = list(args.rest) + (["--json", args.json] if args.json else [])
+    # Each suite merges its records into the file (bench/report.py write_json).
+    return max(found[k].main(rest) for k in keys)
 
 
 # ---- ferry doctor --------------------------------------------------------------------
@@ -63,7 +72,7 @@ def cmd_doctor(args) -> int:
     from .doctor import html_report, text_report
 
     mode = "full" if args.full else "quick" if args.quick else "default"
-    if args.html:
+    if args.html is not None:  # "" is refused, not ignored
         problem = html_report.unwritable(args.html)  # before measuring, not after
         if problem:
             print(f"ferry doctor: error: cannot write the HTML report: {problem}", file=sys.stderr)
@@ -74,7 +83,7 @@ def cmd_doctor(args) -> int:
         sys.stdout.write("\n")
     else:
         print(text_report.format_report(report))
-    if args.html:
+    if args.html is not None:
         sys.stdout.flush()
         try:
             written = html_report.write(report, args.html)
@@ -114,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks: ferry beside its baseline (`ferry bench` lists the suites)",
                        description=bench_description(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("suite", nargs="?", help="the suite to run (listed above)")
+    b.add_argument("--json", metavar="FILE",
+                   help="write every suite's records into FILE (with the machine's facts)")
+    b.add_argument("suite", nargs="?", help="the suite to run, or several: copy,pool (listed above)")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="the suite's options")
     b.set_defaults(func=cmd_bench)
 
@@ -129,10 +140,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _ferry.check_options()
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return status
     except FerryError as e:
         print(f"ferry: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`ferry doctor --json | head -c 1`): end quietly, as
+        # other commands do. stdout points at /dev/null from now on, so the
+        # interpreter's own flush at exit cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -98,10 +98,19 @@ def copy_many(dsts, srcs, sizes=None, *, stream=None, strategy: str | None = Non
     _ferry.copy_many(dsts, srcs, sizes, stream, strategy, device, True)
 
 
+def _items(value, name: str):
+    """A list, tuple or array as it is; any other iterable (a generator) as a list,
+    which the async Copy keeps alive with its items."""
+    if isinstance(value, (list, tuple)) or hasattr(value, "__dlpack__") or hasattr(value, "__array_interface__"):
+        return value
+    return _args.items(value, name, "a sequence of tensors, buffers or addresses")
+
+
 def copy_many_async(dsts, srcs, sizes=None, *, stream=None, strategy: str | None = None,
                     device: int | None = None) -> Copy:
     """copy_many, returning a Copy. Host->device items have been read when the
     call returns; device->host items are in place once the Copy is done."""
+    dsts, srcs = _items(dsts, "dsts"), _items(srcs, "srcs")
     native = _ferry.copy_many(dsts, srcs, sizes, stream, strategy, device, False)
     return Copy(native, (dsts, srcs))
 

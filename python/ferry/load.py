@@ -5,9 +5,7 @@ memory: several reader threads read into a small ring of pinned staging slots
 while the previous slots' DMAs run, so the host memory a load adds is the
 staging size (``staging_bytes``, 512 MiB by default), never the file. Files
 mostly absent from the page cache are read with O_DIRECT (``direct_io``:
-"auto", "never", "always"). ``mapped_share`` (experimental, 0..1) sends that
-share of page-cached bytes straight from a read-only mapping of the file,
-registered with the driver, to the GPU, with no host copy. A load is
+"auto", "never", "always"). A load is
 synchronous and starts after the work queued on ``stream``; an error (short
 file, read error, CUDA error) fails the whole load and names the file and the
 byte range. Defaults come from the FERRY_LOAD_* options (``ferry options``).
@@ -20,9 +18,10 @@ parsers (errors name the file and the tensor).
 from __future__ import annotations
 
 import os
+import stat
 import threading
 
-from . import _ferry
+from . import _args, _ferry
 from .errors import InvalidArgumentError
 
 
@@ -39,7 +38,6 @@ class Loader:
         slot_bytes: int | None = None,
         threads: int | None = None,
         direct_io: str | None = None,
-        mapped_share: float | None = None,
         progress: bool | None = None,
     ):
         self.last_stats: dict | None = None  # the stats of the last load call
@@ -50,30 +48,33 @@ class Loader:
             slot_bytes=slot_bytes,
             threads=threads,
             direct_io=direct_io,
-            mapped_share=mapped_share,
             progress=progress,
         )
 
     def load(self, files, ranges, stream: int = 0) -> dict:
         """Load `ranges` [(file_index, offset, nbytes, device_address)] of
         `files` (paths); returns the load's stats (bytes, seconds, ...)."""
-        paths = [os.fspath(f) for f in files]
+        paths = _args.items(files, "files", "a list of paths")  # each checked by the native loader
         index, offsets, sizes, dsts = [], [], [], []
-        for r in ranges:
-            if len(r) != 4:
-                raise InvalidArgumentError(f"a range is (file_index, offset, nbytes, address), got {r!r}")
+        for i, r in enumerate(_args.items(ranges, "ranges", "a list of (file_index, offset, nbytes, address)")):
+            if not isinstance(r, (tuple, list)) or len(r) != 4:
+                raise InvalidArgumentError(f"ranges[{i}]={_args.quote(r)}: expected (file_index, offset, nbytes, address)")
             f, off, n, dst = r
-            if not 0 <= f < len(paths):
-                raise InvalidArgumentError(f"range {r!r} names file {f} of {len(paths)}")
+            f = _args.integer(f, f"ranges[{i}] file_index", 0, len(paths) - 1)
             index.append(f)
-            offsets.append(off)
-            sizes.append(n)
-            dsts.append(dst)
-        return self._load_lists(paths, index, offsets, sizes, dsts, stream)
+            offsets.append(_args.size(off, f"ranges[{i}] offset"))
+            sizes.append(_args.size(n, f"ranges[{i}] nbytes"))
+            dsts.append(_args.size(dst, f"ranges[{i}] address"))
+        return self.load_ranges(paths, index, offsets, sizes, dsts, stream)
 
-    def _load_lists(self, paths, index, offsets, sizes, dsts, stream: int = 0) -> dict:
+    def load_ranges(self, files, file_index, offsets, sizes, addresses, stream: int = 0) -> dict:
+        """The same as ``load``, the ranges given as four lists of ints of one
+        length (range i: ``file_index[i]``, ``offsets[i]``, ``sizes[i]``,
+        ``addresses[i]``): no tuple per range, for checkpoints of thousands of
+        tensors. A file index out of range is an InvalidArgumentError."""
+        paths = [os.fspath(f) for f in files]
         with self._busy:
-            self.last_stats = self._native.load(paths, index, offsets, sizes, dsts, stream)
+            self.last_stats = self._native.load(paths, file_index, offsets, sizes, addresses, stream)
             return self.last_stats
 
     device = property(lambda self: self._native.device)
@@ -81,7 +82,6 @@ class Loader:
     slot_bytes = property(lambda self: self._native.slot_bytes)
     threads = property(lambda self: self._native.threads)
     direct_io = property(lambda self: self._native.direct_io)
-    mapped_share = property(lambda self: self._native.mapped_share)
 
 
 _default_loaders: dict[int, Loader] = {}
@@ -111,14 +111,78 @@ def read_safetensors_header(path) -> dict:
     tensors: [(name, dtype, shape, begin, end)] in file order (offsets relative
     to data_offset), metadata: dict or None}. Strict: InvalidArgumentError
     names the file and the tensor."""
-    return _ferry.read_safetensors_header(os.fspath(path))
+    return _ferry.read_safetensors_header(path)  # str, bytes or os.PathLike; any name the OS takes
 
 
 def parse_safetensors_header(data: bytes, name: str = "<bytes>") -> dict:
     """The same for a whole safetensors file held in memory."""
-    return _ferry.parse_safetensors_header(bytes(data), name)
+    return _ferry.parse_safetensors_header(data, name)
 
 
-def parse_shard_index(text: str, name: str = "model.safetensors.index.json") -> list:
-    """[(tensor, shard file)] of a shard index's weight_map, in file order."""
+def parse_shard_index(text: str | bytes, name: str = "model.safetensors.index.json") -> list:
+    """[(tensor, shard file)] of a shard index's weight_map, in file order. `text` is
+    a str (read with errors="surrogateescape" for names that are not UTF-8) or bytes;
+    file names come back as os.fsdecode() makes them."""
     return _ferry.parse_shard_index(text, name)
+
+
+# A shard index lists tensor names and file names: a few MB for the largest
+# models. More is not an index (FERRY_* paths to /dev/zero read without end).
+MAX_INDEX_BYTES = 64 << 20
+
+
+def _read_index_text(path) -> tuple[str, str]:
+    """(text, name) of a shard index file. Only a regular file of at most
+    MAX_INDEX_BYTES is read: a FIFO, a device or a directory is refused at once
+    (O_NONBLOCK: opening a FIFO does not wait for a writer)."""
+    name = os.fsdecode(_checked_path(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise InvalidArgumentError(f"{name}: cannot open the shard index: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidArgumentError(f"{name}: not a regular file (a shard index is a JSON file)")
+        if st.st_size > MAX_INDEX_BYTES:
+            raise InvalidArgumentError(f"{name}: {st.st_size} bytes, more than a shard index "
+                                       f"({MAX_INDEX_BYTES} at most)")
+        os.set_blocking(fd, True)
+        chunks, total = [], 0
+        while total <= MAX_INDEX_BYTES:  # the file may grow after fstat
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > MAX_INDEX_BYTES:
+            raise InvalidArgumentError(f"{name}: more than a shard index ({MAX_INDEX_BYTES} bytes at most)")
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", errors="surrogateescape"), name
+
+
+def read_shard_index(path) -> tuple[list, list, list]:
+    """A shard index file as columns (shards, tensors, shard_of): tensors[k]
+    is in shards[shard_of[k]]; shards (names as written, relative to the
+    index's directory) in first-seen order. Regular files of at most
+    MAX_INDEX_BYTES only (see _read_index_text)."""
+    text, name = _read_index_text(path)
+    return _ferry.shard_index_columns(text, name)
+
+
+def read_catalog(files, index_tensors=(), index_files=()) -> dict:
+    """Every tensor of safetensors `files` as columns, in file order:
+    {names, file (index into files), dtype (safetensors name), shape (tuple),
+    offset (of the first byte, from the file's start), nbytes}. Checked: each
+    header strictly, a tensor in two files, and an index's weight_map
+    (index_tensors[k] is in files[index_files[k]]); InvalidArgumentError names
+    the files and the tensor."""
+    return _ferry.read_catalog([os.fspath(f) for f in files], list(index_tensors), list(index_files))
+
+
+def _checked_path(path):
+    try:
+        return os.fspath(path)
+    except TypeError:
+        raise InvalidArgumentError(f"path={_args.quote(path)}: expected a path (str, bytes or os.PathLike)") from None

@@ -423,13 +423,25 @@ def blocks(addresses, lengths, *, mem_type: str, device: int = 0, owner=None) ->
     return Descs(mem_type, [(a, n, dev) for a, n in zip(addrs, lens)], () if owner is None else (owner,))
 
 
+def _agent(agent, what: str):
+    """agent, checked: a NIXL agent (make_agent()) or InvalidArgumentError naming the
+    argument (agent=None gave "AttributeError: 'NoneType' object has no attribute ...")."""
+    if agent is None or not callable(getattr(agent, "get_xfer_descs", None)):
+        text = repr(agent)
+        text = text if len(text) <= 80 else text[:77] + "..."
+        raise InvalidArgumentError(f"{what}: agent={text}: expected a NIXL agent (ferry.nixl.make_agent())")
+    return agent
+
+
 def xfer_descs(agent, d: Descs):
     """NIXL's transfer descriptor list (nixlXferDList) for `d`."""
+    _agent(agent, "xfer_descs")
     return _nixl_call("get_xfer_descs", agent.get_xfer_descs, d.array(), d.mem_type)
 
 
 def reg_descs(agent, d: Descs):
     """NIXL's registration descriptor list (nixlRegDList) for `d`."""
+    _agent(agent, "reg_descs")
     return _nixl_call("get_reg_descs", agent.get_reg_descs, d.array(), d.mem_type)
 
 
@@ -441,6 +453,7 @@ class Registration:
     block). Holds what it describes alive."""
 
     def __init__(self, agent, d: Descs, backends: Sequence[str] = ()):
+        _agent(agent, "Registration")
         self.agent = agent
         self.descs = d
         self._backends = list(backends)
@@ -463,6 +476,7 @@ def register(agent, obj, nbytes: int | None = None, *, mem_type: str | None = No
              device: int | None = None, backends: Sequence[str] = ()) -> Registration:
     """Register memory with `agent`: a Descs, or anything descs() takes (a GPU
     tensor becomes VRAM on its device)."""
+    _agent(agent, "register")
     d = obj if isinstance(obj, Descs) else descs(obj, nbytes, mem_type=mem_type, device=device)
     return Registration(agent, d, backends)
 
@@ -494,6 +508,7 @@ class PoolRegistration:
     mem_type = "DRAM"
 
     def __init__(self, agent, pool, backends: Sequence[str] = ()):
+        _agent(agent, "PoolRegistration")
         chunks = getattr(pool, "chunks", None)
         if not callable(chunks) or not hasattr(pool, "chunk_generation"):
             raise InvalidArgumentError(f"register_pool needs a ferry.Pool or ferry.PinnedPool, "
@@ -567,6 +582,7 @@ class PoolRegistration:
 
 def register_pool(agent, pool, *, backends: Sequence[str] = ()) -> PoolRegistration:
     """Register `pool`'s chunks with `agent` as DRAM (see PoolRegistration)."""
+    _agent(agent, "register_pool")
     return PoolRegistration(agent, pool, backends)
 
 
@@ -576,6 +592,7 @@ def register_pool(agent, pool, *, backends: Sequence[str] = ()) -> PoolRegistrat
 def add_remote(agent, metadata: bytes) -> str:
     """Load a remote agent's metadata into `agent` (a known agent is updated:
     regions it registered since are added); returns its name as a str."""
+    _agent(agent, "add_remote")
     name = _nixl_call("add_remote_agent", agent.add_remote_agent, metadata)
     return name.decode() if isinstance(name, bytes) else name
 
@@ -583,6 +600,7 @@ def add_remote(agent, metadata: bytes) -> str:
 def publish_metadata(agent, path: str | os.PathLike, extra: dict | None = None) -> None:
     """Write `agent`'s metadata (and `extra`, JSON: e.g. where its blocks are)
     to `path`, atomically: a reader sees the whole file or none."""
+    _agent(agent, "publish_metadata")
     metadata = _nixl_call("get_agent_metadata", agent.get_agent_metadata)
     document = {"agent": agent.name, "metadata": metadata.hex(), "extra": extra or {}}
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
@@ -594,6 +612,7 @@ def publish_metadata(agent, path: str | os.PathLike, extra: dict | None = None) 
 def load_metadata(agent, path: str | os.PathLike, timeout: float = 60.0) -> tuple[str, dict]:
     """Wait (up to `timeout` s) for a file publish_metadata() wrote, add that
     agent to `agent` (a known agent is updated) and return (its name, extra)."""
+    _agent(agent, "load_metadata")
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
         if time.monotonic() > deadline:
@@ -640,6 +659,7 @@ class Transfer:
 
     def __init__(self, agent, handles, op: str, local: Descs, remote: Descs, remote_agent: str,
                  posted: int | None = None):
+        _agent(agent, "Transfer")
         self.agent = agent
         self.op = op
         self.local = local  # held: their memory stays alive while the transfer may run
@@ -868,6 +888,7 @@ def post(agent, op: str, local, remote, remote_agent: str, *, notif: bytes = b""
     if split < 1:
         raise InvalidArgumentError("split=0: a transfer is posted as at least one request")
     limit = _coalesce_limit(coalesce)
+    _agent(agent, "post")  # after the request's checks (they need no agent)
     if isinstance(remote_agent, bytes):
         remote_agent = remote_agent.decode()
     for registration in [sync] if isinstance(sync, PoolRegistration) else sync:

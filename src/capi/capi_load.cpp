@@ -52,7 +52,6 @@ ferry_loader_options_t to_c(const ferry::cuda::LoaderOptions& o) {
   c.slot_bytes = o.slot_bytes;
   c.threads = o.threads;
   c.direct_io = to_c(o.direct_io);
-  c.mapped_share = o.mapped_share;
   c.progress = -1;
   return c;
 }
@@ -63,11 +62,13 @@ ferry::cuda::LoaderOptions to_cpp(const ferry_loader_options_t* given, int devic
   if (!given) return o;
   const ferry_loader_options_t c = read_struct(given, to_c(o), "options");
   if (c.reserved != 0) throw ferry::InvalidArgument("options->reserved=" + std::to_string(c.reserved) + ": must be 0");
+  if (c.retired_mapped_share != 0)
+    throw ferry::InvalidArgument("options->retired_mapped_share=" + std::to_string(c.retired_mapped_share) +
+                                 ": must be 0 (the mapped share was removed in API 1.3: it was slower than staging)");
   o.staging_bytes = c.staging_bytes;
   o.slot_bytes = c.slot_bytes;
   o.threads = c.threads;
   o.direct_io = to_cpp(c.direct_io);
-  o.mapped_share = c.mapped_share;
   o.progress = progress_of(c.progress);
   return o;
 }
@@ -128,13 +129,9 @@ ferry_status_t ferry_loader_load(ferry_loader_t loader, const char* const* files
       c.bytes = st.range_bytes;
       c.read_bytes = st.read_bytes;
       c.staged_bytes = st.staged_bytes;
-      c.mapped_bytes = st.mapped_bytes;
       c.reads = st.reads;
       c.direct_reads = st.direct_reads;
-      c.registrations = st.registrations;
       c.seconds = st.seconds;
-      c.register_seconds = st.register_seconds;
-      c.unregister_seconds = st.unregister_seconds;
       c.staging_bytes = st.staging_bytes;
       write_struct(stats, c, "stats");
     }

@@ -14,9 +14,6 @@
 #include "os/sysfs.h"
 
 namespace ferry {
-namespace {
-
-// crew_cpus() on this host's facts; empty when any of them cannot be read.
 std::vector<int> host_crew_cpus(int numa_node) {
   if (numa_node < 0) return {};
   std::vector<int> online, node, usable;
@@ -25,8 +22,6 @@ std::vector<int> host_crew_cpus(int numa_node) {
     return {};
   return crew_cpus(numa_node, online, node, usable);
 }
-
-}  // namespace
 
 std::vector<int> crew_cpus(int numa_node, const std::vector<int>& online_nodes, const std::vector<int>& node_cpus,
                            const std::vector<int>& usable_cpus) {

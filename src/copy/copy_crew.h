@@ -31,6 +31,12 @@ class Crew;
 // Throws InvalidArgument if the FERRY_COPY_* options are bad.
 Crew& copy_crew(int numa_node = -1);
 
+// crew_cpus() on this host's facts (sysfs, sched_getaffinity): the CPUs a
+// thread serving node `numa_node` binds to; empty (no binding) for -1, a
+// one-node host, or facts that cannot be read. The checkpoint loader's
+// readers bind there too (cuda/load/file_loader.h).
+std::vector<int> host_crew_cpus(int numa_node);
+
 // The CPUs node `numa_node`'s crew binds to, from the host's facts: the
 // node's CPUs that are in `usable_cpus`, when `online_nodes` has several
 // nodes and `numa_node` is one of them; empty (the default crew) otherwise.

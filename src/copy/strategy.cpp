@@ -1,8 +1,10 @@
 // strategy.cpp — strategy names, choice, and the machine profile's text form.
 #include "copy/strategy.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <sstream>
 
 #include "copy/staging_plan.h"
@@ -69,6 +71,15 @@ std::string format_profile(const MachineProfile& p) {
   return o.str();
 }
 
+namespace {
+// Every key parse_profile() knows.
+constexpr const char* kProfileKeys[] = {
+    "cuda_below_bytes",   "cuda_below_bytes_h2d", "cuda_below_bytes_d2h",     "staging_chunk_bytes",
+    "staging_slots",      "workers",              "hybrid_below_bytes",       "hybrid_pinned_share_h2d",
+    "hybrid_pinned_share_d2h", "pin_piece_bytes", "batch_sm_below_bytes",     "eager_chunk_bytes",
+    "eager_slots",        "eager_areas",          "eager_async_below_bytes"};
+}  // namespace
+
 MachineProfile parse_profile(const std::string& text) {
   MachineProfile p;
   std::istringstream in(text);
@@ -84,9 +95,17 @@ MachineProfile parse_profile(const std::string& text) {
       return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
     };
     if (strip(line).empty()) continue;
-    const std::string where = "profile line " + std::to_string(number) + " '" + printable(strip(line)) + "'";
-    if (eq == std::string::npos) throw InvalidArgument(where + ": expected key = value");
+    // A line is quoted only once its key is a profile's: a file that is not a
+    // profile (FERRY_PROFILE=/etc/shadow) has none of its content repeated.
+    const std::string at = "profile line " + std::to_string(number);
+    if (eq == std::string::npos) throw InvalidArgument(at + ": expected key = value (is this a ferry profile?)");
     const std::string key = strip(line.substr(0, eq)), value = strip(line.substr(eq + 1));
+    if (std::find(std::begin(kProfileKeys), std::end(kProfileKeys), key) == std::end(kProfileKeys)) {
+      std::string keys;
+      for (const char* k : kProfileKeys) keys += std::string(keys.empty() ? "" : ", ") + k;
+      throw InvalidArgument(at + ": not a profile key (keys: " + keys + ")");
+    }
+    const std::string where = at + " '" + printable(strip(line)) + "'";
     auto share = [&] {
       char* end = nullptr;
       double v = std::strtod(value.c_str(), &end);

@@ -20,7 +20,7 @@ namespace {
 const OptionSpec kOptions[] = {
     {"FERRY_CHUNK_SIZE", "64MiB",
      "bytes the arena reserves from the OS at a time (a multiple of 2 MiB)", OptionType::size,
-     nullptr, 0, 0},
+     nullptr, 0, 0, check_chunk_bytes},
     {"FERRY_COPY_SPIN_US", "100",
      "how long idle copy threads keep looking for work before they sleep (a sleeping thread takes "
      "15-35 us to wake in a VM), 0 .. 1000000; 0 = sleep at once",
@@ -42,9 +42,6 @@ const OptionSpec kOptions[] = {
     {"FERRY_LOAD_DIRECT_IO", "auto",
      "checkpoint loads: O_DIRECT reads: auto (files mostly not in the page cache), never, always",
      OptionType::choice, "auto|never|always", 0, 0},
-    {"FERRY_LOAD_MAPPED_PERCENT", "0",
-     "checkpoint loads (experimental): percent of page-cache bytes DMA'd from registered file mappings, 0 .. 100",
-     OptionType::integer, nullptr, 0, 100},
     {"FERRY_LOAD_SLOT", "16MiB", "checkpoint loads: bytes per read and per staging slot (a multiple of 4 KiB)",
      OptionType::size, nullptr, 0, 0},
     {"FERRY_LOAD_STAGING", "512MiB",
@@ -89,7 +86,11 @@ std::string trim(const std::string& s) {
 void validate(const OptionSpec& spec, const std::string& value) {
   const std::string what = std::string(spec.name);
   switch (spec.type) {
-    case OptionType::size: parse_size(value, what); break;
+    case OptionType::size: {
+      const uint64_t bytes = parse_size(value, what);
+      if (spec.check_size) spec.check_size(bytes, what + "='" + printable(value) + "'");
+      break;
+    }
     case OptionType::boolean: parse_bool(value, what); break;
     case OptionType::integer: parse_integer(value, what, spec.min_value, spec.max_value); break;
     case OptionType::text:
@@ -118,6 +119,11 @@ void validate(const OptionSpec& spec, const std::string& value) {
 }  // namespace
 
 std::span<const OptionSpec> option_table() { return kOptions; }
+
+void check_chunk_bytes(uint64_t bytes, const std::string& what) {
+  if (bytes == 0 || bytes % kChunkBytesGranule != 0 || bytes > kMaxChunkBytes)
+    throw InvalidArgument(what + ": expected a nonzero multiple of 2 MiB, at most 128 TiB");
+}
 
 uint64_t parse_size(const std::string& text, const std::string& what) {
   const std::string t = trim(text);

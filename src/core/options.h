@@ -29,6 +29,14 @@ enum class OptionType { size, boolean, integer, choice, text };
 inline constexpr int64_t kMaxReleaseDelayMs = 86'400'000;
 inline constexpr int64_t kMaxThreads = 1024;  // touch and copy threads
 
+// A chunk size (FERRY_CHUNK_SIZE, PoolOptions::chunk_bytes): a nonzero multiple
+// of 2 MiB, at most the x86-64 user address space. check_chunk_bytes() is the
+// one check of both: ferry.check_options() and Pool() agree (issue 21, item 8).
+// Throws InvalidArgument: `what` (which names the value) + what was expected.
+inline constexpr uint64_t kChunkBytesGranule = uint64_t{2} << 20;
+inline constexpr uint64_t kMaxChunkBytes = uint64_t{1} << 47;
+void check_chunk_bytes(uint64_t bytes, const std::string& what);
+
 struct OptionSpec {
   const char* name;           // environment variable, e.g. "FERRY_CHUNK_SIZE"
   const char* default_value;  // as it would be written in the environment
@@ -37,6 +45,8 @@ struct OptionSpec {
   const char* choices;        // for choice: "a|b|c"
   int64_t min_value;          // for integer: the accepted range, inclusive
   int64_t max_value;
+  // For size: a further check of the parsed value (e.g. check_chunk_bytes), or null.
+  void (*check_size)(uint64_t bytes, const std::string& what) = nullptr;
 };
 
 std::span<const OptionSpec> option_table();

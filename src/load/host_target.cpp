@@ -32,16 +32,4 @@ void HostTarget::copy_out(size_t, const unsigned char* src, uintptr_t dst, size_
   std::memcpy(reinterpret_cast<void*>(dst), src, n);
 }
 
-void* HostTarget::map_begin(const void* base, size_t, std::string* refused) {
-  if (refuse_maps) {
-    *refused = "host target told to refuse";
-    return nullptr;
-  }
-  return const_cast<void*>(base);
-}
-
-void HostTarget::copy_mapped(const void* src, uintptr_t dst, size_t n) {
-  std::memcpy(reinterpret_cast<void*>(dst), src, n);
-}
-
 }  // namespace ferry::load

@@ -1,8 +1,8 @@
 // host_target.h — a pipeline Target whose destinations are host memory: each
-// copy is a memcpy done at once, so slots are free as soon as they are filled
-// and mapped regions need no pinning. It runs the whole pipeline (threads,
-// slot ring, O_DIRECT, the mapped split, errors) with no GPU, which is how
-// the core tests exercise it, and loads file ranges into host buffers.
+// copy is a memcpy done at once, so slots are free as soon as they are
+// filled. It runs the whole pipeline (threads, slot ring, O_DIRECT, errors)
+// with no GPU, which is how the core tests exercise it, and loads file ranges
+// into host buffers.
 #pragma once
 
 #include <cstddef>
@@ -25,14 +25,8 @@ class HostTarget final : public Target {
   void wait_slot_free(size_t) override {}
   void copy_out(size_t i, const unsigned char* src, uintptr_t dst, size_t n) override;
   void slot_filled(size_t) override {}
-  void* map_begin(const void* base, size_t bytes, std::string* refused) override;
-  void copy_mapped(const void* src, uintptr_t dst, size_t n) override;
-  void map_end(void*) override {}
   void finish() override {}
   void abort() noexcept override {}
-
-  // Set to make map_begin refuse (tests of the pipeline's fallback).
-  bool refuse_maps = false;
 
  private:
   size_t slot_bytes_;

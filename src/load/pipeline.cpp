@@ -1,6 +1,5 @@
 // pipeline.cpp — FileSet (opening, cache probes, O_DIRECT fallback) and the
-// workers of run_pipeline: readers, the mapped worker, the waiting thread's
-// progress line.
+// workers of run_pipeline: readers, the waiting thread's progress line.
 #include "load/pipeline.h"
 
 #include <algorithm>
@@ -42,8 +41,6 @@ struct Run {
   const FileSet& files;
   Target& target;
   const PipelineOptions& opt;
-  std::vector<uint8_t> mapped;       // read i belongs to the mapped worker; fixed before start
-  std::vector<size_t> mapped_reads;  // those reads, in plan order
 
   std::mutex mu;
   std::condition_variable slot_cv;   // a slot came back, or a failure
@@ -56,7 +53,7 @@ struct Run {
   std::atomic<bool> stop{false};
 
   std::vector<std::atomic<bool>> direct_refused;  // per file: O_DIRECT read gave EINVAL once
-  std::atomic<uint64_t> done_bytes{0}, staged_bytes{0}, mapped_bytes{0}, direct_reads{0};
+  std::atomic<uint64_t> done_bytes{0}, staged_bytes{0}, direct_reads{0};
 
   void note(std::string text) {
     std::lock_guard<std::mutex> lock(mu);
@@ -97,7 +94,6 @@ struct Run {
   // The next read for the readers; SIZE_MAX when none is left or stopping.
   size_t next_staged_read() {
     std::lock_guard<std::mutex> lock(mu);
-    while (next_read < plan.reads.size() && mapped[next_read]) ++next_read;
     if (stop || next_read >= plan.reads.size()) return SIZE_MAX;
     return next_read++;
   }
@@ -176,67 +172,6 @@ void reader(Run& r) {
     if (!staged_read(r, i)) return;
 }
 
-void mapped_worker(Run& r) {
-  bool refused = false;
-  for (size_t i : r.mapped_reads) {
-    if (r.stop) return;
-    if (refused) {
-      if (!staged_read(r, i)) return;
-      continue;
-    }
-    const PlannedRead& rd = r.plan.reads[i];
-    const FileSet::File& f = r.files[rd.file];
-    const uint64_t p0 = align_down(rd.offset), p1 = std::min<uint64_t>(align_up(rd.offset + rd.bytes), f.map_bytes);
-    std::string why;
-    void* handle = nullptr;
-    for_range(f, rd, [&] { handle = r.target.map_begin(f.map + p0, p1 - p0, &why); });
-    if (!handle) {
-      refused = true;
-      r.note("mapped reads refused (" + why + "); those reads were staged");
-      if (!staged_read(r, i)) return;
-      continue;
-    }
-    try {
-      for_range(f, rd, [&] {
-        for (size_t c = rd.first_copy; c < rd.first_copy + rd.copy_count; ++c) {
-          const PlannedCopy& cp = r.plan.copies[c];
-          r.target.copy_mapped(f.map + rd.offset + cp.at, cp.dst, cp.bytes);
-        }
-      });
-    } catch (...) {
-      try {
-        r.target.map_end(handle);
-      } catch (...) {  // the copy's error is the one to report
-      }
-      throw;
-    }
-    for_range(f, rd, [&] { r.target.map_end(handle); });
-    r.mapped_bytes += rd.bytes;
-    r.done_bytes += rd.bytes;
-  }
-}
-
-// The reads of buffered files at the end of the plan, up to `share` of their
-// bytes, go to the mapped worker.
-void split(Run& r) {
-  r.mapped.assign(r.plan.reads.size(), 0);
-  if (r.opt.mapped_share <= 0) return;
-  uint64_t eligible = 0;
-  for (const PlannedRead& rd : r.plan.reads)
-    if (r.files[rd.file].direct_fd < 0 && r.files[rd.file].map) eligible += rd.bytes;
-  const double budget = r.opt.mapped_share * static_cast<double>(eligible);
-  uint64_t taken = 0;
-  for (size_t i = r.plan.reads.size(); i-- > 0;) {
-    const PlannedRead& rd = r.plan.reads[i];
-    if (r.files[rd.file].direct_fd >= 0 || !r.files[rd.file].map) continue;
-    if (static_cast<double>(taken + rd.bytes) > budget + 0.5 * static_cast<double>(rd.bytes)) break;
-    r.mapped[i] = 1;
-    taken += rd.bytes;
-  }
-  for (size_t i = 0; i < r.plan.reads.size(); ++i)
-    if (r.mapped[i]) r.mapped_reads.push_back(i);
-}
-
 void check_fits(const Run& r) {
   for (const PlannedRead& rd : r.plan.reads) {
     if (rd.file >= r.files.size())
@@ -247,8 +182,6 @@ void check_fits(const Run& r) {
                             format_bytes(r.target.slot_bytes()) + " staging slot (plan window too large)");
   }
   if (r.opt.threads < 1) throw InvalidArgument("load: threads=" + std::to_string(r.opt.threads) + ": expected >= 1");
-  if (!(r.opt.mapped_share >= 0 && r.opt.mapped_share <= 1))
-    throw InvalidArgument("load: mapped_share=" + std::to_string(r.opt.mapped_share) + ": expected 0 .. 1");
   if (r.target.slot_count() == 0) throw InvalidArgument("load: the target has no staging slots");
 }
 
@@ -309,10 +242,10 @@ DirectIo parse_direct_io(const std::string& text) {
   throw InvalidArgument("direct_io='" + text + "': expected auto, never or always");
 }
 
-FileSet::FileSet(std::span<const std::string> paths, DirectIo direct, bool map) {
+FileSet::FileSet(std::span<const std::string> paths, DirectIo direct) {
   files_.reserve(paths.size());
   try {
-    for (const std::string& p : paths) open_one(p, direct, map);
+    for (const std::string& p : paths) open_one(p, direct);
   } catch (...) {
     close_all();
     throw;
@@ -323,7 +256,6 @@ FileSet::~FileSet() { close_all(); }
 
 void FileSet::close_all() noexcept {
   for (File& f : files_) {
-    if (f.map) os::unmap(const_cast<unsigned char*>(f.map), f.map_bytes);
     if (f.direct_fd >= 0) os::close_fd(f.direct_fd);
     if (f.fd >= 0) os::close_fd(f.fd);
     f = File{};
@@ -331,7 +263,7 @@ void FileSet::close_all() noexcept {
   files_.clear();
 }
 
-void FileSet::open_one(const std::string& path, DirectIo direct, bool map) {
+void FileSet::open_one(const std::string& path, DirectIo direct) {
   files_.push_back(File{});
   File& f = files_.back();
   f.name = path;
@@ -353,12 +285,6 @@ void FileSet::open_one(const std::string& path, DirectIo direct, bool map) {
       throw OsError("open '" + path + "' (O_DIRECT)", err);
   }
   if (f.direct_fd < 0) os::advise_sequential_reads(f.fd);  // read-ahead for an uncached file; harmless otherwise
-  if (map && f.direct_fd < 0 && f.bytes > 0) {
-    void* p = nullptr;
-    if (int err = os::map_file_readonly(f.fd, f.bytes, &p)) throw OsError("mmap '" + path + "'", err);
-    f.map = static_cast<const unsigned char*>(p);
-    f.map_bytes = align_up(f.bytes);
-  }
 }
 
 std::vector<uint64_t> FileSet::sizes() const {
@@ -375,8 +301,7 @@ std::vector<std::string> FileSet::names() const {
 
 namespace {
 
-// Starts the workers on `pool`: `readers` readers, and the mapped worker when
-// it has reads.
+// Starts `readers` readers on `pool`.
 void launch_workers(Run& r, WorkerPool& pool, int readers) {
   auto launch = [&](void (*body)(Run&)) {
     {
@@ -398,7 +323,6 @@ void launch_workers(Run& r, WorkerPool& pool, int readers) {
     }
   };
   for (int k = 0; k < readers; ++k) launch(reader);
-  if (!r.mapped_reads.empty()) launch(mapped_worker);
 }
 
 // Blocks until every worker returned, updating the progress line meanwhile.
@@ -422,7 +346,6 @@ PipelineStats run_pipeline(const ReadPlan& plan, const FileSet& files, Target& t
   auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - start).count(); };
   Run r(plan, files, target, options);
   check_fits(r);
-  split(r);
   for (size_t s = 0; s < target.slot_count(); ++s) r.free_slots.push_back(s);
   launch_workers(r, pool, std::max(1, std::min<int>(options.threads, static_cast<int>(plan.reads.size()))));
   ProgressLine progress(options.progress, options.progress_after_s, plan.read_bytes);
@@ -437,7 +360,6 @@ PipelineStats run_pipeline(const ReadPlan& plan, const FileSet& files, Target& t
   st.range_bytes = plan.range_bytes;
   st.read_bytes = plan.read_bytes;
   st.staged_bytes = r.staged_bytes;
-  st.mapped_bytes = r.mapped_bytes;
   st.reads = plan.reads.size();
   st.direct_reads = r.direct_reads;
   st.seconds = elapsed();

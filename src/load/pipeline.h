@@ -1,31 +1,25 @@
 // pipeline.h — a load's threads: reads of a ReadPlan done by several reader
 // threads into a small ring of staging slots, each slot's copies handed to a
 // Target (device memory through DMA: cuda/load/file_loader.cpp; host memory:
-// host_target.h), overlapped with the next reads. Optionally a share of the
-// reads skips staging: a "mapped" worker copies them straight out of a
-// read-only mapping of the file, which the device target registers with the
-// driver so that the DMA reads page-cache pages (no host memcpy at all).
-// No CUDA here: the Target is the only way out.
+// host_target.h), overlapped with the next reads. No CUDA here: the Target is
+// the only way out.
 //
 // Per staged read (reader thread):
 //   take the oldest free slot (FIFO ring) -> Target::wait_slot_free (its last
 //   copies have read it) -> pread (O_DIRECT: the read widened to 4 KiB
 //   alignment) -> Target::copy_out per copy -> Target::slot_filled -> give
 //   the slot back.
-// Per mapped read (one worker): Target::map_begin over the read's pages ->
-//   Target::copy_mapped per copy -> Target::map_end (the target releases the
-//   pages once their copies are done).
-// The split is fixed before any thread starts: the last reads of the plan, of
-// files read through the page cache, up to mapped_share of their bytes, go
-// to the mapped worker; every other read to the readers.
+// (A "mapped share", DMA straight from registered page-cache pages, was tried
+// and removed: it was slower than staging at every share measured on the
+// H200 machine, issue 24 item 8.)
 //
 // Host memory: the slots (the Target's), plus the page cache the kernel uses
 // for buffered reads; never a copy of a whole file.
 //
 // Errors: the first failure (a short read, a read error, a Target error)
 // stops every worker at its next read; run() waits until all have returned,
-// calls Target::abort() (waits for what was enqueued, releases every
-// registration), then throws that error, which names the file and the range.
+// calls Target::abort() (waits for what was enqueued), then throws that
+// error, which names the file and the range.
 //
 // Locking: Run::mu guards the slot ring, the next-read cursors, the first
 // error and the count of running workers (see pipeline.cpp); no system call
@@ -51,9 +45,8 @@ const char* direct_io_name(DirectIo d) noexcept;
 DirectIo parse_direct_io(const std::string& text);  // auto|never|always; InvalidArgument otherwise
 
 // Where a load's bytes go. Calls come from reader threads concurrently
-// (slot calls; never two for the same slot at once), from the one mapped
-// worker (map calls), and finish/abort from the load's thread after every
-// worker returned.
+// (never two for the same slot at once), and finish/abort from the load's
+// thread after every worker returned.
 class Target {
  public:
   virtual ~Target() = default;
@@ -66,22 +59,13 @@ class Target {
   virtual void copy_out(size_t i, const unsigned char* src, uintptr_t dst, size_t n) = 0;
   // Every copy of this fill of slot i is enqueued.
   virtual void slot_filled(size_t i) = 0;
-  // Makes [base, base + bytes) (page aligned, of a read-only file mapping)
-  // a valid copy source until map_end; returns a handle for map_end, or
-  // nullptr with the reason in *refused when it cannot (the driver refuses to
-  // register file pages): the pipeline then stages the mapped share instead.
-  virtual void* map_begin(const void* base, size_t bytes, std::string* refused) = 0;
-  virtual void copy_mapped(const void* src, uintptr_t dst, size_t n) = 0;
-  // Every copy out of this region is enqueued; release it once they are done.
-  virtual void map_end(void* handle) = 0;
-  // Waits for every copy and releases every region. Throws the first error.
+  // Waits for every copy. Throws the first error.
   virtual void finish() = 0;
-  // After a failure: waits for what was enqueued, releases every region.
+  // After a failure: waits for what was enqueued.
   virtual void abort() noexcept = 0;
 };
 
-// The files of one load, opened for it and closed (and unmapped) by its
-// destructor. Mode per file: buffered (pread through the page cache) or
+// The files of one load, opened for it and closed by its destructor. Mode per file: buffered (pread through the page cache) or
 // direct (O_DIRECT); automatic picks direct for a file less than half of
 // which is in the page cache (kCacheProbes one-byte RWF_NOWAIT reads spread
 // over the file), always forces it (where the file system allows O_DIRECT).
@@ -94,11 +78,9 @@ class FileSet {
     int direct_fd = -1;  // O_DIRECT reads, -1 when the file is read buffered
     uint64_t bytes = 0;
     double cached_share = -1;  // page-cache probes that hit, 0..1; -1 when not probed
-    const unsigned char* map = nullptr;  // read-only mapping (when asked for), else null
-    size_t map_bytes = 0;
   };
   // Throws OsError / InvalidArgument naming the file.
-  FileSet(std::span<const std::string> paths, DirectIo direct, bool map);
+  FileSet(std::span<const std::string> paths, DirectIo direct);
   ~FileSet();
   FileSet(const FileSet&) = delete;
   FileSet& operator=(const FileSet&) = delete;
@@ -110,15 +92,14 @@ class FileSet {
   const std::vector<std::string>& notes() const noexcept { return notes_; }
 
  private:
-  void open_one(const std::string& path, DirectIo direct, bool map);
+  void open_one(const std::string& path, DirectIo direct);
   void close_all() noexcept;
   std::vector<File> files_;
   std::vector<std::string> notes_;  // e.g. "a.safetensors: O_DIRECT refused (...); buffered reads"
 };
 
 struct PipelineOptions {
-  int threads = 4;            // reader threads (the pool needs threads + 1 with a mapped share)
-  double mapped_share = 0.0;  // 0..1 of the bytes of buffered files, DMA'd from their mapping
+  int threads = 4;            // reader threads (the pool needs as many)
   bool progress = false;      // print bytes and rate to stderr after progress_after_s
   double progress_after_s = 2.0;
 };
@@ -127,15 +108,13 @@ struct PipelineStats {
   uint64_t range_bytes = 0;   // bytes delivered
   uint64_t read_bytes = 0;    // bytes read from files (with merged gaps and O_DIRECT widening)
   uint64_t staged_bytes = 0;  // read bytes that went through the slots
-  uint64_t mapped_bytes = 0;  // read bytes copied from mappings
   uint64_t reads = 0, direct_reads = 0;
   double seconds = 0;
-  std::vector<std::string> notes;  // fallbacks taken (O_DIRECT refused, registration refused, ...)
+  std::vector<std::string> notes;  // fallbacks taken (O_DIRECT refused, ...)
 };
 
-// Runs the plan on `pool` (at least options.threads threads, one more with a
-// mapped share). The files must be those the plan was made for, mapped when
-// mapped_share > 0. Blocks until done; throws the first error.
+// Runs the plan on `pool` (at least options.threads threads). The files must
+// be those the plan was made for. Blocks until done; throws the first error.
 PipelineStats run_pipeline(const ReadPlan& plan, const FileSet& files, Target& target, WorkerPool& pool,
                            const PipelineOptions& options);
 

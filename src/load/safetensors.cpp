@@ -4,6 +4,7 @@
 #include "load/safetensors.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <memory>
 
@@ -57,11 +58,18 @@ class Reporter {
   std::string_view file_;
 };
 
+// A number as written, cut short: a 99 MB number made a 99 MB message.
+std::string number_for_message(const std::string& text) {
+  constexpr size_t kShown = 40;
+  if (text.size() <= kShown) return text;
+  return text.substr(0, kShown) + "... (" + std::to_string(text.size()) + " characters)";
+}
+
 uint64_t unsigned_field(const Reporter& r, const std::string& name, const char* field, const JsonValue& v) {
   auto n = v.as_uint64();
   if (!n)
     r.tensor(name, std::string(field) + ": expected unsigned integers below 2^64, found " +
-                       (v.kind == JsonValue::Kind::number ? v.text : json_kind_name(v.kind)));
+                       (v.kind == JsonValue::Kind::number ? number_for_message(v.text) : json_kind_name(v.kind)));
   return *n;
 }
 
@@ -253,7 +261,10 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   if (int err = os::open_for_reading(path.c_str(), false, &fd)) throw OsError("open '" + path + "'", err);
   std::unique_ptr<int, void (*)(int*)> closer(&fd, [](int* f) { os::close_fd(*f); });
   uint64_t file_bytes = 0;
-  if (int err = os::regular_file_size(fd, &file_bytes)) throw OsError("fstat '" + path + "'", err);
+  if (int err = os::regular_file_size(fd, &file_bytes)) {
+    if (err == EISDIR || err == EINVAL) throw InvalidArgument(path + ": not a regular file");
+    throw OsError("fstat '" + path + "'", err);
+  }
   uint8_t first[8] = {};
   size_t got = 0;
   if (int err = os::read_at(fd, first, sizeof first, 0, &got)) throw OsError("read '" + path + "'", err);

@@ -1,8 +1,7 @@
-// file.cpp — open/fstat/pread/preadv2/mmap/posix_fadvise, errno returns.
+// file.cpp — open/fstat/pread/preadv2/posix_fadvise, errno returns.
 #include "os/file.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -12,12 +11,21 @@
 namespace ferry::os {
 
 int open_for_reading(const char* path, bool direct, int* fd_out) noexcept {
-  int flags = O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0);
+  // O_NONBLOCK: open() of a FIFO would wait for a writer for ever (a FIFO
+  // among a checkpoint's shards hung the load). Cleared at once: reads of the
+  // regular file the caller then checks for (regular_file_size) block as usual.
+  int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (direct ? O_DIRECT : 0);
   int fd;
   do {
     fd = ::open(path, flags);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return errno;
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return err;
+  }
   *fd_out = fd;
   return 0;
 }
@@ -43,13 +51,6 @@ int read_at(int fd, void* buffer, size_t bytes, uint64_t offset, size_t* got) no
     done += static_cast<size_t>(n);
   }
   *got = done;
-  return 0;
-}
-
-int map_file_readonly(int fd, size_t bytes, void** out) noexcept {
-  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return errno;
-  *out = p;
   return 0;
 }
 

@@ -17,8 +17,9 @@ namespace ferry::os {
 // up to 4Kn, and the page size.
 constexpr size_t kDirectIoAlignment = 4096;
 
-// open(path, O_RDONLY | O_CLOEXEC [| O_DIRECT]). A file system without
-// O_DIRECT (tmpfs) gives EINVAL.
+// open(path, O_RDONLY | O_CLOEXEC [| O_DIRECT]), never waiting: a FIFO opens
+// at once (O_NONBLOCK, cleared after the open), for regular_file_size to
+// refuse. A file system without O_DIRECT (tmpfs) gives EINVAL.
 int open_for_reading(const char* path, bool direct, int* fd_out) noexcept;
 
 // fstat: the size of a regular file; EISDIR for a directory, EINVAL for
@@ -30,9 +31,6 @@ int regular_file_size(int fd, uint64_t* bytes_out) noexcept;
 // the file). O_DIRECT descriptors need buffer, offset and bytes aligned to
 // kDirectIoAlignment.
 int read_at(int fd, void* buffer, size_t bytes, uint64_t offset, size_t* got) noexcept;
-
-// mmap(PROT_READ, MAP_SHARED) of [0, bytes) of fd; bytes > 0.
-int map_file_readonly(int fd, size_t bytes, void** out) noexcept;
 
 // Whether the page of fd holding byte `offset` is in the page cache: a
 // one-byte preadv2(RWF_NOWAIT), which reads only cached data (EAGAIN

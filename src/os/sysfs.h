@@ -14,7 +14,9 @@
 
 namespace ferry::os {
 
-// Reads a whole small file (at most max_bytes; more is E2BIG).
+// Reads a whole small regular file (at most max_bytes; more is E2BIG). A
+// directory is EISDIR; anything else that is not a regular file (a FIFO, a
+// device: /dev/zero never ends) is EINVAL, without reading or waiting.
 int read_file(const char* path, std::string* out, size_t max_bytes = size_t{1} << 16);
 
 // The selected value of a THP setting: "always [madvise] never" -> "madvise".

@@ -490,8 +490,8 @@ void Pool::Impl::shutdown() noexcept {
   cancel_target.store(true);
   target_cv.notify_all();
   release_cv.notify_all();
-  for (std::thread* t : {&target_worker, &releaser})
-    if (t->joinable()) t->join();
+  target_worker.wait();
+  if (releaser.joinable()) releaser.join();
   std::vector<MappedChunk> registered;
   {
     std::lock_guard lock(mu);
@@ -515,7 +515,7 @@ Pool::Pool(PoolOptions options, std::shared_ptr<ChunkHooks> hooks)
     if (s.options.release_delay_ms > 0) s.releaser = std::thread([&s] { s.run_releaser(); });
     if (s.options.target_bytes > 0) {
       s.target_running = true;  // no other thread runs yet
-      s.target_worker = std::thread([&s, created] { s.run_target(created); });
+      s.target_worker.start([&s, created] { s.run_target(created); });
     }
   } catch (...) {
     {

@@ -83,8 +83,9 @@
 // call at all: O(log n) map operations under mu.
 //
 // Threads: callers; the background releaser (release_delay_ms > 0); the
-// target worker (target_bytes > 0); FirstTouch's helpers, started and joined
-// inside one prepare_chunk(). ~Pool stops and joins them all before it
+// target worker (target_bytes > 0, a FinishingThread: it ends when the target
+// chunk is in); FirstTouch's helpers, started and joined inside one
+// prepare_chunk(). ~Pool stops and joins (or waits for) them all before it
 // releases the chunks. zeroed_bytes and zero_ns are atomics, outside mu;
 // chunk_generation is an atomic written under mu and read without it.
 //
@@ -108,6 +109,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/finishing_thread.h"
 #include "core/fork.h"
 #include "pool/arena.h"
 #include "pool/pool.h"
@@ -244,8 +246,12 @@ struct Pool::Impl {
   // or of a chunk's pages (bump_generation_locked), read without a lock.
   std::atomic<uint64_t> chunk_generation{0};
 
-  // Started by the constructor, joined by shutdown(); no lock (owner only).
-  std::thread releaser, target_worker;
+  // Started by the constructor; no lock (owner only). shutdown() joins the
+  // releaser and waits for the target worker, which is detached and gone once
+  // the target chunk is in or failed (core/finishing_thread.h: a finished,
+  // unjoined thread inherited by a forked child is a TSan "thread leak").
+  std::thread releaser;
+  FinishingThread target_worker;
 };
 
 }  // namespace ferry

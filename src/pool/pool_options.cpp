@@ -21,9 +21,6 @@ const char* backing_name(Backing b) noexcept {
 
 namespace {
 
-constexpr size_t kChunkGranule = size_t{2} << 20;
-constexpr size_t kAddressSpace = size_t{1} << 47;  // the x86-64 user address space
-
 void check_range(const char* name, int64_t value, int64_t lo, int64_t hi, const char* meaning) {
   if (value < lo || value > hi)
     throw InvalidArgument("ferry pool: " + std::string(name) + "=" + std::to_string(value) +
@@ -34,10 +31,8 @@ void check_range(const char* name, int64_t value, int64_t lo, int64_t hi, const 
 }  // namespace
 
 void PoolOptions::validate() const {
-  if (chunk_bytes == 0 || chunk_bytes % kChunkGranule != 0 || chunk_bytes > kAddressSpace)
-    throw InvalidArgument("ferry pool: chunk_bytes=" + std::to_string(chunk_bytes) + " (" +
-                          format_bytes(chunk_bytes) +
-                          "): expected a nonzero multiple of 2 MiB, at most 128 TiB");
+  check_chunk_bytes(chunk_bytes,
+                    "ferry pool: chunk_bytes=" + std::to_string(chunk_bytes) + " (" + format_bytes(chunk_bytes) + ")");
   check_range("touch_threads", touch_threads, 0, kMaxThreads, "0 = one per core, at most 16");
   check_range("release_delay_ms", release_delay_ms, 0, kMaxReleaseDelayMs,
               "0 = only trim releases memory; at most a day");
@@ -53,10 +48,7 @@ void PoolOptions::validate() const {
 
 PoolOptions PoolOptions::from_options(const Options& o) {
   PoolOptions p;
-  p.chunk_bytes = o.size("FERRY_CHUNK_SIZE");
-  if (p.chunk_bytes == 0 || p.chunk_bytes % (size_t{2} << 20) != 0)
-    throw InvalidArgument("FERRY_CHUNK_SIZE=" + std::to_string(p.chunk_bytes) + " (" +
-                          format_bytes(p.chunk_bytes) + "): expected a nonzero multiple of 2 MiB");
+  p.chunk_bytes = o.size("FERRY_CHUNK_SIZE");  // checked by the table (check_chunk_bytes)
   const std::string& huge = o.text("FERRY_HUGE_PAGES");
   p.huge_pages = huge == "hugetlb" ? HugePolicy::hugetlb
                  : huge == "thp"   ? HugePolicy::thp

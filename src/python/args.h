@@ -93,4 +93,72 @@ inline std::string str_arg(nanobind::handle value, const char* name) {
   return nanobind::cast<std::string>(value);
 }
 
+// A real number in [lo, hi]: an int or a float (not a bool, not NaN).
+inline double real_arg(nanobind::handle value, const char* name, double lo, double hi) {
+  const bool number = !PyBool_Check(value.ptr()) && (PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr()));
+  const double v = number ? PyFloat_AsDouble(value.ptr()) : 0.0;
+  if (number && v == -1.0 && PyErr_Occurred()) PyErr_Clear();  // an int too large for a double
+  else if (number && v >= lo && v <= hi) return v;
+  throw InvalidArgument(std::string(name) + "=" + arg_repr(value) + ": expected a number " + std::to_string(lo) +
+                        " .. " + std::to_string(hi));
+}
+
+// A file path as the OS takes it: a str (encoded as os.fsencode() does, so a
+// name that is not UTF-8 comes back to its bytes), bytes or an os.PathLike.
+inline std::string path_arg(nanobind::handle value, const char* name) {
+  nanobind::object fs = nanobind::steal(PyOS_FSPath(value.ptr()));
+  if (!fs.is_valid()) {
+    PyErr_Clear();
+    throw InvalidArgument(std::string(name) + "=" + arg_repr(value) + ": expected a path (str, bytes or os.PathLike)");
+  }
+  if (PyUnicode_Check(fs.ptr())) {
+    fs = nanobind::steal(PyUnicode_EncodeFSDefault(fs.ptr()));
+    if (!fs.is_valid()) {
+      PyErr_Clear();
+      throw InvalidArgument(std::string(name) + "=" + arg_repr(value) + ": not a path this OS can spell");
+    }
+  }
+  std::string out(PyBytes_AS_STRING(fs.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(fs.ptr())));
+  if (out.find('\0') != std::string::npos)
+    throw InvalidArgument(std::string(name) + "=" + arg_repr(value) + ": a path with a NUL byte");
+  return out;
+}
+
+// A str or bytes argument as bytes: a str is encoded as UTF-8, with lone
+// surrogates (text read with errors="surrogateescape") back to their bytes.
+inline std::string text_arg(nanobind::handle value, const char* name) {
+  if (PyBytes_Check(value.ptr()))
+    return std::string(PyBytes_AS_STRING(value.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(value.ptr())));
+  if (!PyUnicode_Check(value.ptr()))
+    throw InvalidArgument(std::string(name) + "=" + arg_repr(value) + ": expected a str or bytes");
+  nanobind::object b = nanobind::steal(PyUnicode_AsEncodedString(value.ptr(), "utf-8", "surrogateescape"));
+  if (!b.is_valid()) {
+    PyErr_Clear();
+    throw InvalidArgument(std::string(name) + ": a str that cannot be encoded as UTF-8");
+  }
+  return std::string(PyBytes_AS_STRING(b.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(b.ptr())));
+}
+
+// The items of any iterable (a list, a tuple, a generator, a dict's keys) as a
+// list, or InvalidArgument naming the argument (an int, a float, None).
+inline nanobind::list items_arg(nanobind::handle value, const char* name, const char* expected) {
+  if (PyList_Check(value.ptr())) return nanobind::borrow<nanobind::list>(value);
+  if (PyUnicode_Check(value.ptr()) || PyBytes_Check(value.ptr()))
+    throw InvalidArgument(std::string(name) + "=" + arg_repr(value) + ": expected " + expected);
+  PyObject* list = PySequence_List(value.ptr());
+  if (!list) {
+    PyErr_Clear();
+    throw InvalidArgument(std::string(name) + "=" + arg_repr(value) + ": expected " + expected);
+  }
+  return nanobind::steal<nanobind::list>(list);
+}
+
+// A str made from bytes that may not be UTF-8 (a file name): as
+// os.fsdecode() makes it (surrogateescape), so os.fsencode() gives the bytes back.
+inline nanobind::str fs_str(const std::string& bytes) {
+  PyObject* s = PyUnicode_DecodeFSDefaultAndSize(bytes.data(), static_cast<Py_ssize_t>(bytes.size()));
+  if (!s) throw nanobind::python_error();
+  return nanobind::steal<nanobind::str>(s);
+}
+
 }  // namespace ferry::python

@@ -142,9 +142,11 @@ cudaStream_t stream_of(nb::handle stream, int torch_device) {
     static PyObject* current = nb::object(nb::module_::import_("torch._C").attr("_cuda_getCurrentRawStream")).release().ptr();
     return reinterpret_cast<cudaStream_t>(nb::cast<uintptr_t>(nb::handle(current)(torch_device)));
   }
+  // A handle is an address: 0 .. 2**64-1 (stream=-1 or 2**64 was a std::bad_cast).
   if (PyLong_Check(stream.ptr()) && !PyBool_Check(stream.ptr()))
-    return reinterpret_cast<cudaStream_t>(nb::cast<uintptr_t>(stream));
-  if (nb::hasattr(stream, "cuda_stream")) return reinterpret_cast<cudaStream_t>(nb::cast<uintptr_t>(stream.attr("cuda_stream")));
+    return reinterpret_cast<cudaStream_t>(int_arg<uintptr_t>(stream, "stream"));
+  if (nb::hasattr(stream, "cuda_stream"))
+    return reinterpret_cast<cudaStream_t>(int_arg<uintptr_t>(stream.attr("cuda_stream"), "stream.cuda_stream"));
   throw InvalidArgument(std::string("stream must be an int handle or a torch.cuda.Stream, not ") + python_type_name(stream));
 }
 

@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 
@@ -39,15 +40,22 @@ void* ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
 
 // The process's engine for `device`, made on first use and kept for the life
 // of the process (never destroyed at exit, when the driver may be gone).
+// Locking: made[d] serializes the making of engine d. The making sets up a CUDA
+// context (seconds on a first call) without the GIL: other Python threads run
+// meanwhile, and a second caller for the same device waits on the once_flag,
+// never holding the GIL that the first would need back.
 cuda::CopyEngine& engine_for(int device) {
   static std::once_flag made[kMaxDevices];
-  static cuda::CopyEngine* engines[kMaxDevices] = {};
+  static std::atomic<cuda::CopyEngine*> engines[kMaxDevices] = {};
   if (device < 0 || device >= kMaxDevices)
     throw InvalidArgument("device=" + std::to_string(device) + ": expected 0.." + std::to_string(kMaxDevices - 1));
+  if (cuda::CopyEngine* e = engines[device].load(std::memory_order_acquire)) return *e;
+  ferry::python::GilRelease unlocked;
   std::call_once(made[device], [&] {  // a constructor that throws leaves the flag unset: the next call retries
-    engines[device] = new cuda::CopyEngine(cuda::CopyEngineOptions::from_environment(device));
+    engines[device].store(new cuda::CopyEngine(cuda::CopyEngineOptions::from_environment(device)),
+                          std::memory_order_release);
   });
-  return *engines[device];
+  return *engines[device].load(std::memory_order_acquire);
 }
 
 // The device of a device pointer, or -1 (host memory, managed memory, unknown).
@@ -56,53 +64,81 @@ int device_of(uintptr_t p) {
   return lookup.find(ptr(p)).device;
 }
 
-// One copy's arguments, resolved.
+// The resolved items of a copy or copy_many call: what they copy, the device
+// whose engine serves them and the stream.
 struct Prepared {
-  void* dst;
-  const void* src;
-  size_t n;
-  int device;
-  cudaStream_t stream;
-};
-
-Prepared prepare(nb::handle dst, nb::handle src, nb::handle nbytes, nb::handle stream, nb::handle device) {
-  const CopyArg d = resolve_copy_arg(dst, true, "dst"), s = resolve_copy_arg(src, false, "src");
-  size_t n;
-  if (!nbytes.is_none()) {
-    n = size_arg(nbytes, "nbytes");
-  } else if (d.sized && s.sized) {
-    if (d.bytes != s.bytes)
-      throw InvalidArgument("dst has " + std::to_string(d.bytes) + " bytes and src " + std::to_string(s.bytes) +
-                            ": pass nbytes to copy a prefix");
-    n = d.bytes;
-  } else if (d.sized || s.sized) {
-    n = d.sized ? d.bytes : s.bytes;
-  } else {
-    throw InvalidArgument("an address given as an int needs nbytes");
-  }
-  if ((d.sized && n > d.bytes) || (s.sized && n > s.bytes))
-    throw InvalidArgument("nbytes=" + std::to_string(n) + " is larger than dst (" + std::to_string(d.bytes) +
-                          " bytes) or src (" + std::to_string(s.bytes) + " bytes)");
-  int dev = d.cuda_device >= 0 ? d.cuda_device : s.cuda_device;
-  const int torch_device = (d.torch || s.torch) ? dev : -1;
-  if (!device.is_none()) {
-    const int asked = int_arg<int>(device, "device", 0, INT32_MAX);
-    if (dev >= 0 && dev != asked)
-      throw InvalidArgument("device=" + std::to_string(asked) + " but the tensor is on cuda:" + std::to_string(dev));
-    dev = asked;
-  }
-  if (dev < 0) dev = device_of(d.address);
-  if (dev < 0) dev = device_of(s.address);
-  if (dev < 0) dev = 0;
-  return {ptr(d.address), reinterpret_cast<const void*>(s.address), n, dev, stream_of(stream, torch_device)};
-}
-
-// Items of one copy_many call.
-struct PreparedMany {
   std::vector<cuda::CopyOp> ops;
   int device = -1;
-  int torch_device = -1;
+  cudaStream_t stream = nullptr;
 };
+
+// How many bytes one item copies. `given`: nbytes / sizes[i] when passed.
+// Without it, both sides' sizes must agree; with one side an int address, the
+// other side's size is taken when `one_sized_side_will_do` (copy, not copy_many).
+size_t item_bytes(const CopyArg& d, const CopyArg& s, const size_t* given, bool one_sized_side_will_do,
+                  const std::string& item, const char* size_name) {
+  if (given) {
+    if ((d.sized && *given > d.bytes) || (s.sized && *given > s.bytes))
+      throw InvalidArgument(item + size_name + "=" + std::to_string(*given) + " is larger than dst (" +
+                            std::to_string(d.bytes) + " bytes) or src (" + std::to_string(s.bytes) + " bytes)");
+    return *given;
+  }
+  if (d.sized && s.sized) {
+    if (d.bytes != s.bytes)
+      throw InvalidArgument(item + "dst has " + std::to_string(d.bytes) + " bytes and src " + std::to_string(s.bytes) +
+                            ": pass " + (one_sized_side_will_do ? "nbytes to copy a prefix" : "sizes to copy prefixes"));
+    return d.bytes;
+  }
+  if (one_sized_side_will_do && (d.sized || s.sized)) return d.sized ? d.bytes : s.bytes;
+  throw InvalidArgument(item + "an address given as an int needs " + size_name);
+}
+
+// The one device resolution of copy and copy_many: the CUDA device of the
+// tensors and arrays (one device per call), checked against `device=`, else
+// `device=`, else the driver's answer for the first items' pointers, else 0.
+// The stream: torch's current stream when a torch CUDA tensor is involved.
+Prepared prepare(std::vector<CopyArg>& dsts, std::vector<CopyArg>& srcs, const std::vector<size_t>* sizes,
+                 bool single, nb::handle stream, nb::handle device) {
+  Prepared p;
+  int found = -1, torch_device = -1;
+  p.ops.resize(dsts.size());
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const std::string item = single ? "" : "item " + std::to_string(i) + ": ";
+    const std::string size_name = single ? "nbytes" : "sizes[" + std::to_string(i) + "]";
+    const size_t n = item_bytes(dsts[i], srcs[i], sizes ? &(*sizes)[i] : nullptr, single, item,
+                                sizes || single ? size_name.c_str() : "sizes");
+    for (const CopyArg* a : {&dsts[i], &srcs[i]}) {
+      if (a->cuda_device < 0) continue;
+      if (found >= 0 && found != a->cuda_device)
+        throw InvalidArgument(item + "on cuda:" + std::to_string(a->cuda_device) + " and cuda:" +
+                              std::to_string(found) + ": one call serves one device");
+      found = a->cuda_device;
+      if (a->torch) torch_device = a->cuda_device;
+    }
+    p.ops[i] = {ptr(dsts[i].address), reinterpret_cast<const void*>(srcs[i].address), n};
+  }
+  if (!device.is_none()) {
+    const int asked = int_arg<int>(device, "device", 0, INT32_MAX);
+    if (found >= 0 && found != asked)
+      throw InvalidArgument("device=" + std::to_string(asked) + " but the data is on cuda:" + std::to_string(found));
+    found = asked;
+  }
+  for (size_t i = 0; found < 0 && i < p.ops.size() && i < 4; ++i) {
+    found = device_of(reinterpret_cast<uintptr_t>(p.ops[i].dst));
+    if (found < 0) found = device_of(reinterpret_cast<uintptr_t>(p.ops[i].src));
+  }
+  p.device = found < 0 ? 0 : found;
+  p.stream = stream_of(stream, torch_device);
+  return p;
+}
+
+// copy / copy_async: one item.
+Prepared prepare_one(nb::handle dst, nb::handle src, nb::handle nbytes, nb::handle stream, nb::handle device) {
+  std::vector<CopyArg> d{resolve_copy_arg(dst, true, "dst")}, s{resolve_copy_arg(src, false, "src")};
+  std::vector<size_t> n;
+  if (!nbytes.is_none()) n.push_back(size_arg(nbytes, "nbytes"));
+  return prepare(d, s, nbytes.is_none() ? nullptr : &n, true, stream, device);
+}
 
 bool is_address_list(nb::handle obj) {
   if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr())) {
@@ -113,85 +149,52 @@ bool is_address_list(nb::handle obj) {
   return nb::hasattr(obj, "__dlpack__") || nb::hasattr(obj, "__array_interface__");
 }
 
-PreparedMany prepare_many(nb::handle dsts, nb::handle srcs, nb::handle sizes) {
-  PreparedMany m;
-  std::vector<uintptr_t> byte_counts;
-  if (!sizes.is_none()) byte_counts = addresses(sizes, "sizes");
+// copy_many: lists (tuples, generators, any iterable) of objects, or lists or
+// int64 arrays of addresses (a KV-cache's blocks) with sizes.
+Prepared prepare_many(nb::handle dsts, nb::handle srcs, nb::handle sizes, nb::handle stream, nb::handle device) {
+  std::vector<size_t> byte_counts;
+  if (!sizes.is_none()) {
+    const std::vector<uintptr_t> given = addresses(sizes, "sizes");
+    byte_counts.assign(given.begin(), given.end());
+  }
+  std::vector<CopyArg> d, s;
   if (is_address_list(dsts) && is_address_list(srcs)) {
-    // The fast path: addresses only (a KV-cache's blocks).
-    std::vector<uintptr_t> d = addresses(dsts, "dsts"), s = addresses(srcs, "srcs");
     if (sizes.is_none()) throw InvalidArgument("copy_many with addresses needs sizes");
-    if (d.size() != s.size() || d.size() != byte_counts.size())
-      throw InvalidArgument("copy_many: dsts, srcs and sizes have " + std::to_string(d.size()) + ", " +
-                            std::to_string(s.size()) + " and " + std::to_string(byte_counts.size()) + " items");
-    m.ops.resize(d.size());
-    for (size_t i = 0; i < d.size(); ++i) m.ops[i] = {ptr(d[i]), reinterpret_cast<const void*>(s[i]), byte_counts[i]};
-    return m;
-  }
-  nb::sequence ds = nb::cast<nb::sequence>(dsts), ss = nb::cast<nb::sequence>(srcs);
-  const size_t n = nb::len(ds);
-  if (nb::len(ss) != n || (!sizes.is_none() && byte_counts.size() != n))
-    throw InvalidArgument("copy_many: dsts has " + std::to_string(n) + " items, srcs " + std::to_string(nb::len(ss)) +
-                          (sizes.is_none() ? "" : ", sizes " + std::to_string(byte_counts.size())));
-  m.ops.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const std::string di = "dsts[" + std::to_string(i) + "]", si = "srcs[" + std::to_string(i) + "]";
-    const CopyArg d = resolve_copy_arg(ds[i], true, di.c_str()), s = resolve_copy_arg(ss[i], false, si.c_str());
-    size_t bytes;
-    if (!sizes.is_none()) {
-      bytes = byte_counts[i];
-      if ((d.sized && bytes > d.bytes) || (s.sized && bytes > s.bytes))
-        throw InvalidArgument("item " + std::to_string(i) + ": sizes[" + std::to_string(i) + "]=" +
-                              std::to_string(bytes) + " is larger than its dst or src");
-    } else if (d.sized && s.sized) {
-      if (d.bytes != s.bytes)
-        throw InvalidArgument("item " + std::to_string(i) + ": dst has " + std::to_string(d.bytes) + " bytes and src " +
-                              std::to_string(s.bytes) + " (pass sizes to copy prefixes)");
-      bytes = d.bytes;
-    } else {
-      throw InvalidArgument("item " + std::to_string(i) + ": an address given as an int needs sizes");
+    for (uintptr_t a : addresses(dsts, "dsts")) d.push_back(CopyArg{.address = a});
+    for (uintptr_t a : addresses(srcs, "srcs")) s.push_back(CopyArg{.address = a});
+  } else {
+    nb::list ds = items_arg(dsts, "dsts", "a sequence of tensors, buffers or addresses");
+    nb::list ss = items_arg(srcs, "srcs", "a sequence of tensors, buffers or addresses");
+    if (ds.size() != ss.size())
+      throw InvalidArgument("copy_many: dsts has " + std::to_string(ds.size()) + " items, srcs " +
+                            std::to_string(ss.size()));
+    for (size_t i = 0; i < ds.size(); ++i) {
+      const std::string di = "dsts[" + std::to_string(i) + "]", si = "srcs[" + std::to_string(i) + "]";
+      d.push_back(resolve_copy_arg(ds[i], true, di.c_str()));
+      s.push_back(resolve_copy_arg(ss[i], false, si.c_str()));
     }
-    for (const CopyArg* a : {&d, &s}) {
-      if (a->cuda_device < 0) continue;
-      if (m.device >= 0 && m.device != a->cuda_device)
-        throw InvalidArgument("item " + std::to_string(i) + " is on cuda:" + std::to_string(a->cuda_device) +
-                              " but earlier items are on cuda:" + std::to_string(m.device) +
-                              ": one copy_many call serves one device");
-      m.device = a->cuda_device;
-      if (a->torch) m.torch_device = a->cuda_device;
-    }
-    m.ops[i] = {ptr(d.address), reinterpret_cast<const void*>(s.address), bytes};
   }
-  return m;
+  if (d.size() != s.size() || (!sizes.is_none() && byte_counts.size() != d.size()))
+    throw InvalidArgument("copy_many: dsts, srcs and sizes have " + std::to_string(d.size()) + ", " +
+                          std::to_string(s.size()) + " and " +
+                          (sizes.is_none() ? std::string("no") : std::to_string(byte_counts.size())) + " items");
+  if (d.empty()) throw InvalidArgument("copy_many: no items");
+  return prepare(d, s, sizes.is_none() ? nullptr : &byte_counts, false, stream, device);
 }
 
 // Returns None (wait) or the Copy.
 nb::object run_many(nb::handle dsts, nb::handle srcs, nb::handle sizes, nb::handle stream, nb::handle strategy,
                     nb::handle device, bool wait) {
-  PreparedMany m = prepare_many(dsts, srcs, sizes);
-  if (m.ops.empty()) throw InvalidArgument("copy_many: no items");
-  int dev = m.device;
-  if (!device.is_none()) {
-    const int asked = int_arg<int>(device, "device", 0, INT32_MAX);
-    if (dev >= 0 && dev != asked)
-      throw InvalidArgument("device=" + std::to_string(asked) + " but the tensors are on cuda:" + std::to_string(dev));
-    dev = asked;
-  }
-  for (size_t i = 0; dev < 0 && i < m.ops.size() && i < 4; ++i) {
-    dev = device_of(reinterpret_cast<uintptr_t>(m.ops[i].dst));
-    if (dev < 0) dev = device_of(reinterpret_cast<uintptr_t>(m.ops[i].src));
-  }
-  if (dev < 0) dev = 0;
-  const cudaStream_t s = stream_of(stream, m.torch_device);
-  const Strategy st = strategy_of(strategy);
-  cuda::CopyEngine& e = engine_for(dev);
+  const Strategy st = strategy_of(strategy);  // arguments first: prepare may ask the driver
+  Prepared p = prepare_many(dsts, srcs, sizes, stream, device);
+  cuda::CopyEngine& e = engine_for(p.device);
   cuda::Completion c;
   {
     ferry::python::GilRelease unlocked;
     if (wait)
-      e.copy_many(m.ops, s, st);
+      e.copy_many(p.ops, p.stream, st);
     else
-      c = e.copy_many_async(m.ops, s, st);
+      c = e.copy_many_async(p.ops, p.stream, st);
   }
   return wait ? nb::none() : nb::cast(std::move(c));
 }
@@ -226,14 +229,14 @@ void bind_copy(nb::module_& m) {
           const CopyArg a = resolve_copy_arg(obj, writable, "obj");
           return nb::make_tuple(a.address, a.bytes, false);
         },
-        "obj"_a, "writable"_a = false);
+        "obj"_a.none(), "writable"_a = false);
   m.def("resolve_copy_arg",
         [](nb::handle obj, bool writable) {
           const CopyArg a = resolve_copy_arg(obj, writable, "obj");
           return nb::make_tuple(a.address, a.sized ? nb::cast(a.bytes) : nb::none(),
                                 a.cuda_device >= 0 ? nb::cast(a.cuda_device) : nb::none());
         },
-        "obj"_a, "writable"_a = false,
+        "obj"_a.none(), "writable"_a = false,
         "(address, nbytes or None, cuda device or None) of a copy argument.");
 
   nb::class_<cuda::Completion>(m, "Copy")
@@ -252,30 +255,32 @@ void bind_copy(nb::module_& m) {
   m.def("copy",
         [](nb::handle dst, nb::handle src, nb::handle nbytes, nb::handle stream, nb::handle strategy,
            nb::handle device) {
-          const Prepared p = prepare(dst, src, nbytes, stream, device);
-          const Strategy s = strategy_of(strategy);
+          const Strategy s = strategy_of(strategy);  // arguments first: prepare may ask the driver
+          const Prepared p = prepare_one(dst, src, nbytes, stream, device);
           cuda::CopyEngine& e = engine_for(p.device);
+          const cuda::CopyOp& op = p.ops[0];
           ferry::python::GilRelease unlocked;
-          e.copy(p.dst, p.src, p.n, s, p.stream);
+          e.copy(op.dst, op.src, op.bytes, s, p.stream);
         },
-        "dst"_a, "src"_a, "nbytes"_a = nb::none(), "stream"_a = nb::none(), "strategy"_a = nb::none(),
-        "device"_a = nb::none());
+        "dst"_a.none(), "src"_a.none(), "nbytes"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
+        "strategy"_a.none() = nb::none(), "device"_a.none() = nb::none());
   m.def("copy_async",
         [](nb::handle dst, nb::handle src, nb::handle nbytes, nb::handle stream, nb::handle strategy,
            nb::handle device) {
-          const Prepared p = prepare(dst, src, nbytes, stream, device);
-          const Strategy s = strategy_of(strategy);
+          const Strategy s = strategy_of(strategy);  // arguments first: prepare may ask the driver
+          const Prepared p = prepare_one(dst, src, nbytes, stream, device);
           cuda::CopyEngine& e = engine_for(p.device);
+          const cuda::CopyOp& op = p.ops[0];
           ferry::python::GilRelease unlocked;
-          return e.copy_async(p.dst, p.src, p.n, p.stream, s);
+          return e.copy_async(op.dst, op.src, op.bytes, p.stream, s);
         },
-        "dst"_a, "src"_a, "nbytes"_a = nb::none(), "stream"_a = nb::none(), "strategy"_a = nb::none(),
-        "device"_a = nb::none());
+        "dst"_a.none(), "src"_a.none(), "nbytes"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
+        "strategy"_a.none() = nb::none(), "device"_a.none() = nb::none());
   m.def("copy_many",
         [](nb::handle dsts, nb::handle srcs, nb::handle sizes, nb::handle stream, nb::handle strategy,
            nb::handle device, bool wait) { return run_many(dsts, srcs, sizes, stream, strategy, device, wait); },
-        "dsts"_a, "srcs"_a, "sizes"_a = nb::none(), "stream"_a = nb::none(), "strategy"_a = nb::none(),
-        "device"_a = nb::none(), "wait"_a = true);
+        "dsts"_a.none(), "srcs"_a.none(), "sizes"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
+        "strategy"_a.none() = nb::none(), "device"_a.none() = nb::none(), "wait"_a = true);
   m.def("advise_huge",
         [](uintptr_t address, size_t nbytes) {
           // The whole 2 MiB pages inside [address, address + nbytes).
@@ -286,45 +291,60 @@ void bind_copy(nb::module_& m) {
         "address"_a, "nbytes"_a,
         "Ask for transparent huge pages in the whole 2 MiB pages of a range not yet touched (advice: "
         "False where the kernel refuses). First touch of fresh memory is 3x faster with them in a VM.");
-  m.def("engine", &engine_for, "device"_a = 0, nb::rv_policy::reference,
+  m.def("engine", [](nb::handle device) -> cuda::CopyEngine& { return engine_for(int_arg<int>(device, "device", 0, kMaxDevices - 1)); },
+        "device"_a.none() = 0, nb::rv_policy::reference,
         "The process's copy engine for `device` (made on first use).");
 
+  // Addresses as ints (benchmarks, private engines); every argument is checked
+  // by args.h (a wrong type is an InvalidArgumentError naming it).
+  auto address = [](nb::handle h, const char* name) { return ptr(int_arg<uintptr_t>(h, name)); };
+  auto stream_handle = [](nb::handle h) { return reinterpret_cast<cudaStream_t>(int_arg<uintptr_t>(h, "stream")); };
   nb::class_<cuda::CopyEngine>(m, "Engine")
       .def("__init__",
-           [](cuda::CopyEngine* e, int device) {
-             auto o = cuda::CopyEngineOptions::from_environment(device);
+           [](cuda::CopyEngine* e, nb::handle device) {
+             auto o = cuda::CopyEngineOptions::from_environment(int_arg<int>(device, "device", 0, INT32_MAX));
              ferry::python::GilRelease unlocked;
              new (e) cuda::CopyEngine(o);
            },
-           "device"_a = 0)
+           "device"_a.none() = 0)
       .def("copy",
-           [](cuda::CopyEngine& e, uintptr_t dst, uintptr_t src, size_t n, nb::handle strategy, uintptr_t stream) {
-             Strategy s = strategy_of(strategy);
+           [=](cuda::CopyEngine& e, nb::handle dst, nb::handle src, nb::handle n, nb::handle strategy,
+               nb::handle stream) {
+             void *d = address(dst, "dst"), *s = address(src, "src");
+             const size_t bytes = size_arg(n, "nbytes");
+             const cudaStream_t st = stream_handle(stream);
+             Strategy how = strategy_of(strategy);
              ferry::python::GilRelease unlocked;
-             e.copy(ptr(dst), ptr(src), n, s, reinterpret_cast<cudaStream_t>(stream));
+             e.copy(d, s, bytes, how, st);
            },
-           "dst"_a, "src"_a, "nbytes"_a, "strategy"_a = nb::none(), "stream"_a = 0)
+           "dst"_a.none(), "src"_a.none(), "nbytes"_a.none(), "strategy"_a.none() = nb::none(), "stream"_a.none() = 0)
       .def("copy_async",
-           [](cuda::CopyEngine& e, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream, nb::handle strategy) {
-             Strategy s = strategy_of(strategy);
+           [=](cuda::CopyEngine& e, nb::handle dst, nb::handle src, nb::handle n, nb::handle stream,
+               nb::handle strategy) {
+             void *d = address(dst, "dst"), *s = address(src, "src");
+             const size_t bytes = size_arg(n, "nbytes");
+             const cudaStream_t st = stream_handle(stream);
+             Strategy how = strategy_of(strategy);
              ferry::python::GilRelease unlocked;
-             return e.copy_async(ptr(dst), ptr(src), n, reinterpret_cast<cudaStream_t>(stream), s);
+             return e.copy_async(d, s, bytes, st, how);
            },
-           "dst"_a, "src"_a, "nbytes"_a, "stream"_a = 0, "strategy"_a = nb::none())
+           "dst"_a.none(), "src"_a.none(), "nbytes"_a.none(), "stream"_a.none() = 0, "strategy"_a.none() = nb::none())
       .def("copy_batch_async",
-           [](cuda::CopyEngine& e, nb::handle dsts, nb::handle srcs, nb::handle sizes, uintptr_t stream,
-              nb::handle strategy) {
+           [=](cuda::CopyEngine& e, nb::handle dsts, nb::handle srcs, nb::handle sizes, nb::handle stream,
+               nb::handle strategy) {
              auto ops = int_ops(addresses(dsts, "dsts"), addresses(srcs, "srcs"), addresses(sizes, "sizes"));
-             Strategy s = strategy_of(strategy);
+             const cudaStream_t st = stream_handle(stream);
+             Strategy how = strategy_of(strategy);
              ferry::python::GilRelease unlocked;
-             return e.copy_many_async(ops, reinterpret_cast<cudaStream_t>(stream), s);
+             return e.copy_many_async(ops, st, how);
            },
-           "dsts"_a, "srcs"_a, "sizes"_a, "stream"_a = 0, "strategy"_a = nb::none())
+           "dsts"_a.none(), "srcs"_a.none(), "sizes"_a.none(), "stream"_a.none() = 0, "strategy"_a.none() = nb::none())
       .def("plan",
-           [](cuda::CopyEngine& e, uintptr_t dst, uintptr_t src, size_t n, nb::handle strategy) {
-             return std::string(strategy_name(e.plan(ptr(dst), ptr(src), n, strategy_of(strategy))));
+           [=](cuda::CopyEngine& e, nb::handle dst, nb::handle src, nb::handle n, nb::handle strategy) {
+             return std::string(strategy_name(
+                 e.plan(address(dst, "dst"), address(src, "src"), size_arg(n, "nbytes"), strategy_of(strategy))));
            },
-           "dst"_a, "src"_a, "nbytes"_a, "strategy"_a = nb::none())
+           "dst"_a.none(), "src"_a.none(), "nbytes"_a.none(), "strategy"_a.none() = nb::none())
       .def("warm_up",
            [](cuda::CopyEngine& e) {
              ferry::python::GilRelease unlocked;
@@ -345,11 +365,14 @@ void bind_copy(nb::module_& m) {
 
   nb::class_<cuda::Registration>(m, "Registration")
       .def("__init__",
-           [](cuda::Registration* r, uintptr_t p, size_t n, int device) {
+           [](cuda::Registration* r, nb::handle p, nb::handle n, nb::handle device) {
+             void* base = ptr(int_arg<uintptr_t>(p, "ptr"));
+             const size_t bytes = size_arg(n, "nbytes");
+             const int dev = int_arg<int>(device, "device", 0, INT32_MAX);
              ferry::python::GilRelease unlocked;
-             new (r) cuda::Registration(ptr(p), n, device);
+             new (r) cuda::Registration(base, bytes, dev);
            },
-           "ptr"_a, "nbytes"_a, "device"_a = 0)
+           "ptr"_a.none(), "nbytes"_a.none(), "device"_a.none() = 0)
       .def_prop_ro("base", [](const cuda::Registration& r) { return reinterpret_cast<uintptr_t>(r.base()); })
       .def_prop_ro("registered_bytes", &cuda::Registration::registered_bytes);
 }

@@ -1,5 +1,7 @@
 // load_bindings.cpp — ferry._ferry.Loader and the safetensors parsers
-// (read_safetensors_header, parse_safetensors_header, parse_shard_index).
+// (read_safetensors_header, parse_safetensors_header, parse_shard_index,
+// shard_index_columns, read_catalog: the last two as columns, a few lists
+// whatever the number of tensors).
 // Ranges are parallel lists of ints; python/ferry/load.py and
 // python/ferry/torch/safetensors.py build them from tensors.
 #include <nanobind/nanobind.h>
@@ -7,11 +9,17 @@
 #include <nanobind/stl/vector.h>
 
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
+#include "core/options.h"
 #include "cuda/load/file_loader.h"
+#include "load/catalog.h"
 #include "load/safetensors.h"
+#include "python/args.h"
+#include "python/copy_args.h"
 #include "python/gil.h"
 
 namespace nb = nanobind;
@@ -48,29 +56,46 @@ nb::dict stats_dict(const cuda::LoadStats& s) {
   d["bytes"] = s.range_bytes;
   d["read_bytes"] = s.read_bytes;
   d["staged_bytes"] = s.staged_bytes;
-  d["mapped_bytes"] = s.mapped_bytes;
   d["reads"] = s.reads;
   d["direct_reads"] = s.direct_reads;
-  d["registrations"] = s.registrations;
   d["seconds"] = s.seconds;
-  d["register_seconds"] = s.register_seconds;
-  d["unregister_seconds"] = s.unregister_seconds;
   d["staging_bytes"] = s.staging_bytes;
   d["threads"] = s.threads;
-  d["notes"] = s.notes;
+  d["numa_node"] = s.numa_node;
+  nb::list notes;  // they may name files that are not UTF-8: such bytes appear as \xNN
+  for (const std::string& n : s.notes)
+    notes.append(nb::steal(PyUnicode_DecodeUTF8(n.data(), static_cast<Py_ssize_t>(n.size()), "backslashreplace")));
+  d["notes"] = notes;
   return d;
 }
 
 cuda::Progress progress_of(nb::handle h) {
   if (h.is_none()) return cuda::Progress::automatic;
-  return nb::cast<bool>(h) ? cuda::Progress::always : cuda::Progress::never;
+  return bool_arg(h, "progress") ? cuda::Progress::always : cuda::Progress::never;
+}
+
+// The bytes of a bytes-like object (bytes, bytearray, memoryview, numpy array).
+std::vector<uint8_t> bytes_arg(nb::handle value, const char* name) {
+  Py_buffer view;
+  if (PyUnicode_Check(value.ptr()) || PyObject_GetBuffer(value.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) {
+    PyErr_Clear();
+    throw InvalidArgument(std::string(name) + "=" + arg_repr(value) + ": expected bytes or a bytes-like object");
+  }
+  const auto* p = static_cast<const uint8_t*>(view.buf);
+  std::vector<uint8_t> out(p, p + view.len);
+  PyBuffer_Release(&view);
+  return out;
 }
 
 }  // namespace
 
 void bind_load(nb::module_& m) {
+  // Arguments are nb::handle, checked by args.h: a wrong type is an
+  // InvalidArgumentError naming the argument; paths are taken as os.fsencode()
+  // spells them, so names that are not UTF-8 work.
   m.def("read_safetensors_header",
-        [](const std::string& path) {
+        [](nb::handle path_arg_) {
+          const std::string path = path_arg(path_arg_, "path");
           load::SafetensorsHeader h;
           {
             ferry::python::GilRelease unlocked;
@@ -78,46 +103,120 @@ void bind_load(nb::module_& m) {
           }
           return header_dict(h);
         },
-        "path"_a, "Parse a safetensors file's header (strict; InvalidArgumentError names the file and tensor).");
+        "path"_a.none(), "Parse a safetensors file's header (strict; InvalidArgumentError names the file and tensor).");
   m.def("parse_safetensors_header",
-        [](nb::bytes data, const std::string& name) {
-          auto* p = static_cast<const uint8_t*>(data.data());
-          return header_dict(load::parse_safetensors_header(std::span<const uint8_t>(p, data.size()), data.size(), name));
+        [](nb::handle data, nb::handle name) {
+          const std::vector<uint8_t> bytes = bytes_arg(data, "data");
+          return header_dict(load::parse_safetensors_header(bytes, bytes.size(), text_arg(name, "name")));
         },
-        "data"_a, "name"_a = "<bytes>", "Parse a whole safetensors file held in memory.");
+        "data"_a.none(), "name"_a.none() = "<bytes>", "Parse a whole safetensors file held in memory.");
   m.def("parse_shard_index",
-        [](const std::string& text, const std::string& name) {
-          load::ShardIndex idx = load::parse_shard_index(text, name);
-          nb::list pairs;
-          for (const auto& [tensor, file] : idx.weight_map) pairs.append(nb::make_tuple(tensor, file));
+        [](nb::handle text, nb::handle name) {
+          load::ShardIndex idx = load::parse_shard_index(text_arg(text, "text"), text_arg(name, "name"));
+          nb::list pairs;  // names as os.fsdecode() makes them: os.path.join and open() take them back
+          for (const auto& [tensor, file] : idx.weight_map) pairs.append(nb::make_tuple(fs_str(tensor), fs_str(file)));
           return pairs;
         },
-        "text"_a, "name"_a, "[(tensor, shard file)] of a model.safetensors.index.json text.");
+        "text"_a.none(), "name"_a.none(), "[(tensor, shard file)] of a model.safetensors.index.json text (str or bytes).");
+
+  m.def("shard_index_columns",
+        [](nb::handle text, nb::handle name) {
+          load::ShardIndex idx = load::parse_shard_index(text_arg(text, "text"), text_arg(name, "name"));
+          nb::list tensors, shard_of;
+          std::unordered_map<std::string_view, size_t> at;
+          for (size_t k = 0; k < idx.shards.size(); ++k) at.emplace(idx.shards[k], k);
+          for (const auto& [tensor, file] : idx.weight_map) {
+            tensors.append(fs_str(tensor));
+            shard_of.append(at.at(file));
+          }
+          nb::list shards;  // names as os.fsdecode() makes them: os.path.join and open() take them back
+          for (const std::string& f : idx.shards) shards.append(fs_str(f));
+          return nb::make_tuple(shards, tensors, shard_of);
+        },
+        "text"_a.none(), "name"_a.none(),
+        "(shards, tensors, shard_of): tensors[k] is in shards[shard_of[k]], shards in first-seen order.");
+  m.def("read_catalog",
+        [](nb::handle files_arg, nb::handle index_tensors_arg, nb::handle index_files_arg) {
+          nb::list file_items = items_arg(files_arg, "files", "a list of paths");
+          std::vector<std::string> files;  // any path the OS takes (str, bytes, os.PathLike)
+          for (size_t i = 0; i < file_items.size(); ++i)
+            files.push_back(path_arg(file_items[i], ("files[" + std::to_string(i) + "]").c_str()));
+          nb::list tensor_items = items_arg(index_tensors_arg, "index_tensors", "a list of tensor names");
+          std::vector<std::string> index_tensors;
+          for (size_t i = 0; i < tensor_items.size(); ++i)
+            index_tensors.push_back(text_arg(tensor_items[i], ("index_tensors[" + std::to_string(i) + "]").c_str()));
+          std::vector<uint32_t> index_files;
+          for (uintptr_t f : addresses(index_files_arg, "index_files")) {
+            if (f >= files.size())
+              throw InvalidArgument("read_catalog: index_files names file " + std::to_string(f) + " of " +
+                                    std::to_string(files.size()));
+            index_files.push_back(static_cast<uint32_t>(f));
+          }
+          load::Catalog c;
+          {
+            ferry::python::GilRelease unlocked;
+            c = load::read_catalog(files, index_tensors, index_files);
+          }
+          nb::list names, dtypes, shapes;
+          nb::str dtype_names[static_cast<size_t>(load::Dtype::count_)];
+          for (size_t d = 0; d < static_cast<size_t>(load::Dtype::count_); ++d)
+            dtype_names[d] = nb::str(load::dtype_name(static_cast<load::Dtype>(d)));
+          for (size_t i = 0; i < c.size(); ++i) {
+            names.append(fs_str(c.names[i]));
+            dtypes.append(dtype_names[static_cast<size_t>(c.dtype[i])]);
+            nb::tuple shape = nb::steal<nb::tuple>(PyTuple_New(c.shape_at[i + 1] - c.shape_at[i]));
+            for (uint32_t k = c.shape_at[i]; k < c.shape_at[i + 1]; ++k)
+              PyTuple_SET_ITEM(shape.ptr(), k - c.shape_at[i], PyLong_FromUnsignedLongLong(c.shape[k]));
+            shapes.append(shape);
+          }
+          nb::dict d;
+          d["names"] = names;
+          d["file"] = c.file;
+          d["dtype"] = dtypes;
+          d["shape"] = shapes;
+          d["offset"] = c.offset;
+          d["nbytes"] = c.bytes;
+          return d;
+        },
+        "files"_a.none(), "index_tensors"_a.none(), "index_files"_a.none(),
+        "Every tensor of the files as columns {names, file, dtype, shape, offset (from the file's start), nbytes}, "
+        "checked: headers, unique names, the index (index_tensors[k] in files[index_files[k]]).");
 
   nb::class_<cuda::Loader>(m, "Loader")
       .def("__init__",
-           [](cuda::Loader* l, int device, nb::handle staging_bytes, nb::handle slot_bytes, nb::handle threads,
-              nb::handle direct_io, nb::handle mapped_share, nb::handle progress) {
-             cuda::LoaderOptions o = cuda::LoaderOptions::from_environment(device);
-             if (!staging_bytes.is_none()) o.staging_bytes = nb::cast<size_t>(staging_bytes);
-             if (!slot_bytes.is_none()) o.slot_bytes = nb::cast<size_t>(slot_bytes);
-             if (!threads.is_none()) o.threads = nb::cast<int>(threads);
-             if (!direct_io.is_none()) o.direct_io = load::parse_direct_io(nb::cast<std::string>(direct_io));
-             if (!mapped_share.is_none()) o.mapped_share = nb::cast<double>(mapped_share);
+           [](cuda::Loader* l, nb::handle device, nb::handle staging_bytes, nb::handle slot_bytes, nb::handle threads,
+              nb::handle direct_io, nb::handle progress) {
+             cuda::LoaderOptions o = cuda::LoaderOptions::from_environment(int_arg<int>(device, "device", 0, INT32_MAX));
+             if (!staging_bytes.is_none()) o.staging_bytes = size_arg(staging_bytes, "staging_bytes");
+             if (!slot_bytes.is_none()) o.slot_bytes = size_arg(slot_bytes, "slot_bytes");
+             if (!threads.is_none()) o.threads = int_arg<int>(threads, "threads", 0, static_cast<int>(kMaxThreads));
+             if (!direct_io.is_none()) o.direct_io = load::parse_direct_io(str_arg(direct_io, "direct_io"));
              o.progress = progress_of(progress);
              ferry::python::GilRelease unlocked;
              new (l) cuda::Loader(o);
            },
-           "device"_a = 0, "staging_bytes"_a = nb::none(), "slot_bytes"_a = nb::none(), "threads"_a = nb::none(),
-           "direct_io"_a = nb::none(), "mapped_share"_a = nb::none(), "progress"_a = nb::none())
+           "device"_a.none() = 0, "staging_bytes"_a.none() = nb::none(), "slot_bytes"_a.none() = nb::none(),
+           "threads"_a.none() = nb::none(), "direct_io"_a.none() = nb::none(), "progress"_a.none() = nb::none())
       .def("load",
-           [](cuda::Loader& l, std::vector<std::string> files, std::vector<uint32_t> file_index,
-              std::vector<uint64_t> offsets, std::vector<uint64_t> sizes, std::vector<uintptr_t> dsts,
-              uintptr_t stream) {
+           [](cuda::Loader& l, nb::handle files_arg, nb::handle file_index_arg, nb::handle offsets_arg,
+              nb::handle sizes_arg, nb::handle dsts_arg, nb::handle stream_arg) {
+             nb::list file_items = items_arg(files_arg, "files", "a list of paths");
+             std::vector<std::string> files;
+             for (size_t i = 0; i < file_items.size(); ++i)
+               files.push_back(path_arg(file_items[i], ("files[" + std::to_string(i) + "]").c_str()));
+             const std::vector<uintptr_t> file_index = addresses(file_index_arg, "file_index"),
+                                          offsets = addresses(offsets_arg, "offsets"),
+                                          sizes = addresses(sizes_arg, "sizes"), dsts = addresses(dsts_arg, "dsts");
+             const uintptr_t stream = int_arg<uintptr_t>(stream_arg, "stream");
              if (file_index.size() != offsets.size() || offsets.size() != sizes.size() || sizes.size() != dsts.size())
                throw InvalidArgument("load: file_index, offsets, sizes and dsts must have the same length");
              std::vector<load::FileRange> ranges(sizes.size());
-             for (size_t i = 0; i < ranges.size(); ++i) ranges[i] = {file_index[i], offsets[i], sizes[i], dsts[i]};
+             for (size_t i = 0; i < ranges.size(); ++i) {
+               if (file_index[i] >= files.size())
+                 throw InvalidArgument("file_index[" + std::to_string(i) + "]=" + std::to_string(file_index[i]) +
+                                       ": there are " + std::to_string(files.size()) + " files");
+               ranges[i] = {static_cast<uint32_t>(file_index[i]), offsets[i], sizes[i], dsts[i]};
+             }
              cuda::LoadStats st;
              {
                ferry::python::GilRelease unlocked;
@@ -125,13 +224,13 @@ void bind_load(nb::module_& m) {
              }
              return stats_dict(st);
            },
-           "files"_a, "file_index"_a, "offsets"_a, "sizes"_a, "dsts"_a, "stream"_a = 0)
+           "files"_a.none(), "file_index"_a.none(), "offsets"_a.none(), "sizes"_a.none(), "dsts"_a.none(),
+           "stream"_a.none() = 0)
       .def_prop_ro("device", [](const cuda::Loader& l) { return l.options().device; })
       .def_prop_ro("staging_bytes", [](const cuda::Loader& l) { return l.options().staging_bytes; })
       .def_prop_ro("slot_bytes", [](const cuda::Loader& l) { return l.options().slot_bytes; })
       .def_prop_ro("threads", [](const cuda::Loader& l) { return l.options().threads; })
-      .def_prop_ro("direct_io", [](const cuda::Loader& l) { return std::string(load::direct_io_name(l.options().direct_io)); })
-      .def_prop_ro("mapped_share", [](const cuda::Loader& l) { return l.options().mapped_share; });
+      .def_prop_ro("direct_io", [](const cuda::Loader& l) { return std::string(load::direct_io_name(l.options().direct_io)); });
 }
 
 }  // namespace ferry::python

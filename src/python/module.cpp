@@ -12,6 +12,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <memory>
+#include <typeinfo>
 
 #include "core/error.h"
 #include "core/fault.h"
@@ -271,12 +272,26 @@ NB_MODULE(_ferry, m) {
   // nanobind would report those as reference leaks of the bindings.
   nb::set_leak_warnings(false);
 
+  // ferry::Error -> its ferry.errors class. A message may hold bytes that are
+  // not UTF-8 (a file name as the OS spelled it): they appear as \xNN escapes,
+  // never as a UnicodeDecodeError in place of the error.
+  // The last resort for a conversion that no checked argument (args.h) caught:
+  // nanobind's std::bad_cast (a cast_error) becomes InvalidArgumentError, not
+  // "RuntimeError: std::bad_cast".
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    auto raise = [](const char* cls_name, const std::string& text) {
+      nb::object cls = nb::module_::import_("ferry.errors").attr(cls_name);
+      PyObject* msg = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace");
+      if (!msg) return;  // the decoding error stays set
+      PyErr_SetObject(cls.ptr(), msg);
+      Py_DECREF(msg);
+    };
     try {
       std::rethrow_exception(p);
     } catch (const ferry::Error& e) {
-      nb::object cls = nb::module_::import_("ferry.errors").attr(error_class(e.status()));
-      PyErr_SetString(cls.ptr(), e.what());
+      raise(error_class(e.status()), e.what());
+    } catch (const std::bad_cast&) {
+      raise("InvalidArgumentError", "an argument has the wrong type (see the function's documentation)");
     }
   });
 

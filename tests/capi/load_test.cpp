@@ -26,7 +26,7 @@ TEST(CApiLoader, DefaultsComeFromTheOptions) {
   EXPECT_EQ(o.slot_bytes, size_t{16} << 20);
   EXPECT_EQ(o.threads, 0);
   EXPECT_EQ(o.direct_io, FERRY_DIRECT_IO_AUTO);
-  EXPECT_EQ(o.mapped_share, 0.0);
+  EXPECT_EQ(o.retired_mapped_share, 0.0);
   EXPECT_EQ(o.progress, -1);
   EXPECT_EQ(ferry_loader_options_init(nullptr), FERRY_ERROR_INVALID_ARGUMENT);
 }
@@ -45,7 +45,7 @@ TEST(CApiLoader, BadArgumentsAreNamed) {
       {[](ferry_loader_options_t& o) { o.slot_bytes = 5000; }, "slot_bytes=5000"},
       {[](ferry_loader_options_t& o) { o.slot_bytes = 0; }, "slot_bytes=0"},
       {[](ferry_loader_options_t& o) { o.staging_bytes = o.slot_bytes; }, "fewer than 2 slots"},
-      {[](ferry_loader_options_t& o) { o.mapped_share = 1.5; }, "mapped_share=1.5"},
+      {[](ferry_loader_options_t& o) { o.retired_mapped_share = 0.5; }, "the mapped share was removed in API 1.3"},
       {[](ferry_loader_options_t& o) { o.threads = -1; }, "threads=-1"},
       {[](ferry_loader_options_t& o) { o.direct_io = static_cast<ferry_direct_io_t>(7); }, "direct_io=7"},
   };
@@ -68,7 +68,7 @@ TEST(CApiLoader, OptionsFollowTheStructSizeRule) {
     size_t struct_size, staging_bytes, slot_bytes;
     int threads;
     ferry_direct_io_t direct_io;
-    double mapped_share;
+    double retired_mapped_share;
   };
   static_assert(sizeof(OldOptions) == offsetof(ferry_loader_options_t, progress));
   unsigned char raw[sizeof(OldOptions) + 64];

@@ -1,8 +1,7 @@
 // load_pipeline_test.cpp — the loader's threads with host memory as the
 // destination (HostTarget), on real files: random files and ranges at odd
 // offsets and sizes into poisoned buffers, with 1..8 readers, 1..8 slots,
-// buffered / O_DIRECT / automatic reads, mapped shares from 0 to 1 and a
-// target that refuses mappings. Errors: a file that shrank after it was
+// buffered / O_DIRECT / automatic reads. Errors: a file that shrank after it was
 // opened (a short read), a read error (EBADF from a descriptor swapped under
 // the FileSet), a missing file, a directory; each names the file and the
 // range, and the same worker pool runs the next load.
@@ -61,12 +60,11 @@ Load random_load(const Files& f, std::mt19937_64& rng, int count) {
 }
 
 PipelineStats run(const Files& f, const Load& l, HostTarget& target, WorkerPool& pool, DirectIo direct,
-                  int threads, double share, uint64_t window) {
-  FileSet files(f.paths, direct, share > 0);
+                  int threads, uint64_t window) {
+  FileSet files(f.paths, direct);
   ReadPlan plan = plan_reads(l.ranges, files.sizes(), files.names(), PlanOptions{window, 64 * KiB});
   PipelineOptions o;
   o.threads = threads;
-  o.mapped_share = share;
   return run_pipeline(plan, files, target, pool, o);
 }
 
@@ -81,59 +79,26 @@ TEST(LoadPipeline, RandomLoadsArriveIntact) {
     int threads, slots;
     uint64_t slot_bytes;
     DirectIo direct;
-    double share;
-    bool refuse;
   } configs[] = {
-      {1, 1, 64 * KiB, DirectIo::never, 0, false},     {4, 2, 256 * KiB, DirectIo::never, 0, false},
-      {8, 8, 1 * MiB, DirectIo::always, 0, false},     {3, 5, 128 * KiB, DirectIo::automatic, 0, false},
-      {4, 4, 256 * KiB, DirectIo::never, 0.5, false},  {2, 3, 64 * KiB, DirectIo::never, 1.0, false},
-      {4, 2, 64 * KiB, DirectIo::never, 0.7, true},    {8, 2, 512 * KiB, DirectIo::always, 0.5, false},
+      {1, 1, 64 * KiB, DirectIo::never},   {4, 2, 256 * KiB, DirectIo::never},  {8, 8, 1 * MiB, DirectIo::always},
+      {3, 5, 128 * KiB, DirectIo::automatic}, {4, 4, 256 * KiB, DirectIo::never}, {2, 3, 64 * KiB, DirectIo::never},
+      {8, 2, 512 * KiB, DirectIo::always},
   };
   for (const Config& c : configs) {
     for (int round = 0; round < 6; ++round) {
       HostTarget target(static_cast<size_t>(c.slots), c.slot_bytes);
-      target.refuse_maps = c.refuse;
       Load l = random_load(f, rng, 1 + static_cast<int>(rng() % 30));
-      PipelineStats st = run(f, l, target, pool, c.direct, c.threads, c.share, c.slot_bytes);
+      PipelineStats st = run(f, l, target, pool, c.direct, c.threads, c.slot_bytes);
       ASSERT_EQ(l.dst, l.expected) << "threads " << c.threads << " slots " << c.slots << " direct "
-                                   << direct_io_name(c.direct) << " share " << c.share;
-      EXPECT_EQ(st.staged_bytes + st.mapped_bytes, st.read_bytes);
+                                   << direct_io_name(c.direct);
+      EXPECT_EQ(st.staged_bytes, st.read_bytes);
       if (c.direct == DirectIo::always) {
         EXPECT_EQ(st.direct_reads, st.reads);
       }
       if (c.direct == DirectIo::never) {
         EXPECT_EQ(st.direct_reads, 0u);
       }
-      if (c.refuse) {
-        EXPECT_EQ(st.mapped_bytes, 0u);
-      }
-      if (c.share == 1.0 && !c.refuse) {
-        EXPECT_EQ(st.staged_bytes, 0u);
-      }
-      if (c.refuse && st.read_bytes > 0 && c.share > 0) {
-        bool noted = false;
-        for (auto& n : st.notes) noted |= n.find("mapped reads refused") != std::string::npos;
-        EXPECT_TRUE(noted);
-      }
     }
-  }
-}
-
-TEST(LoadPipeline, MappedShareSplitsTheBytes) {
-  std::mt19937_64 rng(5);
-  Files f;
-  ASSERT_TRUE(f.ok());
-  f.add(8 * MiB, rng);
-  WorkerPool pool(3);
-  HostTarget target(4, 1 * MiB);
-  Load l;
-  l.dst.assign(8 * MiB, 0);
-  l.ranges.push_back({0, 0, 8 * MiB, reinterpret_cast<uintptr_t>(l.dst.data())});
-  for (double share : {0.0, 0.25, 0.5, 1.0}) {
-    std::fill(l.dst.begin(), l.dst.end(), 0x5A);
-    PipelineStats st = run(f, l, target, pool, DirectIo::never, 2, share, 1 * MiB);
-    EXPECT_EQ(st.mapped_bytes, static_cast<uint64_t>(share * 8) * MiB) << share;
-    EXPECT_EQ(l.dst, f.data[0]);
   }
 }
 
@@ -142,7 +107,7 @@ TEST(LoadPipeline, AutomaticModeReadsCachedFilesThroughThePageCache) {
   Files f;
   ASSERT_TRUE(f.ok());
   f.add(2 * MiB, rng);  // just written: in the page cache
-  FileSet files(f.paths, DirectIo::automatic, false);
+  FileSet files(f.paths, DirectIo::automatic);
   EXPECT_EQ(files[0].direct_fd, -1);
   EXPECT_GT(files[0].cached_share, 0.5);
 }
@@ -154,14 +119,14 @@ TEST(LoadPipeline, ODirectRefusedByTheFileSystemFallsBackToBufferedReads) {
   Files f("/dev/shm");
   if (!f.ok()) GTEST_SKIP() << "cannot create a directory in /dev/shm";
   f.add(300 * KiB + 5, rng);
-  FileSet files(f.paths, DirectIo::always, false);
+  FileSet files(f.paths, DirectIo::always);
   if (files[0].direct_fd >= 0) GTEST_SKIP() << "this /dev/shm accepts O_DIRECT";
   ASSERT_EQ(files.notes().size(), 1u);
   EXPECT_NE(files.notes()[0].find("refuses O_DIRECT"), std::string::npos);
   WorkerPool pool(2);
   HostTarget target(2, 128 * KiB);
   Load l = random_load(f, rng, 10);
-  PipelineStats s = run(f, l, target, pool, DirectIo::always, 2, 0, 128 * KiB);
+  PipelineStats s = run(f, l, target, pool, DirectIo::always, 2, 128 * KiB);
   EXPECT_EQ(l.dst, l.expected);
   EXPECT_EQ(s.direct_reads, 0u);
 }
@@ -178,7 +143,7 @@ TEST(LoadPipeline, AShortReadFailsTheLoadNamingFileAndRange) {
     std::vector<uint8_t> dst(3 * MiB + 100);
     std::vector<FileRange> ranges{{0, 0, MiB, reinterpret_cast<uintptr_t>(dst.data())},
                                   {1, 0, 2 * MiB + 100, reinterpret_cast<uintptr_t>(dst.data()) + MiB}};
-    FileSet files(f.paths, direct, false);
+    FileSet files(f.paths, direct);
     ReadPlan plan = plan_reads(ranges, files.sizes(), files.names(), PlanOptions{256 * KiB, 64 * KiB});
     ASSERT_EQ(truncate(f.paths[1].c_str(), static_cast<off_t>(MiB + 10)), 0);  // shrinks after fstat
     PipelineOptions o;
@@ -189,7 +154,7 @@ TEST(LoadPipeline, AShortReadFailsTheLoadNamingFileAndRange) {
     // Restore the file: the pool runs the next load.
     std::ofstream(f.paths[1], std::ios::binary)
         .write(reinterpret_cast<const char*>(f.data[1].data()), static_cast<std::streamsize>(f.data[1].size()));
-    FileSet again(f.paths, direct, false);
+    FileSet again(f.paths, direct);
     std::fill(dst.begin(), dst.end(), 0);
     run_pipeline(plan, again, target, pool, o);
     EXPECT_TRUE(std::equal(f.data[0].begin(), f.data[0].end(), dst.begin()));
@@ -206,7 +171,7 @@ TEST(LoadPipeline, AReadErrorFailsTheLoadNamingFileAndRange) {
   HostTarget target(2, 64 * KiB);
   std::vector<uint8_t> dst(600 * KiB);
   std::vector<FileRange> ranges{{0, 0, 600 * KiB, reinterpret_cast<uintptr_t>(dst.data())}};
-  FileSet files(f.paths, DirectIo::never, false);
+  FileSet files(f.paths, DirectIo::never);
   ReadPlan plan = plan_reads(ranges, files.sizes(), files.names(), PlanOptions{64 * KiB, 64 * KiB});
   // A real failing pread: the FileSet's descriptor now refers to a file
   // opened write-only (EBADF on read).
@@ -227,11 +192,11 @@ TEST(LoadPipeline, OpeningRefusesMissingFilesAndDirectories) {
   std::mt19937_64 rng(1);
   f.add(10, rng);
   std::vector<std::string> missing{f.paths[0], f.paths[0] + ".nope"};
-  std::string msg = error_of([&] { FileSet s(missing, DirectIo::never, true); });
+  std::string msg = error_of([&] { FileSet s(missing, DirectIo::never); });
   EXPECT_NE(msg.find("open '" + missing[1] + "' failed"), std::string::npos) << msg;
   std::string dir = f.paths[0].substr(0, f.paths[0].rfind('/'));
   std::vector<std::string> dirs{dir};
-  msg = error_of([&] { FileSet s(dirs, DirectIo::never, false); });
+  msg = error_of([&] { FileSet s(dirs, DirectIo::never); });
   EXPECT_NE(msg.find(dir + ": not a regular file"), std::string::npos) << msg;
 }
 
@@ -244,15 +209,15 @@ TEST(LoadPipeline, RefusesAPlanThatDoesNotFitTheSlots) {
   HostTarget target(2, 64 * KiB);
   std::vector<uint8_t> dst(MiB);
   std::vector<FileRange> ranges{{0, 0, MiB, reinterpret_cast<uintptr_t>(dst.data())}};
-  FileSet files(f.paths, DirectIo::never, false);
+  FileSet files(f.paths, DirectIo::never);
   ReadPlan plan = plan_reads(ranges, files.sizes(), files.names(), PlanOptions{1 * MiB, 64 * KiB});
   PipelineOptions o;
   std::string msg = error_of([&] { run_pipeline(plan, files, target, pool, o); });
   EXPECT_NE(msg.find("does not fit a 64 KiB staging slot"), std::string::npos) << msg;
-  o.mapped_share = 1.5;
+  o.threads = 0;
   plan = plan_reads(ranges, files.sizes(), files.names(), PlanOptions{64 * KiB, 64 * KiB});
   msg = error_of([&] { run_pipeline(plan, files, target, pool, o); });
-  EXPECT_NE(msg.find("mapped_share=1.5"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("threads=0"), std::string::npos) << msg;
   EXPECT_EQ(parse_direct_io("auto"), DirectIo::automatic);
   EXPECT_THROW(parse_direct_io("sometimes"), InvalidArgument);
 }

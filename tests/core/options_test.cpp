@@ -3,10 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <set>
 #include <string>
 
 #include "core/error.h"
+#include "pool/pool.h"
 
 namespace ferry {
 namespace {
@@ -102,6 +104,53 @@ TEST(Errors, OsErrorCarriesErrnoAndMapsEnomemToOutOfMemory) {
   EXPECT_EQ(e.status(), FERRY_ERROR_OUT_OF_MEMORY);
   EXPECT_NE(std::string(e.what()).find("mmap(64 MiB) failed"), std::string::npos);
   EXPECT_EQ(OsError("madvise", EINVAL).status(), FERRY_ERROR_OS);
+}
+
+// Issue 21, item 8: FERRY_CHUNK_SIZE=0, 3 and 2**64-1 passed the option table
+// (ferry.check_options()) and were refused only by Pool(). One check serves both.
+TEST(Options, ChunkSizesThatThePoolRefusesTheTableRefusesToo) {
+  for (const char* v : {"0", "3", "18446744073709551615", "1MiB", "3MiB", "256TiB"}) {
+    const std::string e = error_of({{"FERRY_CHUNK_SIZE", v}});
+    EXPECT_NE(e.find("FERRY_CHUNK_SIZE='"), std::string::npos) << v << ": " << e;
+    EXPECT_NE(e.find("multiple of 2 MiB"), std::string::npos) << v << ": " << e;
+  }
+  for (const char* v : {"2MiB", "64MiB", "1GiB"}) {
+    const Options o = Options::parse({{"FERRY_CHUNK_SIZE", v}});
+    EXPECT_NO_THROW(PoolOptions::from_options(o).validate()) << v;
+  }
+}
+
+// The garbage-value sweep of every FERRY_* option (issue 21): negative, huge,
+// non-numeric, empty, a directory, a device. Each value is refused with an
+// InvalidArgument naming the option, or accepted; an accepted value must also
+// pass the pool's own check (the two never disagree) and never crash.
+TEST(Options, EveryOptionRefusesGarbageOrTheConsumersAcceptIt) {
+  const char* garbage[] = {"-1", "-9223372036854775809", "99999999999999999999999", "18446744073709551616",
+                           "abc", "", " ", "/tmp", "/dev/zero", "1e3", "0x10", "12abc", "\xff\xfe"};
+  int refused = 0;
+  for (const OptionSpec& spec : option_table()) {
+    for (const char* v : garbage) {
+      std::optional<Options> o;
+      try {
+        o = Options::parse({{spec.name, v}});
+      } catch (const InvalidArgument& e) {
+        ++refused;
+        EXPECT_NE(std::string(e.what()).find(spec.name), std::string::npos) << spec.name << "='" << v << "': " << e.what();
+        continue;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << spec.name << "='" << v << "': not an InvalidArgument: " << e.what();
+        continue;
+      }
+      if (spec.type == OptionType::size || spec.type == OptionType::integer || spec.type == OptionType::boolean)
+        ADD_FAILURE() << spec.name << "='" << v << "' was accepted";
+      try {
+        PoolOptions::from_options(*o).validate();
+      } catch (const Error& e) {
+        ADD_FAILURE() << spec.name << "='" << v << "': accepted by the table, refused by the pool: " << e.what();
+      }
+    }
+  }
+  EXPECT_GT(refused, 0);
 }
 
 }  // namespace

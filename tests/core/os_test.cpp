@@ -5,6 +5,7 @@
 // and PCI readers on this machine's sysfs.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,6 +19,7 @@
 
 #include "core/fault.h"
 #include "os/affinity.h"
+#include "os/file.h"
 #include "os/memory.h"
 #include "os/smaps.h"
 #include "os/sysfs.h"
@@ -430,6 +432,31 @@ TEST(Affinity, BindingAThreadRestrictsItAndOnlyIt) {
   EXPECT_EQ(bind_thread_to_cpus({kMaxCpuId + 1}), EINVAL);
   ASSERT_EQ(thread_cpus(&after), 0);
   EXPECT_EQ(after, before) << "a refused binding changed this thread";
+}
+
+// Issue 21, items 2 and 4: files read by name are bounded and must be regular.
+// /dev/zero (read only, never written) was read without end; a FIFO made
+// open() wait for a writer for ever.
+TEST_F(Os, FilesReadByNameMustBeRegularAndAreNeverWaitedOn) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("ferry-os-test-" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  const std::string fifo = dir + "/f.fifo", file = dir + "/small.txt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::ofstream(file) << std::string(100, 'x');
+  std::string out = "unchanged";
+  EXPECT_EQ(read_file("/dev/zero", &out, 4096), EINVAL);
+  EXPECT_EQ(read_file(fifo.c_str(), &out, 4096), EINVAL);
+  EXPECT_EQ(read_file(dir.c_str(), &out, 4096), EISDIR);
+  EXPECT_EQ(read_file(file.c_str(), &out, 99), E2BIG);
+  EXPECT_EQ(out, "unchanged");
+  EXPECT_EQ(read_file(file.c_str(), &out, 100), 0);
+  EXPECT_EQ(out, std::string(100, 'x'));
+  int fd = -1;
+  ASSERT_EQ(open_for_reading(fifo.c_str(), false, &fd), 0);  // at once, not when a writer comes
+  uint64_t bytes = 0;
+  EXPECT_EQ(regular_file_size(fd, &bytes), EINVAL);
+  close_fd(fd);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

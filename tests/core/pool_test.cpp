@@ -967,7 +967,7 @@ TEST_F(PoolTest, OptionsFromTheEnvironmentTable) {
   EXPECT_TRUE(o.zero_recycled);
   for (const auto& [name, value, message] :
        std::vector<std::tuple<const char*, const char*, const char*>>{
-           {"FERRY_CHUNK_SIZE", "3MiB", "FERRY_CHUNK_SIZE=3145728 (3 MiB): expected a nonzero multiple of 2 MiB"},
+           {"FERRY_CHUNK_SIZE", "3MiB", "FERRY_CHUNK_SIZE='3MiB': expected a nonzero multiple of 2 MiB"},
            {"FERRY_TOUCH_THREADS", "-2", "FERRY_TOUCH_THREADS='-2'"},
            {"FERRY_RELEASE_DELAY_MS", "-1", "FERRY_RELEASE_DELAY_MS='-1'"},
            {"FERRY_HUGE_PAGES", "maybe", "maybe"}}) {

@@ -6,6 +6,7 @@
 #include "load/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -269,7 +270,30 @@ TEST(Safetensors, ReadsARealFile) {
     EXPECT_NE(std::string(e.what()).find("missing.safetensors"), std::string::npos);
     EXPECT_EQ(e.error_number(), ENOENT);
   }
-  EXPECT_THROW(read_safetensors_header(dir.dir()), OsError);  // a directory
+  EXPECT_THROW(read_safetensors_header(dir.dir()), InvalidArgument);  // a directory: not a regular file
+}
+
+// Issue 21, item 4: a FIFO among a checkpoint's files hung the load in open().
+TEST(Safetensors, AFifoIsRefusedAtOnceNotWaitedOn) {
+  test_support::TempFiles dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string fifo = dir.dir() + "/model.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    read_safetensors_header(fifo);
+    ADD_FAILURE() << "a FIFO was read";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(fifo + ": not a regular file"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 21, item 7: a 99 MB number in data_offsets made a 99 MB message.
+TEST(Safetensors, AHugeNumberIsQuotedCutShort) {
+  const std::string digits(1'000'000, '9');
+  const std::string h = "{\"w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0," + digits + "]}}";
+  const std::string e = error_of(make_file(h, 1));
+  EXPECT_NE(e.find("data_offsets"), std::string::npos) << e.substr(0, 300);
+  EXPECT_LT(e.size(), 400u) << e.substr(0, 300);
 }
 
 TEST(ShardIndex, ParsesTheWeightMap) {

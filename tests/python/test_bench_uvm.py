@@ -123,5 +123,12 @@ def test_the_parent_runs_each_configuration_in_its_own_child(monkeypatch, tmp_pa
     assert "[bench] uvm: 5M nodes, device (2/5) ..." in captured.err
     assert len(calls) == 1 + 5 and all("--epochs" in c for c in calls[1:])
     data = json.loads(out.read_text())
-    assert data["suite"] == "uvm" and len(data["results"]["rows"]) == 5
-    assert data["results"]["skipped"][0]["nodes"] == 15_000_000
+    assert set(data["suites"]) == {"uvm"} and all(r["suite"] == "uvm" for r in data["records"])
+    runs = [r for r in data["records"] if r["params"].get("nodes") == 5_000_000 and "setup" not in r["params"]]
+    assert {r["case"] for r in runs if r["metric"] in ("epoch_time", "error")} == {
+        "pytorch", "device", "managed", "managed+prefetch", "managed_pool+prefetch"}
+    pool = next(r for r in runs if r["case"] == "managed_pool+prefetch" and r["metric"] == "epoch_time")
+    assert pool["ratio"] == pytest.approx(1.1) and pool["params"]["baseline_case"] == "pytorch"
+    assert next(r for r in runs if r["case"] == "managed")["value"] == "timed out after 5 s"
+    skipped = [r for r in data["records"] if r["metric"] == "state"]
+    assert [(r["params"]["nodes"], r["value"]) for r in skipped] == [(15_000_000, "Skipped")]

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import ferry
 
 
@@ -110,3 +112,35 @@ def test_readme_lists_every_option_with_its_default():
     rows = dict(re.findall(r"^\| `(FERRY_[A-Z_]+)` \| `([^`]*)` \|", readme.read_text(), re.M))
     table = {name: (default or "(empty)") for name, default, _ in ferry.option_table()}
     assert rows == table, "README's option table is out of date: run `ferry options --markdown`"
+
+
+# ---- issue 21, item 9 -------------------------------------------------------------
+
+
+def test_doctor_json_into_a_closed_pipe_ends_quietly():
+    # `ferry doctor --json | head -c 1`: the reader leaves after one byte.
+    p = subprocess.Popen([sys.executable, "-m", "ferry", "doctor", "--quick", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.read(1)
+    p.stdout.close()
+    _, err = p.communicate(timeout=300)
+    assert first == b"{"
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+    assert p.returncode in (0, 141), err.decode()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["copy", "--sizes", "garbage"], "--sizes"),
+    (["copy", "--sizes", ""], "--sizes"),
+    (["copy", "--iterations", "0"], "--iterations"),
+    (["copy", "--directions", "up"], "--directions"),
+    (["copy", "--sweep-sizes", "1Q"], "--sweep-sizes"),
+    (["load", "--layers", "-1"], "--layers"),
+    (["load", "--shards", "0"], "--shards"),
+    (["load", "--staging", "lots"], "--staging"),
+])
+def test_bench_checks_its_flags_before_the_waiver(argv, flag):
+    # A typo is caught on any machine, not hidden behind "waived: needs a CUDA device".
+    r = subprocess.run([sys.executable, "-m", "ferry", "bench", *argv], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert flag in r.stderr and "waived" not in r.stdout

@@ -242,6 +242,31 @@ def test_sigkilled_worker_is_named_not_a_hang():
     assert "pid" in r.stdout
 
 
+def test_ctrl_c_stops_the_workers_and_frees_every_slot():
+    code = textwrap.dedent("""
+        import gc, os, signal, sys, time, torch, ferry.torch as ft, dataloader_cases as cases
+        loader = ft.DataLoader(cases.Frames(10**6, shape=(64, 64)), batch_size=4, num_workers=2)
+        it = iter(loader)
+        workers = list(it._workers)
+        try:
+            for i, _ in enumerate(it):
+                if i == 5:
+                    os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C would
+                    time.sleep(5)
+        except KeyboardInterrupt:
+            pass
+        del it, _
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while any(w.is_alive() for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        s = loader.slot_stats()
+        print("ALIVE", sum(w.is_alive() for w in workers), "LOST", s["slots"] - s["free"] - s["held"])
+        """)
+    r = _run(code, timeout=90)
+    assert "ALIVE 0 LOST 0" in r.stdout, r.stdout + r.stderr
+
+
 def test_small_dev_shm_fails_pytorch_not_ferry():
     """Docker's 64 MB /dev/shm, scaled down: a private 1 MiB tmpfs over /dev/shm
     (in a mount namespace of its own), 2 MB batches. PyTorch's workers put each
@@ -337,3 +362,18 @@ def test_device_batches_are_ordered_on_the_current_stream():
     torch.cuda.synchronize()
     expected = sum(ds[i][0].double().sum() for i in range(64))
     assert torch.isclose(total.cpu(), expected.to(torch.float64))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batches", "garbage"], "--batches: bad batch"),
+    (["--batches", "uint8:0x3"], "--batches: bad batch"),
+    (["--workers", "0"], "--workers"),
+    (["--workers", "x"], "--workers"),
+    (["--seconds", "0"], "--seconds"),
+])
+def test_bench_dataloader_checks_arguments_first(args, message):
+    """A typo is caught on any machine, before the 'needs a CUDA device' waiver."""
+    r = subprocess.run([sys.executable, "-m", "ferry", "bench", "dataloader", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr

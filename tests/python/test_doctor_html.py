@@ -5,12 +5,17 @@ installs chromium); the builder on a synthetic two-GPU report (the GPU plots run
 here too), with hostile strings escaped and without matplotlib."""
 
 import base64
+import errno
 import html.parser
 import os
 import re
 import shutil
+import socket
+import stat
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -353,3 +358,90 @@ def test_write_is_atomic_and_keeps_the_mode(tmp_path):
         html_report.write(synthetic_report(), tmp_path / "missing" / "r.html")
     assert html_report.unwritable(tmp_path / "missing" / "r.html")
     assert html_report.unwritable(tmp_path) and html_report.unwritable(out) is None
+
+
+# ---- what is at the path: regular files are replaced, nothing else is (issue 21) ----
+
+
+def test_write_into_a_private_character_device_keeps_the_node(tmp_path):
+    # A private node in a temporary folder (never a path under /dev: as root, a bug
+    # here would replace the system's device). 1:3 is the null device.
+    node = tmp_path / "null"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("mknod needs CAP_MKNOD")
+    try:
+        written = html_report.write(synthetic_report(), node)
+    except OSError as e:  # a folder mounted nodev cannot open the node: refused, never replaced
+        assert "null" in str(e) or e.errno in (errno.EACCES, errno.EPERM)
+    else:
+        assert written == str(node)
+    assert stat.S_ISCHR(os.lstat(node).st_mode) and os.lstat(node).st_rdev == os.makedev(1, 3)
+    assert os.listdir(tmp_path) == ["null"]
+
+
+def test_write_into_a_fifo_with_a_reader_keeps_the_fifo(tmp_path):
+    fifo = tmp_path / "page.fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 10
+    while True:  # the reader's open() is under way once the FIFO has a reader
+        try:
+            html_report.write(synthetic_report(), fifo)
+            break
+        except OSError as e:
+            assert "no reader" in str(e) and time.monotonic() < deadline
+            time.sleep(0.01)
+    reader.join(10)
+    assert got and got[0].startswith(b"<!DOCTYPE html>")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.listdir(tmp_path) == ["page.fifo"]
+
+
+def test_write_into_a_fifo_without_a_reader_fails_at_once(tmp_path):
+    fifo = tmp_path / "page.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="FIFO with no reader"):
+        html_report.write(synthetic_report(), fifo)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_write_refuses_an_empty_path_a_directory_and_a_socket(tmp_path):
+    sock_path = tmp_path / "s.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock_path))
+    try:
+        for bad, why in (("", "empty"), (tmp_path, "directory"), (sock_path, "socket")):
+            assert why in html_report.unwritable(bad)
+            with pytest.raises(OSError, match=why):
+                html_report.write(synthetic_report(), bad)
+        assert stat.S_ISSOCK(os.lstat(sock_path).st_mode)
+    finally:
+        s.close()
+
+
+def test_write_through_a_symlink_replaces_the_file_and_keeps_the_link(tmp_path):
+    target = tmp_path / "real.html"
+    target.write_text("old")
+    link = tmp_path / "link.html"
+    link.symlink_to(target)
+    assert html_report.write(synthetic_report(), link) == str(target)
+    assert link.is_symlink() and target.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize("kind", ["empty", "fifo"])
+def test_doctor_refuses_before_measuring(kind, tmp_path):
+    # "" was ignored silently; a FIFO without a reader is refused without a hang.
+    target = ""
+    if kind == "fifo":
+        target = str(tmp_path / "p.fifo")
+        os.mkfifo(target)
+    r = subprocess.run([sys.executable, "-m", "ferry", "doctor", "--quick", "--html", target],
+                       capture_output=True, text=True, timeout=120)
+    if kind == "empty":
+        assert r.returncode == 2 and "empty" in r.stderr and "[2/" not in r.stderr
+    else:
+        assert r.returncode == 1 and "no reader" in r.stderr
+        assert stat.S_ISFIFO(os.lstat(target).st_mode)

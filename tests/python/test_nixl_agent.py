@@ -363,7 +363,9 @@ def test_bench_nixl_host_memory_run(nixl_installed, tmp_path):
                     "--iters", "2", "--timeout", "60", "--json", str(out)])
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(out.read_text())
-    recs = doc["results"]["records"]
+    recs = doc["records"]
+    # ops, sizes, layouts, settings
+    assert set(doc["suites"]) == {"nixl"} and len(doc["details"]["nixl"]["rows"]) == 2 * 2 * 2 * 2
     assert {r["case"] for r in recs} == {f"{op} {size} {layout}" for op in ("read", "write")
                                          for size in ("64 KiB", "1 MiB") for layout in ("adjacent", "shuffled")}
     assert all(r["params"]["verified"] and r["value"] > 0 and r["baseline"] > 0 for r in recs)

@@ -15,6 +15,7 @@ import time
 
 from ..measure import median
 from ..units import GiB, KiB, MiB
+from .records import Records
 from .report import progress, table, write_json
 from .suite import Suite
 
@@ -102,6 +103,23 @@ def channel_calls(reps: int) -> list[list]:
             ["request after 5 ms idle (relaunch)", median(after_idle)]]
 
 
+def records(pools: list[list], regs: list[list], chans: list[list]) -> list[dict]:
+    """Median microseconds per call; registration rows compare ferry with
+    cudaHostRegister / cudaHostUnregister on the same memory (params: nbytes)."""
+    out = Records(ApiperfSuite.key)
+    for call, us in pools:
+        out.add(call, "time_median", us, "us", table="pool")
+    for call, ferry_us, cuda_us in regs:
+        verb, size = call.split(" ", 1)  # "register 64 KiB"
+        nbytes = int(size.split()[0]) * KiB
+        cuda = "cudaHostRegister" if verb == "register" else "cudaHostUnregister"
+        out.compare({"table": "registration", "nbytes": nbytes}, "time_median", "us",
+                    {f"ferry {verb}": ferry_us, cuda: cuda_us}, baseline=cuda)
+    for call, us in chans:
+        out.add(call, "time_median", us, "us", table="channel")
+    return out.items
+
+
 class ApiperfSuite(Suite):
     key = "apiperf"
     description = "the time of each API call (pool, registration, channel) beside CUDA's, like gdrcopy_apiperf"
@@ -122,7 +140,7 @@ class ApiperfSuite(Suite):
                     ["call", "ferry Median(us)", "cudaHost(Un)Register Median(us)"], regs))
         print()
         print(table("Channel calls", ["call", "Median(us)"], chans))
-        write_json(args.json, self.key, {"pool": pools, "registration": regs, "channel": chans})
+        write_json(args.json, self.key, records(pools, regs, chans))
         return 0
 
 

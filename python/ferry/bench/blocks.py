@@ -15,6 +15,7 @@ import sys
 
 from ..measure import median
 from ..units import KiB, parse_size
+from .records import Records
 from .report import progress, table, write_json
 from .suite import Suite
 
@@ -51,6 +52,20 @@ def measure(counts_sizes, iterations):
     return rows
 
 
+CASES = {"ferry_auto": "ferry batch auto", "ferry_ce": "ferry batch direct", "ferry_sm": "ferry batch sm",
+         "memcpy_loop": "cudaMemcpyAsync loop"}
+
+
+def records(rows: list[dict]) -> list[dict]:
+    """GB/s of each way of copying a batch, ferry's compared with the cudaMemcpyAsync loop."""
+    out = Records(BlocksSuite.key)
+    for r in rows:
+        out.compare({"blocks": r["blocks"], "block_bytes": r["block_bytes"], "direction": r["direction"]},
+                    "bandwidth", "GB/s", {case: r.get(key) for key, case in CASES.items()},
+                    baseline="cudaMemcpyAsync loop")
+    return out.items
+
+
 class BlocksSuite(Suite):
     key = "blocks"
     description = "many small scattered blocks, pinned pool <-> GPU: ferry's batch beside a cudaMemcpyAsync loop"
@@ -71,7 +86,7 @@ class BlocksSuite(Suite):
         print(table("Scattered blocks, pinned pool <-> device (GB/s)",
                     ["Blocks", "Size(KiB)", "dir", "ferry auto", "ferry CE", "ferry SM", "cudaMemcpyAsync loop",
                      "auto x loop"], out))
-        write_json(args.json, self.key, rows)
+        write_json(args.json, self.key, records(rows))
         return 0
 
 

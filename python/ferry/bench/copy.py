@@ -32,8 +32,9 @@ import sys
 from ..measure import HostBuffer, gbps
 from .. import _ferry
 from ..units import GiB, KiB, MiB, link_limit, parse_size_list
+from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite, Waived
+from .suite import Suite, Waived, choices_list, int_at_least, size_list, size_list_or_none
 
 
 def _torch_with_cuda() -> bool:
@@ -402,20 +403,65 @@ def plot(rows, path):
     progress(f"wrote {path}")
 
 
+# Case names in the records, by row key (measure's and python_sweep's rows).
+SWEEP_CASES = {"ferry_auto": "ferry.copy pageable", "ferry_pinned": "ferry.copy pinned",
+               "torch_pageable": "torch pageable", "torch_pinned": "torch pinned",
+               "cuda_pageable": "cudaMemcpy pageable"}
+SWEEP_BASELINES = {"ferry.copy pageable": "torch pageable", "ferry.copy pinned": "torch pinned"}
+ROW_CASES = {"ferry_auto": "ferry auto", "ferry_staged": "ferry staged", "ferry_pin-in-place": "ferry pin-in-place",
+             "ferry_hybrid": "ferry hybrid", "cuda_pageable": "cudaMemcpy pageable",
+             "cuda_pinned": "cudaMemcpyAsync pinned", "ferry_pinned": "ferry pinned",
+             "ferry_registered": "ferry registered", "torch_pageable": "torch pageable"}
+ROW_BASELINES = {"ferry auto": "cudaMemcpy pageable", "ferry staged": "cudaMemcpy pageable",
+                 "ferry pin-in-place": "cudaMemcpy pageable", "ferry hybrid": "cudaMemcpy pageable",
+                 "torch pageable": "cudaMemcpy pageable", "ferry pinned": "cudaMemcpyAsync pinned",
+                 "ferry registered": "cudaMemcpyAsync pinned"}
+
+
+def records(results: dict) -> list[dict]:
+    """The run's records (bench/records.py): GB/s per case. The sweep (params
+    table=sweep) compares ferry.copy with torch; the table by backing (table=
+    backings) compares ferry's strategies with cudaMemcpy on the same pageable
+    buffer and ferry on pinned or registered memory with cudaMemcpyAsync on
+    pinned memory; "link limit" is the link's theoretical GB/s per direction;
+    bidir figures are both directions together."""
+    out = Records(CopySuite.key)
+    for r in results.get("sweep") or []:
+        out.compare({"table": "sweep", "direction": r["direction"], "nbytes": r["nbytes"]}, "bandwidth", "GB/s",
+                    {case: r.get(key) for key, case in SWEEP_CASES.items()}, SWEEP_BASELINES)
+    for r in results.get("gpu_placement") or []:
+        for metric in ("numa_node", "crew_threads", "crew_cpus"):
+            out.add("engine placement", metric, r[metric], None, table="placement", gpu=r["gpu"])
+    for r in results.get("gpus") or []:
+        case = "ferry.copy pageable" if r["kind"] == "pageable" else "torch copy_ pinned"
+        out.add(case, "bandwidth", r["gbps"], "GB/s", table="gpus", gpus=r["gpus"], direction=r["direction"],
+                nbytes=GiB)
+    if results.get("link_gbps"):
+        out.add("link limit", "bandwidth", results["link_gbps"], "GB/s", table="backings")
+    for r in results.get("rows") or []:
+        params = {"table": "backings", "backing": r["backing"], "direction": r["direction"], "nbytes": r["nbytes"]}
+        made = out.compare(params, "bandwidth", "GB/s", {case: r.get(key) for key, case in ROW_CASES.items()},
+                           ROW_BASELINES)
+        for rec in made:
+            if rec["case"] == "ferry auto" and r.get("strategy_auto"):
+                rec["params"]["strategy"] = r["strategy_auto"]  # the strategy auto chose
+    return out.items
+
+
 class CopySuite(Suite):
     key = "copy"
     description = "pageable host<->GPU copies by size, direction and backing: ferry beside cudaMemcpy and torch"
 
     def add_arguments(self, p):
-        p.add_argument("--sizes", default="4K,64K,1M,16M,64M,256M,1G,2G", help="(default: %(default)s)")
-        p.add_argument("--directions", default="h2d,d2h,bidir", help="(default: %(default)s)")
-        p.add_argument("--backings", default="4k,thp,memfd", help="(default: %(default)s)")
-        p.add_argument("--strategies", default=",".join(STRATEGIES), help="(default: %(default)s)")
-        p.add_argument("--iterations", type=int, default=5, help="timed repeats per case (default: %(default)s)")
+        p.add_argument("--sizes", type=size_list, default="4K,64K,1M,16M,64M,256M,1G,2G", help="(default: %(default)s)")
+        p.add_argument("--directions", type=choices_list(("h2d", "d2h", "bidir")), default="h2d,d2h,bidir", help="(default: %(default)s)")
+        p.add_argument("--backings", type=choices_list(("4k", "thp", "memfd", "memfd-thp")), default="4k,thp,memfd", help="(default: %(default)s)")
+        p.add_argument("--strategies", type=choices_list(STRATEGIES), default=",".join(STRATEGIES), help="(default: %(default)s)")
+        p.add_argument("--iterations", type=int_at_least(1), default=5, help="timed repeats per case (default: %(default)s)")
         p.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
         p.add_argument("--plot", metavar="PNG", help="write a plot of bandwidth by size")
         p.add_argument("--calibrate", action="store_true", help="measure and write the machine profile")
-        p.add_argument("--sweep-sizes", default="4K,64K,256K,1M,4M,16M,64M,256M,1G,2G",
+        p.add_argument("--sweep-sizes", type=size_list_or_none, default="4K,64K,256K,1M,4M,16M,64M,256M,1G,2G",
                        help="sizes of the per-call sweep from Python (default: %(default)s; 'none' skips it)")
         p.add_argument("--gpus", help="'all' or a list such as 0,1: each GPU alone and all at once (1 GiB copies)")
         p.add_argument("--no-backings", action="store_true", help="only the sweep (and --gpus): skip the table "
@@ -455,7 +501,7 @@ class CopySuite(Suite):
             results.update({"link_gbps": link, "rows": rows})
             if args.plot:
                 plot(rows, args.plot)
-        write_json(args.json, self.key, results)
+        write_json(args.json, self.key, records(results))
         return 0
 
 

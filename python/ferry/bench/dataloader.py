@@ -103,6 +103,11 @@ def run_case(loader_name: str, dtype: str, shape, workers: int, seconds: float, 
     batches = 0
     warm = 2 * workers * prefetch  # the first windows: workers starting, slots being made
     start = cpu0 = None
+    profile = None
+    if os.environ.get("FERRY_BENCH_PROFILE"):  # where the main process's time goes (cProfile, top 25 to stderr)
+        import cProfile
+
+        profile = cProfile.Profile()
     for x in it:
         x = x if x.is_cuda else x.to(dev, non_blocking=True)
         if len(sums) < SAMPLED:
@@ -112,12 +117,19 @@ def run_case(loader_name: str, dtype: str, shape, workers: int, seconds: float, 
             torch.cuda.synchronize()
             start, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             counted = 0
+            if profile:
+                profile.enable()
         elif start is not None:
             counted += 1
             if counted % 16 == 0 and time.perf_counter() - start >= seconds:
                 break
     torch.cuda.synchronize()
     wall = time.perf_counter() - start
+    if profile:
+        import pstats
+
+        profile.disable()
+        pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     del it
     nbytes = batch * int(torch.tensor([], dtype=getattr(torch, dtype)).element_size())
@@ -143,6 +155,8 @@ class DataLoaderSuite(Suite):
         p.add_argument("--workers", default="8,14", help="worker counts (default 8,14)")
         p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per case (default 3)")
         p.add_argument("--prefetch", type=int, default=2, help="prefetch_factor (default 2, PyTorch's)")
+        p.add_argument("--loaders", default=",".join(LOADERS),
+                       help=f"which loaders, comma-separated (default {','.join(LOADERS)})")
         p.add_argument("--case", help=argparse_suppress())
 
     def check_arguments(self, args):
@@ -150,6 +164,10 @@ class DataLoaderSuite(Suite):
 
         args.batch_list = parse_batches(args.batches)
         args.worker_list = parse_workers(args.workers)
+        args.loader_list = [x.strip() for x in args.loaders.split(",")]
+        unknown = [x for x in args.loader_list if x not in LOADERS]
+        if unknown or not args.loader_list:
+            raise InvalidArgumentError(f"--loaders: unknown {unknown}; known: {', '.join(LOADERS)}")
         if not args.seconds > 0 or args.prefetch < 1:
             raise InvalidArgumentError("--seconds must be > 0 and --prefetch >= 1")
 
@@ -172,7 +190,7 @@ class DataLoaderSuite(Suite):
         for dtype, shape in args.batch_list:
             for workers in args.worker_list:
                 got = {}
-                for name in LOADERS:
+                for name in args.loader_list:
                     progress(f"{name}: {dtype} {'x'.join(map(str, shape))}, {workers} workers")
                     case = json.dumps({"loader": name, "dtype": dtype, "shape": shape, "workers": workers})
                     r = subprocess.run([sys.executable, "-m", "ferry.bench.dataloader", "--case", case,

@@ -15,6 +15,7 @@ import sys
 import time
 
 from ..measure import median, percentile
+from .records import Records
 from .report import progress, table, write_json
 from .suite import Suite
 
@@ -116,6 +117,37 @@ def print_tables(r: dict) -> None:
     print(table("Channel round trips", ["case", "Median(us)", "Min(us)", "p99(us)"], extra))
 
 
+COPY_CASES = {"channel": "ferry channel", "cudaMemcpy": "cudaMemcpy pageable",
+              "cudaMemcpyAsync_pinned": "cudaMemcpyAsync pinned"}
+
+
+def records(r: dict) -> list[dict]:
+    """Median, min and p99 microseconds per case (metrics latency_median,
+    latency_min, latency_p99); small copies compare the channel with cudaMemcpy
+    from pageable memory; the round trips have no baseline. The channel's
+    idle_us and its counters are facts of the run (case "channel")."""
+    out = Records(LatencySuite.key)
+    for row in r["copies"]:
+        for stat in ("median", "min", "p99"):
+            out.compare({"nbytes": row["nbytes"], "direction": row["direction"]}, f"latency_{stat}", "us",
+                        {case: row[key][f"{stat}_us"] for key, case in COPY_CASES.items()},
+                        baseline={"ferry channel": "cudaMemcpy pageable"})
+    trips = [("ferry channel ping", r["ping"], {}),
+             ("ferry channel first request after idle", r["first_after_idle"], {"nbytes": 4})]
+    if "ping_while_gpu_busy" in r:
+        busy = r["ping_while_gpu_busy"]
+        trips.append(("ferry channel ping while the GPU runs matmuls", busy,
+                      {"gpu_still_busy_at_end": busy.get("gpu_still_busy_at_end")}))
+    for case, stats, params in trips:
+        for stat in ("median", "min", "p99"):
+            out.add(case, f"latency_{stat}", stats[f"{stat}_us"], "us", idle_us=r["idle_us"], **params)
+    out.add("channel", "idle_us", r["idle_us"], "us")
+    for key, value in (r.get("stats") or {}).items():
+        if isinstance(value, (int, float)):
+            out.add("channel", key, value, None)
+    return out.items
+
+
 class LatencySuite(Suite):
     key = "latency"
     description = "small host<->GPU copies and round trips: ferry's channel beside cudaMemcpy, like gdrcopy_copylat"
@@ -126,7 +158,7 @@ class LatencySuite(Suite):
     def run(self, args) -> int:
         r = measure(args.iterations)
         print_tables(r)
-        write_json(args.json, self.key, r)
+        write_json(args.json, self.key, records(r))
         return 0
 
 

@@ -1,15 +1,18 @@
 """`ferry bench load`: a safetensors checkpoint to the GPU, ferry beside the
 ways people load one today, in one run.
 
-Writes a test checkpoint (default: 12 layers of bf16 4096x4096 q/k/v/o,
+Writes a test checkpoint (--preset dense: 12 layers of bf16 4096x4096 q/k/v/o,
 11008x4096 gate/up and 4096x11008 down matrices and two 4096-element norms,
-4.86 GB), then loads it with: ferry (``ferry.torch.load_safetensors``; one row
-per --mapped-shares value), safetensors ``load_file(device="cuda")``,
-``load_file`` + ``.to("cuda")`` per tensor, ``load_file`` +
-``ferry.torch.to_device`` per tensor and on the whole dict, and, where
-importable, fastsafetensors
-(``fastsafe_open(..., nogds=True)``) and InstantTensor (``safe_open`` with its
-default, BUFFERED and MMAP backends). Page cache warm (median of --repeats),
+4.86 GB in 108 tensors; --preset moe: 12 layers of 64 experts, 2,388 tensors
+of 2 MiB and less in bf16 and f32, 5.24 GB in 8 shards), then loads it with:
+ferry (``ferry.torch.load_safetensors``), safetensors
+``load_file(device="cuda")``, ``load_file`` + ``.to("cuda")`` per tensor,
+``load_file`` + ``ferry.torch.to_device`` per tensor and on the whole dict,
+and, where installed, fastsafetensors (``fastsafe_open(..., nogds=True)``),
+InstantTensor (``safe_open`` with its default, BUFFERED and MMAP backends),
+runai-model-streamer (``SafetensorsStreamer``) and tensorizer (its own
+format, written from the reference first; ``num_readers`` 16); a peer that
+is not installed is reported as such. Page cache warm (median of --repeats),
 then, where this process may drop the page cache (root), cold: the file's
 sequential read rate (one thread, 16 MiB reads, like dd) and a parallel
 O_DIRECT read are measured in the same run, then each path once after
@@ -17,12 +20,13 @@ O_DIRECT read are measured in the same run, then each path once after
 safetensors' own CPU load. "host MB" is the peak anonymous memory (RssAnon)
 the load added, sampled every 5 ms. --transformers also times a
 transformers model: ``from_pretrained`` beside ``from_config`` +
-``load_safetensors(files, out=model.state_dict())``.
+``load_safetensors(files, out=model.state_dict())``. --json writes records
+{suite, case, params, metric, value, unit, baseline, ratio} (``records``),
+with the run's details beside them.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import mmap
 import os
@@ -34,36 +38,84 @@ import threading
 import time
 
 from ..measure import median
-from ..units import parse_size
+from ..units import MiB
+from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite
+from .suite import Suite, int_at_least, size
 
-MiB = 1 << 20
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 _ST_DTYPES = {"bf16": ("BF16", "bfloat16", 2), "f16": ("F16", "float16", 2), "f32": ("F32", "float32", 4)}
 
 
 # ---- the checkpoint ------------------------------------------------------------
 
-def layer_tensors(layers: int, hidden: int, intermediate: int) -> list[tuple[str, tuple]]:
-    """(name, shape) of a Llama-shaped stack, in file order."""
+def layer_tensors(layers: int, hidden: int, intermediate: int, dtype: str = "bf16") -> list[tuple[str, tuple, str]]:
+    """(name, shape, dtype) of a Llama-shaped stack, in file order."""
     out = []
     for i in range(layers):
         p = f"model.layers.{i}."
-        out += [(p + f"self_attn.{n}_proj.weight", (hidden, hidden)) for n in "qkvo"]
-        out += [(p + "mlp.gate_proj.weight", (intermediate, hidden)), (p + "mlp.up_proj.weight", (intermediate, hidden)),
-                (p + "mlp.down_proj.weight", (hidden, intermediate))]
-        out += [(p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,))]
+        out += [(p + f"self_attn.{n}_proj.weight", (hidden, hidden), dtype) for n in "qkvo"]
+        out += [(p + "mlp.gate_proj.weight", (intermediate, hidden), dtype),
+                (p + "mlp.up_proj.weight", (intermediate, hidden), dtype),
+                (p + "mlp.down_proj.weight", (hidden, intermediate), dtype)]
+        out += [(p + "input_layernorm.weight", (hidden,), dtype), (p + "post_attention_layernorm.weight", (hidden,), dtype)]
     return out
 
 
-def write_checkpoint(directory: str, tensors: list, dtype: str, shards: int, seed: int) -> list[str]:
-    """Streams random tensors into `shards` safetensors files (header first,
-    padded to 8 bytes as safetensors does); never holds more than one tensor."""
+def moe_tensors(layers: int, hidden: int, experts: int, expert_intermediate: int,
+                dtype: str = "bf16") -> list[tuple[str, tuple, str]]:
+    """(name, shape, dtype) of a Mixtral/Qwen-MoE-shaped stack, in file order:
+    per layer the attention matrices and `experts` gate/up/down matrices of
+    `dtype`, the router and the norms in f32 (mixed dtypes, as MoE checkpoints
+    keep them)."""
+    out = []
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out += [(p + f"self_attn.{n}_proj.weight", (hidden, hidden), dtype) for n in "qkvo"]
+        out.append((p + "mlp.gate.weight", (experts, hidden), "f32"))
+        for e in range(experts):
+            q = f"{p}mlp.experts.{e}."
+            out += [(q + "gate_proj.weight", (expert_intermediate, hidden), dtype),
+                    (q + "up_proj.weight", (expert_intermediate, hidden), dtype),
+                    (q + "down_proj.weight", (hidden, expert_intermediate), dtype)]
+        out += [(p + "input_layernorm.weight", (hidden,), "f32"), (p + "post_attention_layernorm.weight", (hidden,), "f32")]
+    return out
+
+
+# --preset: the checkpoint's shape; each value is the default of its option.
+PRESETS = {
+    # 12 Llama layers of bf16 4096x4096, 11008x4096, 4096x11008 matrices: 4.86 GB, 108 tensors
+    "dense": {"layers": 12, "hidden": 4096, "intermediate": 11008, "experts": 0, "shards": 1},
+    # 12 MoE layers of 64 experts, bf16 512x2048 / 2048x512 matrices (2 MiB each), bf16
+    # 2048x2048 attention, f32 router and norms: 5.24 GB, 2,388 tensors in 8 shards
+    "moe": {"layers": 12, "hidden": 2048, "intermediate": 512, "experts": 64, "shards": 8},
+}
+
+
+def apply_preset(args) -> None:
+    """Fills the checkpoint options left unset from --preset."""
+    for name, value in PRESETS[args.preset].items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    for name in ("layers", "hidden", "intermediate", "shards"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"ferry bench load: --{name}={getattr(args, name)}: expected >= 1")
+    if args.experts < 0:
+        raise SystemExit(f"ferry bench load: --experts={args.experts}: expected >= 0")
+
+
+def checkpoint_tensors(args) -> list[tuple[str, tuple, str]]:
+    if args.experts:
+        return moe_tensors(args.layers, args.hidden, args.experts, args.intermediate, args.dtype)
+    return layer_tensors(args.layers, args.hidden, args.intermediate, args.dtype)
+
+
+def write_checkpoint(directory: str, tensors: list, shards: int, seed: int) -> list[str]:
+    """Streams random tensors [(name, shape, dtype)] into `shards` safetensors
+    files (header first, padded to 8 bytes as safetensors does); never holds
+    more than one tensor."""
     import torch
 
-    st_name, torch_name, size = _ST_DTYPES[dtype]
-    tdt = getattr(torch, torch_name)
     gen_device = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator(device=gen_device).manual_seed(seed)
     per = [tensors[i::shards] for i in range(shards)]  # interleave so shards are even
@@ -71,8 +123,8 @@ def write_checkpoint(directory: str, tensors: list, dtype: str, shards: int, see
     for s, group in enumerate(per):
         name = "model.safetensors" if shards == 1 else f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
         header, off = {"__metadata__": {"format": "pt", "writer": "ferry bench load"}}, 0
-        for tname, shape in group:
-            n = size
+        for tname, shape, dtype in group:
+            st_name, _, n = _ST_DTYPES[dtype]
             for d in shape:
                 n *= d
             header[tname] = {"dtype": st_name, "shape": list(shape), "data_offsets": [off, off + n]}
@@ -82,14 +134,15 @@ def write_checkpoint(directory: str, tensors: list, dtype: str, shards: int, see
         path = os.path.join(directory, name)
         with open(path, "wb") as f:
             f.write(struct.pack("<Q", len(raw)) + raw)
-            for _, shape in group:
+            for _, shape, dtype in group:
+                tdt = getattr(torch, _ST_DTYPES[dtype][1])
                 t = torch.randn(shape, generator=g, device=gen_device, dtype=torch.float32).to(tdt)
                 f.write(t.cpu().contiguous().view(torch.uint8).numpy().tobytes())
         paths.append(path)
     if shards > 1:
         with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {}, "weight_map": {t: os.path.basename(paths[i % shards])
-                                                      for i, (t, _) in enumerate(tensors)}}, f)
+                                                      for i, (t, _, _) in enumerate(tensors)}}, f)
     return paths
 
 
@@ -202,28 +255,27 @@ def same_bits(torch, got: dict, ref: dict) -> str | None:
 
 # ---- the ways to load -------------------------------------------------------------
 
-def _loader(args, share):
-    """ferry's Loader for a mapped share (None for the other paths)."""
+def _loader(args, ferry: bool):
+    """ferry's Loader for ferry's row (None for the other paths)."""
     from ..load import Loader
 
-    if share is None:
+    if not ferry:
         return None
-    if share not in args.loaders:
-        args.loaders[share] = Loader(0, staging_bytes=args.staging, threads=args.threads or None, mapped_share=share)
-    return args.loaders[share]
+    if "ferry" not in args.loaders:
+        args.loaders["ferry"] = Loader(0, staging_bytes=args.staging, threads=args.threads or None)
+    return args.loaders["ferry"]
 
 
 def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
     """[(label, load(paths) -> {name: cuda tensor}, None or why it cannot run,
-    ferry's mapped share or None)]."""
+    whether it is ferry's row)]."""
     from .. import torch as ft
 
     out = []
-    for share in args.mapped_shares:
-        def ferry_load(paths, share=share):
-            return ft.load_safetensors(paths, loader=_loader(args, share))
-        out.append((f"ferry (mapped {share:g})" if len(args.mapped_shares) > 1 or share else "ferry", ferry_load, None,
-                    share))
+    def ferry_load(paths):
+        return ft.load_safetensors(paths, loader=_loader(args, True))
+
+    out.append(("ferry", ferry_load, None, True))
     try:
         from safetensors.torch import load_file
         st_why = None
@@ -254,10 +306,10 @@ def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
             d.update(ft.to_device(load_file(p)))
         return d
 
-    out += [("safetensors load_file(device=cuda)", st_cuda, st_why, None),
-            ("load_file + .to(cuda)", st_to, st_why, None),
-            ("load_file + ferry.torch.to_device", st_ferry, st_why, None),
-            ("load_file + ferry.torch.to_device(dict)", st_ferry_dict, st_why, None)]
+    out += [("safetensors load_file(device=cuda)", st_cuda, st_why, False),
+            ("load_file + .to(cuda)", st_to, st_why, False),
+            ("load_file + ferry.torch.to_device", st_ferry, st_why, False),
+            ("load_file + ferry.torch.to_device(dict)", st_ferry_dict, st_why, False)]
     try:
         from fastsafetensors import fastsafe_open
         fst_why = None
@@ -268,7 +320,7 @@ def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
         with fastsafe_open(filenames=list(paths), device="cuda:0", nogds=True) as f:
             return {k: f.get_tensor(k) for k in f.keys()}
 
-    out.append(("fastsafetensors (nogds)", fst, fst_why, None))
+    out.append(("fastsafetensors (nogds)", fst, fst_why, False))
     try:
         from instanttensor import Backend, BackendPolicy, safe_open
         it_why = None
@@ -283,12 +335,70 @@ def methods(args, torch) -> list[tuple[str, object, str | None, float | None]]:
                 return dict(f.tensors())
         return run
 
-    out += [("InstantTensor default", instant(None), it_why, None),
-            ("InstantTensor BUFFERED", instant(BackendPolicy.BUFFERED if BackendPolicy else None), it_why, None),
-            ("InstantTensor MMAP", instant(Backend.MMAP if Backend else None), it_why, None)]
+    out += [("InstantTensor default", instant(None), it_why, False),
+            ("InstantTensor BUFFERED", instant(BackendPolicy.BUFFERED if BackendPolicy else None), it_why, False),
+            ("InstantTensor MMAP", instant(Backend.MMAP if Backend else None), it_why, False)]
+    out += _more_peers(args)
     if args.only:
         out = [m for m in out if any(w.lower() in m[0].lower() for w in args.only)]
     return out
+
+
+def _why_not(module: str) -> str | None:
+    """None when `module` imports, else why not ("not installed" when absent)."""
+    try:
+        __import__(module)
+        return None
+    except ModuleNotFoundError as e:
+        return f"not installed ({e})"
+    except Exception as e:  # noqa: BLE001 - any import failure waives the row
+        return f"not importable ({type(e).__name__}: {e})"
+
+
+def _more_peers(args) -> list:
+    """runai-model-streamer's SafetensorsStreamer (its reader threads into a CPU
+    buffer, each tensor then to the GPU) and tensorizer (its own format, written
+    from the reference once: TENSORIZER_FILE in the checkpoint's directory;
+    num_readers 16)."""
+    def runai(paths):
+        from runai_model_streamer import SafetensorsStreamer
+
+        with SafetensorsStreamer() as streamer:
+            try:
+                streamer.stream_files(list(paths), device="cuda:0")
+                return dict(streamer.get_tensors())
+            except TypeError:  # a version without device=: CPU tensors, copied as they come
+                streamer.stream_files(list(paths))
+                return {k: v.to("cuda:0") for k, v in streamer.get_tensors()}
+
+    def tensorizer(paths):
+        from tensorizer import TensorDeserializer
+
+        d = TensorDeserializer(args.tensorizer_file, device="cuda:0", num_readers=TENSORIZER_READERS)
+        try:
+            return {k: v.data for k, v in d.items()}
+        finally:
+            d.close()
+
+    return [("runai-model-streamer", runai, _why_not("runai_model_streamer"), False),
+            (f"tensorizer (num_readers {TENSORIZER_READERS})", tensorizer, _why_not("tensorizer"), False)]
+
+
+TENSORIZER_FILE = "model.tensors"
+TENSORIZER_READERS = 16
+
+
+def write_tensorizer_file(directory: str, ref: dict) -> str:
+    """The reference state dict in tensorizer's format, for its row."""
+    from tensorizer import TensorSerializer
+
+    path = os.path.join(directory, TENSORIZER_FILE)
+    w = TensorSerializer(path)
+    try:
+        w.write_state_dict(ref)
+    finally:
+        w.close()
+    return path
 
 
 def run_once(torch, fn, paths, ref, loader=None) -> dict:
@@ -303,9 +413,11 @@ def run_once(torch, fn, paths, ref, loader=None) -> dict:
     r = {"seconds": seconds, "host_added_bytes": mem.added, "verified": bad is None, "mismatch": bad}
     if loader is not None and loader.last_stats:  # ferry: what the loader did
         st = loader.last_stats
-        r["loader"] = {k: st[k] for k in ("read_bytes", "staged_bytes", "mapped_bytes", "reads", "direct_reads",
-                                          "registrations", "register_seconds", "unregister_seconds", "seconds",
-                                          "staging_bytes", "threads", "notes")}
+        r["loader"] = {k: st.get(k) for k in ("read_bytes", "staged_bytes", "reads", "direct_reads", "seconds",
+                                              "numa_node", "staging_bytes", "threads", "notes")}
+        # the per-tensor work around the loader: catalog, tensors, ranges (a cast load runs several loads:
+        # then this counts only the last one's time as the loader's)
+        r["loader"]["outside_s"] = seconds - st["seconds"]
     return r
 
 
@@ -372,13 +484,6 @@ def transformers_case(torch, directory: str, layers: int) -> dict:
 
 # ---- main ---------------------------------------------------------------------------
 
-def _shares(text: str) -> list[float]:
-    vals = [float(x) for x in text.split(",") if x.strip()]
-    if not vals or any(not 0 <= v <= 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"'{text}': expected shares between 0 and 1, e.g. 0,0.25,0.5")
-    return vals
-
-
 class LoadSuite(Suite):
     key = "load"
     description = ("a safetensors checkpoint to the GPU: ferry beside safetensors, fastsafetensors and "
@@ -387,21 +492,23 @@ class LoadSuite(Suite):
     def add_arguments(self, p):
         p.add_argument("--dir", help="where to write the checkpoint (default: a new directory under $TMPDIR)")
         p.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
-        p.add_argument("--layers", type=int, default=12, help="layers (default: %(default)s)")
-        p.add_argument("--hidden", type=int, default=4096, help="hidden size (default: %(default)s)")
-        p.add_argument("--intermediate", type=int, default=11008, help="MLP size (default: %(default)s)")
-        p.add_argument("--dtype", choices=sorted(_ST_DTYPES), default="bf16", help="(default: %(default)s)")
-        p.add_argument("--shards", type=int, default=1, help="files (default: %(default)s)")
-        p.add_argument("--repeats", type=int, default=3, help="timed warm loads per path (default: %(default)s)")
-        p.add_argument("--mapped-shares", type=_shares, default=[0.0],
-                       help="ferry rows: shares DMA'd from registered file pages, e.g. 0,0.25,0.5 (default: 0)")
-        p.add_argument("--staging", default="512M", help="ferry's pinned staging (default: %(default)s)")
-        p.add_argument("--threads", type=int, default=0, help="ferry's reader threads; 0 = one per core (max 16)")
+        p.add_argument("--preset", choices=sorted(PRESETS), default="dense",
+                       help="the checkpoint: dense (12 Llama layers, 4.86 GB, 108 tensors) or moe (12 layers of 64 "
+                            "experts, 5.24 GB, 2,388 tensors of 2 MiB, mixed dtypes, 8 shards); the options below "
+                            "change it (default: %(default)s)")
+        p.add_argument("--layers", type=int_at_least(1), help="layers (dense and moe: 12)")
+        p.add_argument("--hidden", type=int_at_least(1), help="hidden size (dense: 4096, moe: 2048)")
+        p.add_argument("--intermediate", type=int_at_least(1), help="MLP size, of each expert with --experts (dense: 11008, moe: 512)")
+        p.add_argument("--experts", type=int_at_least(0), help="experts per layer, 0 for a dense MLP (dense: 0, moe: 64)")
+        p.add_argument("--dtype", choices=sorted(_ST_DTYPES), default="bf16",
+                       help="dtype of the matrices (default: %(default)s; moe keeps router and norms in f32)")
+        p.add_argument("--shards", type=int_at_least(1), help="files (dense: 1, moe: 8)")
+        p.add_argument("--repeats", type=int_at_least(1), default=3, help="timed warm loads per path (default: %(default)s)")
+        p.add_argument("--staging", type=size, default="512M", help="ferry's pinned staging (default: %(default)s)")
+        p.add_argument("--threads", type=int_at_least(0), default=0, help="ferry's reader threads; 0 = one per core (max 16)")
         p.add_argument("--no-cold", action="store_true", help="skip the cold (page cache dropped) runs")
-        p.add_argument("--cold-shares", type=_shares, default=None,
-                       help="mapped shares of the cold ferry rows (default: the first of --mapped-shares)")
         p.add_argument("--only", action="append", help="only paths whose label contains this (repeatable)")
-        p.add_argument("--transformers", type=int, default=0, metavar="LAYERS",
+        p.add_argument("--transformers", type=int_at_least(0), default=0, metavar="LAYERS",
                        help="also time a bf16 Llama (hidden 2048) of LAYERS layers: from_pretrained vs ferry")
 
     def waived(self, args):
@@ -418,14 +525,17 @@ class LoadSuite(Suite):
     def run(self, args) -> int:
         import torch
 
-        args.staging = parse_size(args.staging)
         args.loaders = {}
-        tensors = layer_tensors(args.layers, args.hidden, args.intermediate)
+        apply_preset(args)
+        tensors = checkpoint_tensors(args)
         own_dir = args.dir is None
         directory = args.dir or tempfile.mkdtemp(prefix="ferry-bench-load-")
         os.makedirs(directory, exist_ok=True)
         try:
-            return _run(args, torch, tensors, directory)
+            status = _run(args, torch, tensors, directory)
+            rec = records(args.results)
+            write_json(args.json, self.key, rec, details=args.results)
+            return status
         finally:
             args.loaders.clear()  # frees ferry's pinned staging
             if not args.keep:
@@ -433,13 +543,13 @@ class LoadSuite(Suite):
                     shutil.rmtree(directory, ignore_errors=True)
                 else:
                     for f in os.listdir(directory):
-                        if f.startswith("model") and (f.endswith(".safetensors") or f.endswith(".index.json")):
+                        if f.startswith("model") and f.endswith((".safetensors", ".index.json", ".tensors")):
                             os.remove(os.path.join(directory, f))
 
 
 def _run(args, torch, tensors, directory) -> int:
     t0 = time.perf_counter()
-    paths = write_checkpoint(directory, tensors, args.dtype, args.shards, seed=1)
+    paths = write_checkpoint(directory, tensors, args.shards, seed=1)
     os.sync()  # no writeback during the runs
     progress(f"wrote {len(paths)} file(s), {sum(os.path.getsize(x) for x in paths) / 1e9:.2f} GB, "
              f"in {time.perf_counter() - t0:.1f} s")
@@ -451,19 +561,27 @@ def _run(args, torch, tensors, directory) -> int:
     torch.cuda.synchronize()
     nbytes = sum(t.numel() * t.element_size() for t in ref.values())  # GB/s are of tensor bytes
     ms = methods(args, torch)
-    results = {"checkpoint": {"files": len(paths), "bytes": nbytes, "tensors": len(tensors), "layers": args.layers,
-                              "hidden": args.hidden, "intermediate": args.intermediate, "dtype": args.dtype},
+    if any(label.startswith("tensorizer") and not why for label, _, why, _ in ms):
+        try:
+            args.tensorizer_file = write_tensorizer_file(directory, ref)
+        except Exception as e:  # noqa: BLE001 - a peer that cannot write its file is waived, not fatal
+            why = f"could not write its file ({type(e).__name__}: {e})"
+            ms = [(m[0], m[1], why if m[0].startswith("tensorizer") else m[2], m[3]) for m in ms]
+    results = {"checkpoint": {"preset": args.preset, "files": len(paths), "bytes": nbytes, "tensors": len(tensors),
+                              "layers": args.layers, "hidden": args.hidden, "intermediate": args.intermediate,
+                              "experts": args.experts, "dtype": args.dtype,
+                              "dtypes": sorted({d for _, _, d in tensors})},
                "staging_bytes": args.staging, "warm": {}, "cold": {}, "waived": {}}
-    for label, fn, why, share in ms:
+    for label, fn, why, is_ferry in ms:
         if why:
             results["waived"][label] = why
             progress(f"{label}: waived: {why}")
             continue
         progress(f"warm: {label}")
         try:
-            r = warm_runs(torch, fn, paths, ref, args.repeats, _loader(args, share))
+            r = warm_runs(torch, fn, paths, ref, args.repeats, _loader(args, is_ferry))
         except Exception as e:  # noqa: BLE001 - a failing peer is reported, not fatal; ferry's is
-            if share is not None:
+            if is_ferry:
                 raise
             results["waived"][label] = f"failed: {type(e).__name__}: {e}"
             progress(f"{label}: failed: {e}")
@@ -474,19 +592,18 @@ def _run(args, torch, tensors, directory) -> int:
     if cold_why is None:
         cold_why = drop_page_cache()
     if cold_why is None:
-        results["cold"]["sequential read (1 thread, 16 MiB)"] = {"gb_per_s": sequential_read_rate(paths)}
+        results["cold"][SEQUENTIAL_READ] = {"gb_per_s": sequential_read_rate(paths)}
         drop_page_cache()
         results["cold"]["parallel O_DIRECT read (16 threads)"] = {"gb_per_s": parallel_direct_read_rate(paths)}
-        cold_shares = args.cold_shares if args.cold_shares is not None else args.mapped_shares[:1]
-        for label, fn, why, share in ms:
-            if why or label not in results["warm"] or (share is not None and share not in cold_shares):
+        for label, fn, why, is_ferry in ms:
+            if why or label not in results["warm"]:
                 continue
             drop_page_cache()
             progress(f"cold: {label}")
             try:
-                r = run_once(torch, fn, paths, ref, _loader(args, share))
+                r = run_once(torch, fn, paths, ref, _loader(args, is_ferry))
             except Exception as e:  # noqa: BLE001
-                if share is not None:
+                if is_ferry:
                     raise
                 results["cold"][label] = {"failed": f"{type(e).__name__}: {e}"}
                 continue
@@ -501,13 +618,55 @@ def _run(args, torch, tensors, directory) -> int:
         except Exception as e:  # noqa: BLE001
             results["transformers"] = {"failed": f"{type(e).__name__}: {e}"}
     print_report(results, nbytes)
-    write_json(args.json, "load", results)
+    args.results = results  # LoadSuite.run writes them
     return 0 if all(r.get("verified", True) for part in ("warm", "cold") for r in results[part].values()) else 1
+
+
+SEQUENTIAL_READ = "sequential read (1 thread, 16 MiB)"
+
+
+def _is_ferry(label: str) -> bool:
+    return label.startswith("ferry")
+
+
+def records(results: dict) -> list[dict]:
+    """The run as records (bench/records.py): per path (the case) and page
+    cache state (params cache: warm or cold) its bandwidth, the host memory
+    it added and, for ferry, the time spent outside the loader (catalog,
+    tensors, ranges). ferry's warm bandwidth has the best other path of the
+    run as baseline, its cold one the file's sequential read rate; transformers:
+    from_config + load_safetensors against from_pretrained, in seconds."""
+    cp = results["checkpoint"]
+    common = {"preset": cp["preset"], "checkpoint_bytes": cp["bytes"], "tensors": cp["tensors"], "files": cp["files"],
+              "dtypes": "/".join(cp["dtypes"])}
+    out = Records(LoadSuite.key)
+    for cache in ("warm", "cold"):
+        rows = {k: v for k, v in results[cache].items() if "gb_per_s" in v}
+        peers = {k: v["gb_per_s"] for k, v in rows.items() if not _is_ferry(k) and k != SEQUENTIAL_READ
+                 and not k.startswith("parallel O_DIRECT")}
+        best_peer = max(peers, key=peers.get) if peers else None
+        base_case = best_peer if cache == "warm" else (SEQUENTIAL_READ if SEQUENTIAL_READ in rows else None)
+        for label, r in rows.items():
+            base = base_case if _is_ferry(label) and base_case else None
+            out.add(label, "bandwidth", r["gb_per_s"], "GB/s", baseline=rows[base]["gb_per_s"] if base else None,
+                    baseline_case=base, cache=cache, verified=r.get("verified"), **common)
+            if "host_added_bytes" in r:
+                out.add(label, "host_memory_added", r["host_added_bytes"] / MiB, "MiB", cache=cache, **common)
+            if "outside_s" in r.get("loader", {}):
+                out.add(label, "time_outside_loader", r["loader"]["outside_s"] * 1e3, "ms", cache=cache, **common)
+    tr = results.get("transformers")
+    if tr and "failed" not in tr:
+        out.add("from_config + load_safetensors", "time", tr["from_config_s"] + tr["load_safetensors_s"], "s",
+                baseline=tr["from_pretrained_s"], baseline_case="from_pretrained(device_map=cuda)",
+                verified=tr["verified"], model_bytes=tr["bytes"], files=tr["files"])
+        out.add("from_pretrained(device_map=cuda)", "time", tr["from_pretrained_s"], "s", model_bytes=tr["bytes"],
+                files=tr["files"])
+    return out.items
 
 
 def print_report(results: dict, nbytes: int) -> None:
     cp = results["checkpoint"]
-    seq = results["cold"].get("sequential read (1 thread, 16 MiB)", {}).get("gb_per_s")
+    seq = results["cold"].get(SEQUENTIAL_READ, {}).get("gb_per_s")
     rows = []
     for label, w in results["warm"].items():
         c = results["cold"].get(label, {})
@@ -517,8 +676,9 @@ def print_report(results: dict, nbytes: int) -> None:
     for label, c in results["cold"].items():
         if label not in results["warm"] and "gb_per_s" in c and label.endswith(")"):
             rows.append([label, None, None, c["gb_per_s"], (c["gb_per_s"] / seq) if seq else None, None, "-"])
-    print(table(f"Loading {cp['files']} file(s), {nbytes / 1e9:.2f} GB ({cp['tensors']} {cp['dtype']} tensors, "
-                f"{cp['layers']} layers) to cuda:0; GB/s",
+    kind = f"{cp['experts']} experts x {cp['layers']} layers" if cp["experts"] else f"{cp['layers']} layers"
+    print(table(f"Loading {cp['files']} file(s), {nbytes / 1e9:.2f} GB ({cp['preset']}: {cp['tensors']} "
+                f"{'/'.join(cp['dtypes'])} tensors, {kind}) to cuda:0; GB/s",
                 ["path", "warm GB/s", "warm best", "cold GB/s", "cold / seq read", "host MB added", "bit-exact"], rows))
     for label, why in results["waived"].items():
         print(f"  {label}: {why}")
@@ -527,10 +687,11 @@ def print_report(results: dict, nbytes: int) -> None:
             ld = r.get("loader")
             if not ld:
                 continue
-            print(f"  {part} {label}: {ld['reads']} reads ({ld['direct_reads']} O_DIRECT), staged "
-                  f"{ld['staged_bytes'] / 1e9:.2f} GB, mapped {ld['mapped_bytes'] / 1e9:.2f} GB in "
-                  f"{ld['registrations']} registrations (register {ld['register_seconds']:.3f} s, unregister "
-                  f"{ld['unregister_seconds']:.3f} s), {ld['threads']} threads, staging "
+            print(f"  {part} {label}: {ld['reads']} reads ({ld['direct_reads']} O_DIRECT), "
+                  f"{ld['outside_s'] * 1e3:.1f} ms outside the loader (catalog, tensors, ranges), staged "
+                  f"{ld['staged_bytes'] / 1e9:.2f} GB, {ld['threads']} threads "
+                  f"(NUMA node {ld['numa_node'] if ld['numa_node'] is not None and ld['numa_node'] >= 0 else '-'}), "
+                  f"staging "
                   f"{ld['staging_bytes'] / MiB:.0f} MiB" + "".join(f"; note: {n}" for n in ld["notes"]))
     if "cold_waived" in results:
         print(f"  cold runs waived: {results['cold_waived']}")

@@ -479,7 +479,7 @@ class NixlSuite(Suite):
                     ["layout", "op", "block", "blocks", "posted", "ferry.nixl.agent", "NIXL defaults", "ratio",
                      "verified"], cells))
         print(f"[{time.monotonic() - start:.1f} s]")
-        write_json(args.json, self.key, {"records": recs, "rows": rows})
+        write_json(args.json, self.key, recs, details={"rows": rows})
         return 0 if all(r["verified"] for r in rows) else 1
 
 

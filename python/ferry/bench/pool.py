@@ -34,6 +34,7 @@ import time
 
 from ..measure import median, percentile
 from ..units import GiB, KiB, MiB, parse_size_list
+from .records import Records
 from .report import progress, table, write_json
 from .suite import Suite
 
@@ -393,6 +394,70 @@ def print_tables(results: dict) -> None:
                     ["N(GiB)", "backing", "Register(ms)", "Register(GB/s)", "x 4k", "Touch(ms)", "waived"], rows))
 
 
+def records(results: dict) -> list[dict]:
+    """The run's records (bench/records.py), per table (params "table"):
+      time_to_pinned: seconds until N bytes are pinned per method (metric time,
+        the median run, baseline cudaHostAlloc; time_min and time_max over the
+        runs; the ferry-target+ rows' allocation time as
+        alloc_time; pinned bytes as pinned_bytes; a failed run as error);
+      recycle: alloc+free microseconds, ferry's pool beside cudaHostAlloc+
+        cudaFreeHost (latency_median, latency_p99);
+      python_recycle: the same from Python per call, beside torch's pinned cache;
+      registration: cudaHostRegister seconds by page backing ("register 4k",
+        "register thp", ...: time, baseline "register 4k"; bandwidth; a backing
+        this machine could not give: state Waived, with why).
+    Lower times are better: a ratio below 1 is faster than the baseline."""
+    out = Records(PoolSuite.key)
+    by_size: dict[int, dict] = {}
+    for r in results.get("time_to_pinned") or []:
+        by_size.setdefault(r["nbytes"], {})[r["method"]] = r
+    for n, cases in by_size.items():
+        params = {"table": "time_to_pinned", "nbytes": n}
+        out.compare(params, "time", "s", {m: r.get("seconds") for m, r in cases.items()}, baseline="cudaHostAlloc")
+        for m, r in cases.items():
+            if m.startswith("ferry-target+") and r.get("alloc_seconds") is not None:
+                out.add(m, "alloc_time", r["alloc_seconds"], "s", **params)
+            runs = r.get("runs_seconds") or []
+            if len(runs) > 1:  # the spread of the fresh processes
+                out.add(m, "time_min", min(runs), "s", **params)
+                out.add(m, "time_max", max(runs), "s", **params)
+            if r.get("pinned_bytes"):
+                out.add(m, "pinned_bytes", r["pinned_bytes"], "B", **params)
+            if r.get("error"):
+                out.add(m, "error", r["error"], None, **params)
+    for r in results.get("recycle") or []:
+        params = {"table": "recycle", "nbytes": r["nbytes"]}
+        out.compare(params, "latency_median", "us", {"ferry pool alloc+free": r["ferry_median_us"],
+                                                     "cudaHostAlloc+cudaFreeHost": r["cuda_median_us"]},
+                    baseline="cudaHostAlloc+cudaFreeHost")
+        out.add("ferry pool alloc+free", "latency_p99", r["ferry_p99_us"], "us", **params)
+    py = results.get("python_recycle") or {}
+    torch_case = "torch.empty(pin_memory=True)+del"
+    for r in py.get("sizes") or []:
+        params = {"table": "python_recycle", "nbytes": r["nbytes"], "zero_recycled": py.get("zero_recycled")}
+        present = [name for name in PY_RECYCLE if name in r]
+        for stat in ("median", "p99"):
+            out.compare(params, f"latency_{stat}", "us", {name: r[name][f"{stat}_us"] for name in present},
+                        baseline={name: torch_case for name in present if name != torch_case})
+    if py.get("error"):
+        out.add("python recycle", "error", py["error"], None, table="python_recycle")
+    for r in results.get("registration") or []:
+        params = {"table": "registration", "nbytes": r["nbytes"]}
+        case = f"register {r['backing']}"
+        if r.get("waived"):
+            out.add(case, "state", "Waived", None, why=r["waived"], **params)
+        if not r.get("register_seconds"):
+            continue
+        base = next((b.get("register_seconds") for b in results["registration"]
+                     if b["backing"] == "4k" and b["nbytes"] == r["nbytes"] and not b.get("waived")), None)
+        vs = base if r["backing"] != "4k" else None
+        out.add(case, "time", r["register_seconds"], "s", baseline=vs, baseline_case="register 4k", **params)
+        out.add(case, "bandwidth", r.get("register_gbps"), "GB/s", **params)
+        if r.get("touch_seconds") is not None:
+            out.add(case, "touch_time", r["touch_seconds"], "s", **params)
+    return out.items
+
+
 class PoolSuite(Suite):
     key = "pool"
     description = "pinned memory fast to get and to reuse: ferry's pool beside cudaHostAlloc and torch"
@@ -442,7 +507,7 @@ class PoolSuite(Suite):
         finally:
             restore_hugetlb(saved)
         print_tables(results)
-        write_json(args.json, self.key, results)
+        write_json(args.json, self.key, records(results))
         return 0
 
 SUITE = PoolSuite()

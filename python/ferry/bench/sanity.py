@@ -12,6 +12,7 @@ import sys
 import traceback
 
 from ..units import MiB
+from .records import Records
 from .report import write_json
 from .suite import Suite, Waived
 
@@ -316,6 +317,14 @@ def run(verbose: bool = False) -> dict:
     return results
 
 
+def records(results: dict) -> list[dict]:
+    """One record per check: metric state, value Passed, Failed or Waived (params: why)."""
+    out = Records(SanitySuite.key)
+    for name, (state, why) in results.items():
+        out.add(name, "state", state, None, why=why or None)
+    return out.items
+
+
 class SanitySuite(Suite):
     key = "sanity"
     description = "functional checks on this machine: Passed, Failed or Waived each, like gdrcopy_sanity"
@@ -333,7 +342,7 @@ class SanitySuite(Suite):
             print(f"{name:<{width}}  {state}{': ' + why if why else ''}")
         counts = {s: sum(1 for st, _ in results.values() if st == s) for s in ("Passed", "Failed", "Waived")}
         print(f"Total: {counts['Passed']} Passed, {counts['Failed']} Failed, {counts['Waived']} Waived")
-        write_json(args.json, self.key, {n: {"state": s, "why": w} for n, (s, w) in results.items()})
+        write_json(args.json, self.key, records(results))
         return 1 if counts["Failed"] else 0
 
 

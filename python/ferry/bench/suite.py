@@ -12,24 +12,117 @@ description, a "can this machine run it" check and a run method.
             return super().waived(args)      # None, or why this machine cannot run it
 
         def run(self, args) -> int:          # prints its tables, returns the exit status
+            out = Records(self.key)          # bench/records.py
             ...
-            write_json(args.json, self.key, results)
+            out.compare({"direction": "h2d", "nbytes": n}, "bandwidth", "GB/s",
+                        {"ferry auto": ferry_gbps, "cudaMemcpy pageable": cuda_gbps},
+                        baseline="cudaMemcpy pageable")
+            write_json(args.json, self.key, out.items)   # bench/report.py
             return 0
 
     SUITE = CopySuite()
     main = SUITE.main                        # `python -m ferry.bench.copy`, tests
 
-`main(argv)` parses the arguments (`ferry bench copy --help` shows them), asks
-`waived()`, and prints "ferry bench copy: waived: <why>" (exit status 0) instead of
+`main(argv)` parses the arguments (`ferry bench copy --help` shows them: give each
+option a checking `type=`, such as `size_list` or `int_at_least(1)`, so that a typo is
+refused on any machine, before the waiver), asks `waived()`, and prints "ferry bench copy: waived: <why>" (exit status 0) instead of
 running where the machine cannot; `run()` may also raise `Waived(why)` when it
-learns so late (e.g. from a probe process). Register the module in
-bench/__init__.py's SUITE_MODULES: `ferry bench --help` then lists it.
+learns so late (e.g. from a probe process). A waived suite with --json records
+why in the file (no records). Register the module in bench/__init__.py's
+SUITE_MODULES: `ferry bench --help` then lists it.
+
+Results: every suite writes the same JSON, a list of records, one per figure
+(nvbandwidth's shape; bench/records.py builds them, report.write_json writes
+them under the machine's header and merges them with other suites' records
+in the same file):
+
+    {"suite": "copy", "case": "ferry auto",
+     "params": {"direction": "h2d", "nbytes": 1073741824, "baseline_case": "cudaMemcpy pageable"},
+     "metric": "bandwidth", "value": 52.1, "unit": "GB/s",
+     "baseline": 8.4, "ratio": 6.2}
+
+- suite: the suite's key; case: what was measured, ferry's path or a
+  baseline's ("ferry auto", "cudaMemcpy pageable", "torch pinned");
+- params: the case's parameters (bytes under keys ending in `bytes`,
+  direction h2d/d2h/bidir, backing, ...) and `baseline_case` where the record
+  has a baseline;
+- metric: what value is (bandwidth, time, latency_median, ...); value: a
+  number (a string for a state or a fact: "Passed", "staged"); unit: "GB/s"
+  (1e9 bytes/s), "s", "ms", "us", null for a state;
+- baseline: the baseline's value measured in the same run with the same
+  params, or null; ratio: value / baseline, or null.
+(suite, case, params, metric) names one figure: a case compared with two
+baselines has one record, with its main baseline; the other ratios follow from
+the records. Every figure the printed tables show is a record's value or
+follows from records; the tables stay the suite's own.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+
+def _checked(convert, name: str):
+    """An argparse type from a converter that raises InvalidArgumentError or ValueError."""
+
+    def check(text: str):
+        from ..errors import InvalidArgumentError
+
+        try:
+            return convert(text)
+        except (InvalidArgumentError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    check.__name__ = name  # argparse names the type in its message
+    return check
+
+
+def _size_list(text: str) -> str:
+    from ..units import parse_size_list
+
+    if not parse_size_list(text):
+        raise ValueError(f"'{text}': expected a list of sizes such as 4K,64M,1G")
+    return text  # kept as written; run() parses it again
+
+
+size_list = _checked(_size_list, "size list")
+size_list_or_none = _checked(lambda t: t if t == "none" else _size_list(t), "size list")
+
+
+def _size(text: str) -> str:
+    from ..units import parse_size
+
+    parse_size(text)
+    return text
+
+
+size = _checked(_size, "size")
+
+
+def int_at_least(lo: int):
+    """An argparse type: an integer >= lo."""
+
+    def convert(text: str) -> int:
+        v = int(text)
+        if v < lo:
+            raise ValueError(f"'{text}': expected an integer >= {lo}")
+        return v
+
+    return _checked(convert, "integer")
+
+
+def choices_list(allowed):
+    """An argparse type: a comma-separated list whose items are all in `allowed`."""
+
+    def convert(text: str) -> str:
+        items = [x for x in text.split(",") if x]
+        bad = [x for x in items if x not in allowed]
+        if bad or not items:
+            raise ValueError(f"'{text}': expected a comma-separated list of {', '.join(allowed)}")
+        return text
+
+    return _checked(convert, "list")
 
 
 class Waived(Exception):
@@ -58,7 +151,9 @@ class Suite:
         p = argparse.ArgumentParser(prog=f"ferry bench {self.key}",
                                     description=sys.modules[type(self).__module__].__doc__ or self.description,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--json", metavar="FILE", help="write the results as JSON (with the machine's facts)")
+        p.add_argument("--json", metavar="FILE",
+                       help="write the results as JSON records (with the machine's facts); "
+                            "other suites' records in FILE are kept")
         self.add_arguments(p)
         return p
 
@@ -71,4 +166,8 @@ class Suite:
         except Waived as e:
             why = str(e)
         print(f"ferry bench {self.key}: waived: {why}")
+        if args.json:
+            from .report import write_json
+
+            write_json(args.json, self.key, [], waived=why)
         return 0

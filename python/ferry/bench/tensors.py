@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from .records import Records
 from .suite import Suite
 
 DEFAULT_LAYER = "4096x4096*4,11008x4096*2,4096x11008,4096*2"
@@ -38,6 +39,21 @@ def parse_layer(text: str) -> list[tuple[int, ...]]:
             raise InvalidArgumentError(f"--layer: bad shape {part!r}")
         shapes += [shape] * n
     return shapes
+
+
+BASELINES = {"h2d": '.to("cuda") loop', "d2h": ".cpu() loop"}
+
+
+def records(rows: list[dict], tensors: int, nbytes: int, dtype: str, repeats: int) -> list[dict]:
+    """Seconds and GB/s of moving the whole state dict per case and direction,
+    compared with PyTorch's per-tensor loop in the same direction."""
+    out = Records(TensorsSuite.key)
+    for direction, base in BASELINES.items():
+        sel = [r for r in rows if r["direction"] == direction]
+        params = {"direction": direction, "tensors": tensors, "nbytes": nbytes, "dtype": dtype, "repeats": repeats}
+        for metric, key, unit in (("time", "seconds", "s"), ("bandwidth", "gbps", "GB/s")):
+            out.compare(params, metric, unit, {r["case"]: r[key] for r in sel}, baseline=base)
+    return out.items
 
 
 class TensorsSuite(Suite):
@@ -131,8 +147,7 @@ class TensorsSuite(Suite):
         for r in rows:
             r["ratio"] = r["gbps"] / base[r["direction"]]
             print(f"{r['direction']:<10}{r['case']:<36}{r['seconds']:>10.3f}{r['gbps']:>8.1f}{r['ratio']:>17.2f}x")
-        write_json(args.json, self.key, {"tensors": len(sd), "bytes": total, "dtype": args.dtype,
-                                        "repeats": args.repeats, "rows": rows})
+        write_json(args.json, self.key, records(rows, len(sd), total, args.dtype, args.repeats))
         return 0
 
 

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 
+from .records import Records
 from .report import progress, table, write_json
 from .suite import Suite, Waived
 
@@ -391,6 +392,43 @@ def plot(path: str, rows: list[dict]) -> None:
     progress(f"wrote {path}")
 
 
+def records(rows: list[dict], skipped: list[dict], params: dict, probe: dict | None = None) -> list[dict]:
+    """Per node count and allocator (case = the configuration): the median
+    epoch time (metric epoch_time, baseline pytorch, this run's), the peak
+    memories, the setup time and the final loss; a run that failed: metric error; a node count skipped: state
+    Skipped with why; the study's own epoch times as cases "study: CONFIG"
+    (baseline "study: pytorch"); the device's free and total bytes at the start.
+    params: the model's settings (nodes, epochs, warmup, impl, chunk_rows)."""
+    out = Records(UvmSuite.key)
+    by_nodes: dict[int, dict] = {}
+    for r in rows:
+        by_nodes.setdefault(r["nodes"], {})[r["config"]] = r
+    for nodes, runs in by_nodes.items():
+        p = {**params, "nodes": nodes}
+        out.compare(p, "epoch_time", "s", {c: r.get("epoch_s_median") for c, r in runs.items()}, baseline="pytorch")
+        for c, r in runs.items():
+            for key, metric, unit in (("peak_bytes", "peak_memory", "B"),
+                                      ("reserved_peak_bytes", "reserved_peak_memory", "B"),
+                                      ("device_used_peak_bytes", "device_used_peak_memory", "B"),
+                                      ("setup_s", "setup_time", "s"), ("loss", "loss", None)):
+                if isinstance(r.get(key), (int, float)):
+                    out.add(c, metric, r[key], unit, **p)
+            if r.get("error"):
+                out.add(c, "error", r["error"], None, **p)
+    for s in skipped:
+        out.add("all", "state", "Skipped", None, why=s.get("why"), **{**params, "nodes": s["nodes"]})
+    for nodes, study in STUDY["epoch_s"].items():
+        out.compare({"nodes": nodes, "setup": STUDY["setup"]}, "epoch_time", "s",
+                    {f"study: {c}": s for c, s in study.items()}, baseline="study: pytorch")
+    for nodes, gb in STUDY["memory_gb"].items():
+        out.add("study", "memory_estimate", gb, "GB", nodes=nodes, setup=STUDY["setup"])
+    if probe:
+        for key in ("free", "total"):
+            if isinstance(probe.get(key), (int, float)):
+                out.add("device", f"{key}_memory", probe[key], "B", name=probe.get("name"), torch=probe.get("torch"))
+    return out.items
+
+
 class UvmSuite(Suite):
     key = "uvm"
     description = "the UVM study's GCN training under PyTorch's allocator and ferry's managed allocators"
@@ -461,13 +499,9 @@ class UvmSuite(Suite):
         print(render(rows, args.epochs, args.warmup))
         for s in skipped:
             print(f"{human_nodes(s['nodes'])} nodes: skipped ({s['why']})")
-        write_json(args.json, self.key, {
-            "model": {"features": FEATURES, "hidden": HIDDEN, "classes": CLASSES,
-                      "edges_per_node": EDGES_PER_NODE, "impl": args.impl, "chunk_rows": args.chunk_rows},
-            "epochs": args.epochs, "warmup": args.warmup, "device": probe, "rows": rows,
-            "skipped": skipped, "study": {"epoch_s": {str(k): v for k, v in STUDY["epoch_s"].items()},
-                                          "memory_gb": {str(k): v for k, v in STUDY["memory_gb"].items()},
-                                          "setup": STUDY["setup"]}})
+        model = {"features": FEATURES, "hidden": HIDDEN, "classes": CLASSES, "edges_per_node": EDGES_PER_NODE,
+                 "impl": args.impl, "chunk_rows": args.chunk_rows, "epochs": args.epochs, "warmup": args.warmup}
+        write_json(args.json, self.key, records(rows, skipped, model, probe))
         if args.plot:
             plot(args.plot, rows)
         return 0

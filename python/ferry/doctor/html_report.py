@@ -1,7 +1,9 @@
 """`ferry doctor --html FILE`: the doctor's report as one self-contained HTML page.
 
 build(report) gives the page; write(report, path) writes it atomically (a temporary
-file beside it, then a rename) and returns the absolute path.
+file beside it, then a rename) and returns the absolute path. A character device or a
+FIFO at path is written into, never replaced; an empty path, a directory, a block
+device or a socket is refused.
 
 The page draws the sections of report.py as they are (findings first, then the
 measurements, the skipped ones, the plots and the facts): each block a heading over
@@ -25,10 +27,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
+import errno
 import html
 import io
 import math
 import os
+import stat
 import tempfile
 from typing import Any, Callable
 
@@ -415,17 +419,44 @@ def build(report: dict, generated: str | None = None) -> str:
 # ----------------------------------------------------------------------------- write
 
 
+def _target(path: str | os.PathLike) -> tuple[str, str]:
+    """(absolute path, what is there): "new" (nothing), "file" (a regular file: replaced
+    atomically), "stream" (a character device or a FIFO: written into, never replaced),
+    or "refuse: WHY" (an empty path, a directory, a block device, a socket). A symbolic
+    link is followed: the file it names is replaced, the link stays."""
+    raw = os.fspath(path)
+    if isinstance(raw, bytes):
+        raw = os.fsdecode(raw)
+    if raw == "":
+        return raw, "refuse: the path is empty"
+    path = os.path.realpath(raw)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        directory = os.path.dirname(path)
+        if not os.path.isdir(directory):
+            return path, f"refuse: {directory} is not a directory"
+        if not os.access(directory, os.W_OK | os.X_OK):
+            return path, f"refuse: {directory} is not writable"
+        return path, "new"
+    except OSError as e:
+        return path, f"refuse: {path}: {e.strerror}"
+    if stat.S_ISREG(st.st_mode):
+        directory = os.path.dirname(path)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            return path, f"refuse: {directory} is not writable (the page replaces {path} atomically)"
+        return path, "file"
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+        return path, "stream"
+    kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a block device" if stat.S_ISBLK(st.st_mode)
+            else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+    return path, f"refuse: {path} is {kind} (the page goes to a regular file, a character device or a FIFO)"
+
+
 def unwritable(path: str | os.PathLike) -> str | None:
     """Why the page could not be written to path (checked before the doctor measures), or None."""
-    path = os.path.abspath(os.fspath(path))
-    directory = os.path.dirname(path)
-    if os.path.isdir(path):
-        return f"{path} is a directory"
-    if not os.path.isdir(directory):
-        return f"{directory} is not a directory"
-    if not os.access(directory, os.W_OK | os.X_OK):
-        return f"{directory} is not writable"
-    return None
+    _, what = _target(path)
+    return what[len("refuse: "):] if what.startswith("refuse: ") else None
 
 
 def _mode_for(path: str) -> int:
@@ -437,10 +468,18 @@ def _mode_for(path: str) -> int:
 
 
 def write(report: dict, path: str | os.PathLike) -> str:
-    """Writes build(report) to path atomically (a temporary file in the same folder, then
-    a rename: a reader never sees half a page); returns the absolute path."""
+    """Writes build(report) to path and returns its absolute path. A regular file (or a
+    new one) is written atomically: a temporary file in the same folder, then a rename (a
+    reader never sees half a page). A character device or a FIFO is written into, never
+    replaced (a FIFO without a reader is an error, not a hang). An empty path, a
+    directory, a block device or a socket raises OSError saying so."""
     page = build(report)
-    path = os.path.abspath(os.fspath(path))
+    path, what = _target(path)
+    if what.startswith("refuse: "):
+        raise OSError(errno.EINVAL, what[len("refuse: "):])
+    if what == "stream":
+        _write_into(path, page.encode("utf-8"))
+        return path
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -454,3 +493,24 @@ def write(report: dict, path: str | os.PathLike) -> str:
             os.unlink(tmp)
         raise
     return path
+
+
+def _write_into(path: str, data: bytes) -> None:
+    """Writes data into a character device or a FIFO without replacing it. O_NONBLOCK
+    opens a FIFO without a reader at once (ENXIO) instead of waiting for one; the
+    writes themselves block."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise OSError(e.errno, f"{path} is a FIFO with no reader") from None
+        raise
+    try:
+        if not stat.S_ISCHR(os.fstat(fd).st_mode) and not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} changed while the page was written")
+        os.set_blocking(fd, True)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)

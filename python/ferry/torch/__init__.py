@@ -7,6 +7,8 @@
 - ``allocators``: managed-memory allocators for PyTorch (``use_allocator``,
   ``mem_pool``, ``allocator_stats``, ``empty_cache``);
 - ``safetensors``: checkpoints to the GPU by ferry's loader (``load_safetensors``);
+- ``save``: state dicts to safetensors files (``save_safetensors``);
+- ``snapshots``: asynchronous checkpoints (``snapshot``, ``Snapshot.save``);
 - ``data``: ``DataLoader``, PyTorch's DataLoader with workers that collate
   straight into shared pinned memory (imported on first use: it subclasses
   PyTorch's class, and ``import ferry.torch`` does not import PyTorch).
@@ -26,6 +28,8 @@ from .allocators import (  # noqa: F401
 )
 from .pinned import default_pinned_pool, empty_pinned  # noqa: F401
 from .safetensors import load_safetensors  # noqa: F401
+from .save import save_safetensors  # noqa: F401
+from .snapshots import SaveFuture, Snapshot, snapshot  # noqa: F401
 from .transfer import to_device, to_host  # noqa: F401
 
 

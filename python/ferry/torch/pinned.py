@@ -63,7 +63,10 @@ def empty_pinned(shape, dtype=None, pool: PinnedPool | None = None, *, zero: boo
     if code_bits is None:
         return _empty_pinned_other(shape, dtype, pool, zero)
     if pool is None:
-        pool = _default_pools.get(0) or default_pinned_pool()
+        pool = _default_pools.get(0)
+        if pool is None:  # the first call: a bad shape is refused before a device is touched
+            _args.shape(shape)
+            pool = default_pinned_pool()
     return _from_capsule(_ferry.pool_tensor(pool._native, shape, code_bits[0], code_bits[1], zero))
 
 

@@ -19,10 +19,11 @@ leaves the ``out`` tensors partly written.
 from __future__ import annotations
 
 import os
+import threading
 import traceback
 
 from ..errors import InvalidArgumentError
-from ..load import Loader, default_loader, parse_shard_index, read_safetensors_header
+from ..load import Loader, default_loader, read_catalog, read_shard_index
 from ._torch import torch_module as _torch
 
 # safetensors dtype -> name of the torch dtype (absent: PyTorch has none)
@@ -48,18 +49,42 @@ _TORCH_DTYPE_NAMES = {
     "F8_E5M2FNUZ": "float8_e5m2fnuz",
     "F4": "float4_e2m1fn_x2",  # two values per byte: the last dimension halves
 }
+SAFETENSORS_TO_TORCH = _TORCH_DTYPE_NAMES  # the table the saver (ferry.torch.save) inverts
 
 _INDEX_NAME = "model.safetensors.index.json"
 _CAST_BATCH_BYTES = 1 << 30  # device memory a dtype cast borrows at a time
 _ALIGN = 256  # byte alignment of each tensor in a cast batch (any dtype's view)
+# New tensors are one torch.empty each (a few us): with this many or more,
+# the first tensors' load (_OVERLAP_HEAD_SHARE of the bytes) runs on a thread
+# while the others are allocated, and the second load takes the rest. Below
+# it, allocating costs less than the second load call's set-up.
+_OVERLAP_MIN_TENSORS = 256
+_OVERLAP_HEAD_SHARE = 0.125
 
 
-class _Entry:
-    __slots__ = ("name", "file", "dtype", "shape", "offset", "nbytes")
+class _Catalog:
+    """The checkpoint's tensors as columns (``ferry.load.read_catalog``):
+    tensor i is ``names[i]``, in ``files[file[i]]`` at ``offset[i]``
+    (``nbytes[i]`` bytes), of safetensors dtype ``dtype[i]`` and shape
+    ``shape[i]``; ``index`` maps a name to its i. Columns, not an object per
+    tensor: a checkpoint of thousands of tensors costs a few list passes."""
 
-    def __init__(self, name, file, dtype, shape, offset, nbytes):
-        self.name, self.file, self.dtype, self.shape = name, file, dtype, shape
-        self.offset, self.nbytes = offset, nbytes
+    __slots__ = ("files", "names", "file", "dtype", "shape", "offset", "nbytes", "index")
+
+    def __init__(self, files, names, file, dtype, shape, offset, nbytes):
+        self.files, self.names, self.file, self.dtype = files, names, file, dtype
+        self.shape, self.offset, self.nbytes = shape, offset, nbytes
+        self.index = dict(zip(names, range(len(names))))
+
+    @classmethod
+    def of(cls, files, entries):
+        """From [(name, file, dtype, shape, offset, nbytes)] (tests, small sets)."""
+        cols = [list(c) for c in zip(*entries)] or [[] for _ in range(6)]
+        cols[3] = [tuple(x) for x in cols[3]]
+        return cls(files, *cols)
+
+    def where(self, i) -> str:
+        return f"{self.files[self.file[i]]}: tensor {self.names[i]!r}"
 
 
 def _as_list(paths) -> list:
@@ -71,24 +96,35 @@ def _as_list(paths) -> list:
         raise InvalidArgumentError(f"paths: expected a path or a list of paths, got {type(paths).__name__}") from None
 
 
-def _resolve(paths) -> tuple[list[str], dict]:
-    """(safetensors files in order, weight_map {tensor: file} from indexes)."""
-    files: list[str] = []
-    weight_map: dict[str, str] = {}
+def _resolve(paths) -> tuple[list[str], list[str], list[int]]:
+    """(safetensors files in order, index tensors, index files): the indexes'
+    weight_map as two columns, index_tensors[k] in files[index_files[k]]."""
+    files: dict[str, int] = {}  # path -> its index, in order
+    tensors: list[str] = []
+    shard_of: list[int] = []
+    indexes = 0
+
+    def add_file(path: str) -> int:
+        return files.setdefault(path, len(files))
 
     def add_index(path: str) -> None:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read()
+        nonlocal indexes, tensors, shard_of
+        shards, names, of = read_shard_index(path)
         base = os.path.dirname(path)
-        for tensor, shard in parse_shard_index(text, path):
-            shard_path = os.path.join(base, shard)
-            if weight_map.get(tensor, shard_path) != shard_path:
+        at = [add_file(os.path.join(base, s)) for s in shards]
+        indexes += 1
+        if indexes == 1:
+            tensors, shard_of = names, [at[k] for k in of]
+            return
+        seen = dict(zip(tensors, shard_of))  # several indexes (rare): one map, conflicts refused
+        for name, k in zip(names, of):
+            f = seen.setdefault(name, at[k])
+            if f != at[k]:
+                paths_ = list(files)
                 raise InvalidArgumentError(
-                    f"{path}: tensor {tensor!r} is mapped to {shard_path} and, by another index, to {weight_map[tensor]}"
+                    f"{path}: tensor {name!r} is mapped to {paths_[at[k]]} and, by another index, to {paths_[f]}"
                 )
-            weight_map[tensor] = shard_path
-            if shard_path not in files:
-                files.append(shard_path)
+        tensors, shard_of = list(seen), list(seen.values())
 
     for p in _as_list(paths):
         p = os.path.abspath(os.fsdecode(os.fspath(p)))
@@ -100,55 +136,39 @@ def _resolve(paths) -> tuple[list[str], dict]:
             found = sorted(n for n in os.listdir(p) if n.endswith(".safetensors"))
             if not found:
                 raise InvalidArgumentError(f"{p}: no {_INDEX_NAME} and no *.safetensors file in this directory")
-            files.extend(os.path.join(p, n) for n in found if os.path.join(p, n) not in files)
+            for n in found:
+                add_file(os.path.join(p, n))
         elif p.endswith(".json"):
             add_index(p)
-        elif p not in files:
-            files.append(p)
+        else:
+            add_file(p)
     if not files:
         raise InvalidArgumentError("load_safetensors: no file given")
-    return files, weight_map
+    return list(files), tensors, shard_of
 
 
-def _catalog(files: list[str], weight_map: dict) -> dict:
-    """{tensor name: _Entry}, in file order, checked against the indexes."""
-    catalog: dict[str, _Entry] = {}
-    for i, path in enumerate(files):
-        h = read_safetensors_header(path)
-        base = h["data_offset"]
-        for name, dtype, shape, begin, end in h["tensors"]:
-            if name in catalog:
-                raise InvalidArgumentError(
-                    f"tensor {name!r} is in two files: {files[catalog[name].file]} and {path}"
-                )
-            catalog[name] = _Entry(name, i, dtype, shape, base + begin, end - begin)
-    for name, shard in weight_map.items():
-        e = catalog.get(name)
-        if e is None or files[e.file] != shard:
-            where = f"it is in {files[e.file]}" if e is not None else "no file has it"
-            raise InvalidArgumentError(f"the shard index maps tensor {name!r} to {shard}, but {where}")
-    return catalog
+def _catalog(files: list[str], index_tensors=(), index_files=()) -> _Catalog:
+    """Every tensor of `files`, checked against the index (one native call)."""
+    c = read_catalog(files, index_tensors, index_files)
+    return _Catalog(files, c["names"], c["file"], c["dtype"], c["shape"], c["offset"], c["nbytes"])
 
 
-def _torch_dtype(torch, e: _Entry, files: list[str]):
-    name = _TORCH_DTYPE_NAMES.get(e.dtype)
+def _torch_dtype(torch, cat: _Catalog, i: int):
+    name = _TORCH_DTYPE_NAMES.get(cat.dtype[i])
     dt = getattr(torch, name, None) if name else None
     if dt is None:
         raise InvalidArgumentError(
-            f"{files[e.file]}: tensor {e.name!r}: safetensors dtype {e.dtype} has no dtype in "
-            f"PyTorch {torch.__version__}"
+            f"{cat.where(i)}: safetensors dtype {cat.dtype[i]} has no dtype in PyTorch {torch.__version__}"
         )
     return dt
 
 
-def _storage_shape(e: _Entry, files: list[str]) -> list:
-    shape = list(e.shape)
-    if e.dtype == "F4":  # float4_e2m1fn_x2 holds two values per element
+def _storage_shape(cat: _Catalog, i: int) -> tuple:
+    shape = tuple(cat.shape[i])
+    if cat.dtype[i] == "F4":  # float4_e2m1fn_x2 holds two values per element
         if not shape or shape[-1] % 2:
-            raise InvalidArgumentError(
-                f"{files[e.file]}: tensor {e.name!r}: F4 shape {shape} needs an even last dimension in PyTorch"
-            )
-        shape[-1] //= 2
+            raise InvalidArgumentError(f"{cat.where(i)}: F4 shape {list(shape)} needs an even last dimension in PyTorch")
+        shape = shape[:-1] + (shape[-1] // 2,)
     return shape
 
 
@@ -159,37 +179,42 @@ def _castable(torch, dt) -> bool:
     return dt.is_floating_point and size >= 2
 
 
-def _select(catalog: dict, keys, out, strict: bool) -> list[str]:
+def _select(cat: _Catalog, keys, out, strict: bool) -> list[int]:
+    """The tensors to load, as indexes into the catalog."""
     def listed(names, what, limit=5):
         shown = ", ".join(repr(n) for n in names[:limit])
         return f"{len(names)} {what}: {shown}{', ...' if len(names) > limit else ''}"
 
+    index = cat.index
     if keys is not None:
         names = list(dict.fromkeys([keys] if isinstance(keys, str) else keys))
-        missing = [k for k in names if k not in catalog]
+        missing = [k for k in names if k not in index]
         if missing:
             raise InvalidArgumentError(listed(missing, "key(s) not in the checkpoint"))
         if out is not None:
             absent = [k for k in names if k not in out]
             if absent:
                 raise InvalidArgumentError(listed(absent, "key(s) not in out"))
-        return names
+        return [index[k] for k in names]
     if out is None:
-        return list(catalog)
-    names = [k for k in out if k in catalog]
+        return list(range(len(cat.names)))
+    names = [k for k in out if k in index]
     if strict:
-        unexpected = [k for k in catalog if k not in out]
+        unexpected = [k for k in cat.names if k not in out]
         if unexpected:
             raise InvalidArgumentError(
                 listed(unexpected, "tensor(s) of the checkpoint not in out") + " (strict=False skips them)"
             )
-        loaded = {_storage_key(out[k]) for k in names}
-        missing = [k for k in out if k not in catalog and _storage_key(out[k]) not in loaded]
-        if missing:  # a tied weight (same storage as a loaded one) is not missing
+        absent = [k for k in out if k not in index]
+        if absent:  # a tied weight (same storage as a loaded one) is not missing
+            loaded = {_storage_key(out[k]) for k in names}  # only then: a storage key costs a few us
+            absent = [k for k in absent if _storage_key(out[k]) not in loaded]
+        missing = absent
+        if missing:
             raise InvalidArgumentError(
                 listed(missing, "tensor(s) of out not in the checkpoint") + " (strict=False leaves them as they are)"
             )
-    return names
+    return [index[k] for k in names]
 
 
 def _storage_key(t):
@@ -212,56 +237,74 @@ def _device(torch, device, out):
     return torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
 
 
-def _targets(torch, names, catalog, files, dtype, out, device) -> dict:
+def _dtypes(torch, cat: _Catalog, sel, dtype) -> dict:
+    """{safetensors dtype: (its torch dtype, the dtype it loads as)} of the
+    selected tensors: one lookup per dtype, not per tensor."""
+    first = {}
+    for i in sel:
+        first.setdefault(cat.dtype[i], i)
+    out = {}
+    for name, i in first.items():
+        file_dt = _torch_dtype(torch, cat, i)
+        out[name] = (file_dt, dtype if dtype is not None and _castable(torch, file_dt) else file_dt)
+    return out
+
+
+def _shape_of(cat: _Catalog, sel, dts):
+    """i -> the shape tensor i is allocated with (F4: the last dimension halved)."""
+    if "F4" not in dts:
+        return cat.shape.__getitem__
+    f4 = {i: _storage_shape(cat, i) for i in sel if cat.dtype[i] == "F4"}
+    return lambda i: f4[i] if i in f4 else cat.shape[i]
+
+
+def _allocate(torch, sel, cat: _Catalog, dts, shape_of, device) -> dict:
+    empty, names, kinds = torch.empty, cat.names, cat.dtype
+    return {names[i]: empty(shape_of(i), dtype=dts[kinds[i]][1], device=device) for i in sel}
+
+
+def _targets(torch, sel, cat: _Catalog, dtype, out, device) -> dict:
     """{name: destination tensor}, checked (shape, dtype, device) or allocated."""
+    dts = _dtypes(torch, cat, sel, dtype)
+    names, kinds = cat.names, cat.dtype
+    shape_of = _shape_of(cat, sel, dts)
+    if out is None:
+        return _allocate(torch, sel, cat, dts, shape_of, device)
     result = {}
-    for name in names:
-        e = catalog[name]
-        file_dt = _torch_dtype(torch, e, files)
-        shape = _storage_shape(e, files)
-        want = dtype if dtype is not None and _castable(torch, file_dt) else file_dt
-        if out is None:
-            result[name] = torch.empty(shape, dtype=want, device=device)
-            continue
+    for i in sel:
+        name, shape = names[i], shape_of(i)
+        file_dt, want = dts[kinds[i]]
         t = out[name]
-        where = f"{files[e.file]}: tensor {name!r}"
         if not isinstance(t, torch.Tensor):
             raise InvalidArgumentError(f"out[{name!r}] is a {type(t).__name__}, not a tensor")
-        if list(t.shape) != shape:
-            raise InvalidArgumentError(f"{where} has shape {shape} but out[{name!r}] has {list(t.shape)}")
+        if t.shape != shape:
+            raise InvalidArgumentError(f"{cat.where(i)} has shape {list(shape)} but out[{name!r}] has {list(t.shape)}")
         if t.dtype != want:
             hint = f" (dtype={t.dtype} casts floating-point tensors)" if dtype is None and _castable(torch, file_dt) else ""
-            raise InvalidArgumentError(
-                f"{where} loads as {want} but out[{name!r}] is {t.dtype}{hint}"
-            )
+            raise InvalidArgumentError(f"{cat.where(i)} loads as {want} but out[{name!r}] is {t.dtype}{hint}")
         if t.device != device:
             raise InvalidArgumentError(f"out[{name!r}] is on {t.device}, the load goes to {device}")
         result[name] = t
     return result
 
 
-def _run(loader, files, ranges, stream) -> None:
-    """Loads [(file, offset, nbytes, address)] with only the files they use."""
-    used = sorted({r[0] for r in ranges})
-    remap = {f: i for i, f in enumerate(used)}
-    loader._load_lists(
-        [files[f] for f in used],
-        [remap[r[0]] for r in ranges],
-        [r[1] for r in ranges],
-        [r[2] for r in ranges],
-        [r[3] for r in ranges],
-        stream,
-    )
+def _run(loader, files, file_index, offsets, sizes, addresses, stream) -> None:
+    """Loads the ranges (four columns) with only the files they use."""
+    used = sorted(set(file_index))
+    if len(used) < len(files):
+        remap = {f: k for k, f in enumerate(used)}
+        files, file_index = [files[f] for f in used], [remap[f] for f in file_index]
+    loader.load_ranges(files, file_index, offsets, sizes, addresses, stream)
 
 
-def _cast_batches(entries, limit):
+def _cast_batches(cat: _Catalog, sel, limit):
     batch, size = [], 0
-    for e in entries:
-        padded = (e.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    for i in sel:
+        padded = (cat.nbytes[i] + _ALIGN - 1) // _ALIGN * _ALIGN
         if batch and size + padded > limit:
             yield batch, size
             batch, size = [], 0
-        batch.append(e)
+        batch.append(i)
         size += padded
     if batch:
         yield batch, size
@@ -288,8 +331,8 @@ def load_safetensors(
     the device. With ``out`` and ``strict`` (the default), a checkpoint tensor
     not in ``out`` or an ``out`` tensor not in the checkpoint is an error
     (except a tied weight whose storage is loaded under another name).
-    loader: a ``ferry.load.Loader`` (staging size, threads, O_DIRECT, mapped
-    share); default: the process's loader for the device.
+    loader: a ``ferry.load.Loader`` (staging size, threads, O_DIRECT);
+    default: the process's loader for the device.
     """
     try:
         return _load(paths, device, keys, dtype, out, strict, loader)
@@ -302,44 +345,139 @@ def load_safetensors(
 
 def _load(paths, device, keys, dtype, out, strict, loader) -> dict:
     torch = _torch()
-    files, weight_map = _resolve(paths)
-    catalog = _catalog(files, weight_map)
-    names = _select(catalog, keys, out, strict)
+    files, index_tensors, index_files = _resolve(paths)
+    cat = _catalog(files, index_tensors, index_files)
+    sel = _select(cat, keys, out, strict)
     dev = _device(torch, device, out)
     if loader is not None and loader.device != dev.index:
         raise InvalidArgumentError(f"loader is for cuda:{loader.device}, the load goes to {dev}")
     with torch.cuda.device(dev):
-        result = _targets(torch, names, catalog, files, dtype, out, dev)
         ld = loader if loader is not None else default_loader(dev.index)
         stream = torch.cuda.current_stream(dev).cuda_stream
-        direct, cast, seen = [], [], set()
-        for name in names:
-            e, t = catalog[name], result[name]
-            if e.nbytes == 0 or (t.data_ptr(), e.nbytes) in seen:
-                continue  # empty, or a tied weight whose storage another name loads
-            seen.add((t.data_ptr(), e.nbytes))
-            if t.dtype == _torch_dtype(torch, e, files) and t.is_contiguous():
-                direct.append((e.file, e.offset, e.nbytes, t.data_ptr()))
-            else:
-                cast.append(e)
+        dts = _dtypes(torch, cat, sel, dtype)
+        if out is None and all(a == b for a, b in dts.values()) and len(sel) >= _OVERLAP_MIN_TENSORS:
+            return _load_new_overlapped(torch, ld, files, cat, sel, dts, dev, stream)
+        result = _targets(torch, sel, cat, dtype, out, dev)
+        direct, cast = _split(torch, sel, cat, result, dtype, out)
         if direct:
-            _run(ld, files, direct, stream)
-        for batch, size in _cast_batches(cast, max(_CAST_BATCH_BYTES, max((e.nbytes for e in cast), default=0))):
-            raw = torch.empty(size, dtype=torch.uint8, device=dev)
-            at, ranges = 0, []
-            for e in batch:
-                ranges.append((e.file, e.offset, e.nbytes, raw.data_ptr() + at))
-                at += (e.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-            _run(ld, files, ranges, stream)
-            at = 0
-            for e in batch:
-                src = raw[at : at + e.nbytes].view(_torch_dtype(torch, e, files)).view(_storage_shape(e, files))
-                try:
-                    result[e.name].copy_(src)
-                except (RuntimeError, TypeError) as err:
-                    raise InvalidArgumentError(
-                        f"{files[e.file]}: tensor {e.name!r}: cannot cast {e.dtype} to {result[e.name].dtype}: {err}"
-                    ) from err
-                at += (e.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-            del raw
+            tensors = [result[cat.names[i]] for i in direct]
+            _run(ld, files, [cat.file[i] for i in direct], [cat.offset[i] for i in direct],
+                 [cat.nbytes[i] for i in direct], [t.data_ptr() for t in tensors], stream)
+        _load_cast(torch, ld, files, cat, cast, result, dev, stream)
     return result
+
+
+def _overlap_head(cat: _Catalog, sel) -> int:
+    """How many of `sel` (in order) the first load takes: the fewest whose
+    bytes reach _OVERLAP_HEAD_SHARE of the selection's, at least one, never
+    all."""
+    nbytes = cat.nbytes
+    goal, got = _OVERLAP_HEAD_SHARE * sum(nbytes[i] for i in sel), 0
+    for k, i in enumerate(sel):
+        got += nbytes[i]
+        if got >= goal:
+            return max(1, min(k + 1, len(sel) - 1))
+    return max(1, len(sel) - 1)
+
+
+def _load_new_overlapped(torch, ld, files, cat: _Catalog, sel, dts, dev, stream) -> dict:
+    """New tensors of the files' dtypes: the first ones are allocated and
+    their load starts on a thread; the others are allocated meanwhile (the
+    native load releases the GIL), then loaded. Nothing returns before the
+    thread's load has ended, whatever happens here (its DMAs write into
+    tensors this call owns)."""
+    shape_of = _shape_of(cat, sel, dts)
+    k = _overlap_head(cat, sel)
+    head, rest = sel[:k], sel[k:]
+
+    def ranges(part, tensors):
+        return ([cat.file[i] for i in part], [cat.offset[i] for i in part], [cat.nbytes[i] for i in part],
+                [t.data_ptr() for t in tensors])
+
+    result = _allocate(torch, head, cat, dts, shape_of, dev)
+    head_ranges = ranges(head, result.values())  # built here: the thread only waits in the native load
+    failed = []
+
+    def load_head():
+        try:
+            _run(ld, files, *head_ranges, stream)
+        except BaseException as err:  # noqa: BLE001 - re-raised by the caller's thread
+            failed.append(err)
+
+    worker = threading.Thread(target=load_head, name="ferry-load-head", daemon=True)
+    worker.start()
+    try:
+        others = _allocate(torch, rest, cat, dts, shape_of, dev)
+    finally:
+        _join(worker)
+    if failed:
+        raise failed[0]
+    _run(ld, files, *ranges(rest, others.values()), stream)
+    result.update(others)
+    return result
+
+
+def _join(thread) -> None:
+    """Joins `thread`, even across Ctrl-C (re-raised once it has ended)."""
+    interrupted = None
+    while thread.is_alive():
+        try:
+            thread.join()
+        except KeyboardInterrupt as err:
+            interrupted = err
+    if interrupted is not None:
+        raise interrupted
+
+
+def _split(torch, sel, cat: _Catalog, result, dtype, out) -> tuple[list, list]:
+    """(tensors loaded in place, tensors loaded raw and cast), as catalog
+    indexes. Newly allocated tensors of the file's dtype all load in place;
+    with ``out``, a tied weight (storage another name loads) is skipped and a
+    non-contiguous or other-dtype tensor goes through the cast."""
+    names, nbytes = cat.names, cat.nbytes
+    if out is None:
+        if dtype is None:
+            return sel, []
+        dts = _dtypes(torch, cat, sel, dtype)
+        direct = [i for i in sel if dts[cat.dtype[i]][0] == dts[cat.dtype[i]][1]]
+        return direct, [i for i in sel if dts[cat.dtype[i]][0] != dts[cat.dtype[i]][1]]
+    dts = _dtypes(torch, cat, sel, dtype)
+    direct, cast, seen = [], [], set()
+    for i in sel:
+        t = result[names[i]]
+        key = (t.data_ptr(), nbytes[i])
+        if nbytes[i] == 0 or key in seen:
+            continue  # empty, or a tied weight whose storage another name loads
+        seen.add(key)
+        if t.dtype == dts[cat.dtype[i]][0] and t.is_contiguous():
+            direct.append(i)
+        else:
+            cast.append(i)
+    return direct, cast
+
+
+def _load_cast(torch, ld, files, cat: _Catalog, cast, result, dev, stream) -> None:
+    """Loads `cast` raw into device batches of at most _CAST_BATCH_BYTES, then
+    copies each tensor into its destination (casting its dtype)."""
+    if not cast:
+        return
+    limit = max(_CAST_BATCH_BYTES, max(cat.nbytes[i] for i in cast))
+    for batch, size in _cast_batches(cat, cast, limit):
+        raw = torch.empty(size, dtype=torch.uint8, device=dev)
+        at, addresses = 0, []
+        for i in batch:
+            addresses.append(raw.data_ptr() + at)
+            at += (cat.nbytes[i] + _ALIGN - 1) // _ALIGN * _ALIGN
+        _run(ld, files, [cat.file[i] for i in batch], [cat.offset[i] for i in batch],
+             [cat.nbytes[i] for i in batch], addresses, stream)
+        at = 0
+        for i in batch:
+            n = cat.nbytes[i]
+            src = raw[at : at + n].view(_torch_dtype(torch, cat, i)).view(_storage_shape(cat, i))
+            dst = result[cat.names[i]]
+            try:
+                dst.copy_(src)
+            except (RuntimeError, TypeError) as err:
+                raise InvalidArgumentError(f"{cat.where(i)}: cannot cast {cat.dtype[i]} to {dst.dtype}: {err}") from err
+            at += (n + _ALIGN - 1) // _ALIGN * _ALIGN
+        del raw

@@ -149,7 +149,10 @@ def to_host(obj, out=None, non_blocking: bool = False):
 
     `out`: a structure of the same shape whose tensors (CPU tensors of the same
     shapes and dtypes, e.g. pinned buffers from ferry.torch.empty_pinned) are
-    filled in place and returned; else new (pageable) tensors are made. CPU
+    filled in place and returned, or a ``ferry.torch.Snapshot`` (its tensors,
+    in order: the same copy as ``snapshot(obj, into=out)`` for any nesting of
+    obj, without waiting for the snapshot's save); else new (pageable) tensors
+    are made. CPU
     tensors in obj are returned as they are, or copied into `out`.
     non_blocking=True returns before the copy is done: read the results after
     torch.cuda.current_stream().synchronize() (or the returned structure's
@@ -161,6 +164,8 @@ def to_host(obj, out=None, non_blocking: bool = False):
     leaves: list = []
     template = _flatten(obj, torch, leaves)
     targets: list = [None] * len(leaves)
+    if out is not None and not isinstance(out, (dict, list, tuple, torch.Tensor)) and hasattr(out, "tensors"):
+        out = out.tensors  # a Snapshot
     if out is not None:
         out_leaves: list = []
         _flatten(out, torch, out_leaves)

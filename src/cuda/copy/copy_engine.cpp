@@ -9,12 +9,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "copy/copy_crew.h"
@@ -607,17 +606,23 @@ CopyEngineOptions CopyEngineOptions::from_environment(int device) {
     if (cache && *cache) path = std::string(cache) + "/ferry/profile.txt";
     else if (home && *home) path = std::string(home) + "/.cache/ferry/profile.txt";
   }
-  std::ifstream in(path);
-  if (in) {
-    std::stringstream text;
-    text << in.rdbuf();
-    try {
-      o.profile = parse_profile(text.str());
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(path + ": " + e.what() + " (run `ferry bench copy --calibrate` to rewrite it)");
-    }
-  } else if (explicit_path) {
-    throw InvalidArgument("FERRY_PROFILE='" + path + "': cannot read the file");
+  if (path.empty()) return o;
+  // A profile is a few hundred bytes; 64 KiB bounds the read (FERRY_PROFILE=/dev/zero
+  // read without end), and read_file refuses a directory, a FIFO or a device.
+  std::string text;
+  const int err = os::read_file(path.c_str(), &text, size_t{64} << 10);
+  if (err == ENOENT && !explicit_path) return o;  // no calibration yet: the defaults
+  if (err) {
+    const std::string why = err == E2BIG    ? "larger than 64 KiB, not a profile"
+                            : err == EISDIR ? "a directory, not a profile"
+                            : err == EINVAL ? "not a regular file"
+                                            : std::strerror(err);
+    throw InvalidArgument((explicit_path ? "FERRY_PROFILE='" + path + "'" : path) + ": cannot read the profile: " + why);
+  }
+  try {
+    o.profile = parse_profile(text);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(path + ": " + e.what() + " (run `ferry bench copy --calibrate` to rewrite it)");
   }
   return o;
 }

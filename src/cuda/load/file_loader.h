@@ -1,20 +1,33 @@
 // file_loader.h — byte ranges of files (safetensors tensors, or anything) to
 // device memory: load/pipeline.h's reader threads and slot ring with a
 // DeviceTarget that DMAs each filled slot on the loader's own stream (an event
-// per slot fences its reuse) and, for the mapped share, registers the file's
-// page-cache pages read-only (cudaHostRegisterReadOnly) and DMAs straight from
-// them on a second stream.
+// per slot fences its reuse).
 //
-// Why the mapped share: from the page cache, the staged path costs a host
-// memcpy per byte (pread copies into the slot), bounded by the host's memcpy
-// rate (about 40 GB/s on the H200 machine's 16 cores), below the link (55).
-// DMA from registered file pages costs no memcpy, only the registration (page
-// walks in the driver, serialized). Both run at once; the split is a
-// parameter (mapped_share) until measurements pick a default.
+// From the page cache, the path costs a host memcpy per byte (pread copies
+// into the slot), bounded by the host's memcpy rate (about 40 GB/s on the
+// H200 machine's 16 cores), below the link (55). (DMA straight from
+// registered page-cache pages, the "mapped share", was slower at every share
+// measured and was removed: issue 24 item 8.)
 //
 // Host memory: the pinned slots (staging_bytes, allocated once per Loader and
-// reused), plus at most mapped_inflight_bytes of registered page-cache pages
-// (already resident: pinning adds none). Never a copy of a file.
+// reused). Never a copy of a file.
+//
+// Placement follows the copy engine's rules (cuda/copy/copy_engine.h): the
+// GPU's host node is numa_home() of its PCI address (copy/numa_home.h); on a
+// host with several nodes the slots are bound to that node (make_pinned_pool)
+// and the reader threads to its usable CPUs (host_crew_cpus(),
+// copy/copy_crew.h), so that pread's copy lands in local memory. The readers
+// are the loader's own threads, not the copy crew: they block in pread.
+// Threads by default: one per usable core (os::usable_cores(), or the node's
+// CPUs), at most kDefaultThreadCap.
+//
+// Why a ring of its own beside the copy engine's staging areas
+// (cuda/copy/staging_area.h), which hold the same thing (pinned slots, an
+// event each): the readers wait for a slot's event with
+// cudaEventBlockingSync (they sleep: spinning would take the cores pread
+// needs), while the areas' events spin (an eager copy's latency). One ring
+// for both needs the area pool to take its events' flags, a change to the
+// copy engine measured on a GPU for both paths.
 //
 // A load is synchronous: it returns when every byte is in device memory. It
 // starts after the work queued on `stream` before the call (the destinations
@@ -23,8 +36,8 @@
 //
 // Errors: the first failure (short read, read error, CUDA error) fails the
 // whole load with a message naming the file and the byte range; by then no
-// worker is busy, every DMA has ended and nothing is registered. The
-// destinations' contents are then undefined.
+// worker is busy and every DMA has ended. The destinations' contents are
+// then undefined.
 #pragma once
 
 #include <atomic>
@@ -48,27 +61,28 @@ namespace ferry::cuda {
 
 enum class Progress { automatic, always, never };  // automatic: when stderr is a terminal
 
+// The default reader count's cap: page-cache reads reach the host's memcpy
+// bound with 16 threads on the H200 machine (16 cores: 37 GB/s, DESIGN.md);
+// more threads only contend.
+inline constexpr int kDefaultThreadCap = 16;
+
 struct LoaderOptions {
   int device = 0;
   size_t staging_bytes = size_t{512} << 20;  // pinned slots in all; at most 1 GiB by default
   size_t slot_bytes = size_t{16} << 20;      // one read; a multiple of 4 KiB
-  int threads = 0;                           // reader threads; 0 = one per core, at most 16
+  int threads = 0;                           // reader threads; 0 = one per usable core, at most kDefaultThreadCap
   load::DirectIo direct_io = load::DirectIo::automatic;
-  double mapped_share = 0.0;                 // experimental: 0..1 of page-cache bytes DMA'd from registered mappings
-  size_t mapped_inflight_bytes = size_t{1} << 30;  // registered file pages held at once
   Progress progress = Progress::automatic;
 
-  // FERRY_LOAD_STAGING, FERRY_LOAD_SLOT, FERRY_LOAD_THREADS, FERRY_LOAD_DIRECT_IO,
-  // FERRY_LOAD_MAPPED_PERCENT. Throws InvalidArgument.
+  // FERRY_LOAD_STAGING, FERRY_LOAD_SLOT, FERRY_LOAD_THREADS, FERRY_LOAD_DIRECT_IO.
+  // Throws InvalidArgument.
   static LoaderOptions from_environment(int device);
   static LoaderOptions from_options(const Options& options, int device);  // pure
 };
 
 struct LoadStats : load::PipelineStats {
-  uint64_t registrations = 0;      // mapped regions registered
-  double register_seconds = 0;     // in cudaHostRegister (mapped path)
-  double unregister_seconds = 0;   // in cudaHostUnregister
   size_t staging_bytes = 0;        // pinned slots the loader holds
+  int numa_node = -1;              // the GPU's host node the slots and readers are on; -1: no placement
   int threads = 0;
 };
 

@@ -20,8 +20,8 @@ import weakref
 
 import torch
 
-from .batch_layout import Batch, TensorLeaf, map_leaves
-from .slot_collate import leaf_view
+from .batch_layout import Batch, SlotWriter, TensorLeaf, map_leaves
+from .slot_collate import leaf_nbytes, leaf_view
 from .slots import Slot, SlotPool
 
 
@@ -35,7 +35,7 @@ def _release_after_cpu_use(slots: SlotPool, slot: Slot) -> None:
     event = None
     try:
         if torch.cuda.is_initialized():
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)
             event.record()
     except Exception:  # pragma: no cover - a finalizer must not raise
         event = None
@@ -49,16 +49,33 @@ class Delivery:
         self._stream = None
 
     def __call__(self, batch: Batch):
-        if batch.needed_bytes > (self.slots.capacity or 0):
-            self.slots.fit(batch.needed_bytes)  # later slots hold a batch like this one
         slot = None if batch.slot_id is None else self.slots.slot(batch.slot_id)
+        if batch.needed_bytes > batch.used_bytes or slot is None:
+            batch, slot = self._rehome(batch, slot)
         if self.device is None:
             return self._on_cpu(batch, slot)
         return self._on_device(batch, slot)
 
-    def _on_cpu(self, batch: Batch, slot: Slot | None):
-        if slot is None:
-            return map_leaves(batch.tree, lambda leaf: leaf_view(leaf, None), _is_leaf)
+    def _rehome(self, batch: Batch, slot: Slot | None):
+        """A batch that did not fit its slot (the first one, before slots were
+        sized; one larger than those before): slots grow to hold it, and it
+        moves whole into a new one, so that it too is pinned and one piece.
+        A copy in the main process, once per size."""
+        self.slots.fit(batch.needed_bytes)
+        new = self.slots.acquire()
+        writer = SlotWriter(new.bytes)
+
+        def move(leaf):
+            region, offset = writer.take(leaf_nbytes(leaf))
+            region.view(leaf.dtype).view(leaf.shape).copy_(leaf_view(leaf, None if slot is None else slot.bytes))
+            return TensorLeaf(offset, leaf.shape, leaf.dtype)
+
+        tree = map_leaves(batch.tree, move, _is_leaf)
+        if slot is not None:
+            self.slots.release(slot)
+        return Batch(batch.idx, new.id, tree, writer.used, writer.needed), new
+
+    def _on_cpu(self, batch: Batch, slot: Slot):
         import numpy as np
 
         # A new array per batch: its life is the life of every tensor of the
@@ -74,7 +91,7 @@ class Delivery:
         if self._stream is None:
             self._stream = torch.cuda.Stream(device)
         current = torch.cuda.current_stream(device)
-        slot_bytes = None if slot is None else slot.bytes
+        slot_bytes = slot.bytes
         outs = []
 
         def copy(leaf):
@@ -85,11 +102,10 @@ class Delivery:
 
         with torch.cuda.stream(self._stream):
             tree = map_leaves(batch.tree, copy, _is_leaf)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)  # a wait for a slot sleeps instead of spinning a core
             event.record(self._stream)
         current.wait_event(event)
         for t in outs:
             t.record_stream(current)
-        if slot is not None:
-            self.slots.release(slot, event)
+        self.slots.release(slot, event)
         return tree
