@@ -31,6 +31,9 @@ The pieces, bottom-up:
 - ``post`` / ``transfer`` / ``read`` / ``write``: one NIXL transfer between
   local and remote descriptor lists; ``Transfer.wait(timeout)`` raises
   ``NixlTimeoutError`` or ``NixlError`` with what, how much and with whom.
+  Rows adjacent on both sides are joined into descriptors of up to 2 MiB
+  before posting (``coalesce``; ``post(coalesce=False)`` posts them as given):
+  UCX pays a rendezvous per descriptor.
 - ``publish_metadata`` / ``load_metadata``: an agent's metadata through a file
   (written atomically), for processes on one machine or a shared filesystem.
 
@@ -179,7 +182,8 @@ def agent(name: str, *, peers: str = "any", backend_params: dict | None = None, 
     (other nodes) or "any" (default). UCX's transports are probed once per
     process (ferry.ucx.probe: a child process, about a second) and
     ferry.ucx.choose picks UCX_TLS (CUDA transports, shared memory, RDMA, tcp,
-    as they start here), UCX_RMA_PPLN_ENABLE=y where GPUs are, and the
+    as they start here), UCX_RMA_PPLN_ENABLE=y where GPUs are, 4 MiB
+    rendezvous fragments for GPUs and peers on this host, and the
     backend's ``ucx_error_handling_mode`` ("none" where shared-memory or
     cuda_ipc lanes are chosen: they cannot report a dead peer; "peer" for
     remote-only traffic). cma: allow UCX's cma transport between local
@@ -282,6 +286,13 @@ class Descs:
             checked.append((address, nbytes, device))
         self.rows = tuple(checked)
         self._owners = tuple(owners)
+
+    @classmethod
+    def _checked(cls, mem_type: str, rows, owners: tuple) -> "Descs":
+        """Rows made from rows a Descs already checked (joined ones): no second check."""
+        d = cls.__new__(cls)
+        d.mem_type, d.rows, d._owners = mem_type, tuple(rows), tuple(owners)
+        return d
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -643,15 +654,18 @@ class Transfer:
     """A posted NIXL transfer. wait(timeout) until it is done; done (a poll);
     release() frees its handle (aborting it if still running); repost() runs
     the same transfer again. A context manager that releases on exit.
-    ``parts``: the NIXL requests it was posted as (post(split=N))."""
+    ``parts``: the NIXL requests it was posted as (post(split=N)); ``posted``:
+    the descriptors posted, after post() joined adjacent ones (coalesce)."""
 
-    def __init__(self, agent, handles, op: str, local: Descs, remote: Descs, remote_agent: str):
+    def __init__(self, agent, handles, op: str, local: Descs, remote: Descs, remote_agent: str,
+                 posted: int | None = None):
         _agent(agent, "Transfer")
         self.agent = agent
         self.op = op
         self.local = local  # held: their memory stays alive while the transfer may run
         self.remote = remote
         self.remote_agent = remote_agent
+        self.posted = len(local) if posted is None else posted  # descriptors posted (after coalescing)
         self._handles = list(handles) if isinstance(handles, (list, tuple)) else [handles]
         self._handle = self._handles[0]
         self._posted = 0.0
@@ -745,6 +759,52 @@ class Transfer:
         self.release()
 
 
+COALESCE_BYTES = 2 << 20  # post()'s default cap on a joined descriptor (see coalesce)
+
+
+def coalesce(local: Descs, remote: Descs, max_bytes: int = COALESCE_BYTES) -> tuple[Descs, Descs]:
+    """Pairs of rows that continue each other on BOTH sides joined into one
+    pair: (local row, remote row) pairs are taken in local-address order, and
+    a pair whose local and remote memory start where the previous pair's end
+    (same devices) is appended to it while the joined length stays within
+    `max_bytes`. Every local byte still pairs with the same remote byte, so a
+    transfer of the result moves exactly what the original moves; rows that
+    are not adjacent on both sides stay separate, and a row longer than
+    max_bytes stays whole. Returns (local, remote) themselves when nothing
+    joins. Why: UCX runs each descriptor as its own rendezvous (a handshake per
+    descriptor), which caps 64 KiB blocks at ~5 GB/s on the H200 machine where
+    2 MiB ones reach 40+; a KV offload of consecutive blocks joins into few
+    large descriptors. Pure (no NIXL)."""
+    _check_pair(local, remote)
+    max_bytes = _count(max_bytes, "max_bytes")
+    n = len(local.rows)
+    if n < 2 or max_bytes == 0:
+        return local, remote
+    lrows, rrows = local.rows, remote.rows
+    order = sorted(range(n), key=lambda k: lrows[k][0])
+    out_l, out_r = [], []
+    la, ln, ld = lrows[order[0]]
+    ra, _, rd = rrows[order[0]]
+    for k in order[1:]:
+        a, m, d = lrows[k]
+        b, _, e = rrows[k]
+        if a == la + ln and b == ra + ln and d == ld and e == rd and ln + m <= max_bytes:
+            ln += m
+            continue
+        out_l.append((la, ln, ld))
+        out_r.append((ra, ln, rd))
+        la, ln, ld, ra, rd = a, m, d, b, e
+    out_l.append((la, ln, ld))
+    out_r.append((ra, ln, rd))
+    if len(out_l) == n:
+        return local, remote
+    return (Descs._checked(local.mem_type, out_l, local._owners),
+            Descs._checked(remote.mem_type, out_r, remote._owners))
+
+
+_join = coalesce  # post()'s argument of that name hides the function there
+
+
 def _split_rows(d: Descs, parts: int) -> list[Descs]:
     """d's rows in `parts` contiguous groups of nearly equal row counts."""
     n = len(d.rows)
@@ -752,36 +812,38 @@ def _split_rows(d: Descs, parts: int) -> list[Descs]:
     return [Descs(d.mem_type, d.rows[a:b], d._owners) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def post(agent, op: str, local, remote, remote_agent: str, *, notif: bytes = b"",
-         backends: Sequence[str] = (), sync: PoolRegistration | Sequence[PoolRegistration] = (),
-         split: int = 1) -> Transfer:
-    """Start one transfer: op "READ" (remote -> local) or "WRITE" (local ->
-    remote); local and remote are Descs (or objects descs() takes) paired row by
-    row; remote rows are addresses in the remote agent's memory. `sync`: pool
-    registrations to bring up to date first (so new chunks are registered).
-    split: post the rows as up to that many NIXL requests at once (contiguous
-    groups; one Transfer waits for all): more requests in flight, for UCX
-    protocols that serialize one request's descriptors (scripts/gpu-nixl-write
-    measures whether it helps; notif goes with each part)."""
-    if op not in OPERATIONS:
-        raise InvalidArgumentError(f"op={op!r}: expected READ or WRITE")
-    local = _as_descs(local, "local")
-    remote = _as_descs(remote, "remote")
-    _check_pair(local, remote)
-    split = _count(split, "split")
-    if split < 1:
-        raise InvalidArgumentError("split=0: a transfer is posted as at least one request")
-    _agent(agent, "post")  # after the request's checks (they need no agent)
-    if isinstance(remote_agent, bytes):
-        remote_agent = remote_agent.decode()
-    for registration in [sync] if isinstance(sync, PoolRegistration) else sync:
-        registration.sync()
+def _coalesce_limit(value) -> int:
+    """post()'s coalesce= as a byte cap (0: off)."""
+    if value is True:
+        return COALESCE_BYTES
+    if value is False or value is None:
+        return 0
+    return _count(value, "coalesce")
+
+
+def _remote_covers(agent, remote_agent: str, remote: Descs) -> bool:
+    """Whether each of `remote`'s rows lies inside one region of the remote
+    agent's metadata as loaded here (NIXL's check, quiet; True where this NIXL
+    has no such check: initialize_xfer's failure is the fallback then)."""
+    check = getattr(agent, "check_remote_metadata", None)
+    if check is None:
+        return True
+    try:
+        return bool(check(remote_agent, xfer_descs(agent, remote)))
+    except Exception:
+        return True
+
+
+def _initialize(agent, op: str, local: Descs, remote: Descs, remote_agent: str, notif: bytes, backends,
+                split: int) -> list:
+    """NIXL request handles for local/remote in min(split, rows) contiguous parts
+    (none left behind on failure)."""
     hint = ("NIXL_ERR_NOT_FOUND means a descriptor lies outside the memory registered here or in the "
             "remote agent's metadata as loaded (register it; the peer loads the metadata again)")
+    parts = min(split, len(local))
     handles = []
     try:
-        for part_local, part_remote in zip(_split_rows(local, min(split, len(local))),
-                                           _split_rows(remote, min(split, len(local)))):
+        for part_local, part_remote in zip(_split_rows(local, parts), _split_rows(remote, parts)):
             handles.append(_nixl_call(f"initialize_xfer ({op} of {part_local.nbytes} bytes, {len(part_local)} "
                                       f"descriptor(s), with agent {remote_agent!r})", agent.initialize_xfer, op,
                                       xfer_descs(agent, part_local), xfer_descs(agent, part_remote), remote_agent,
@@ -793,7 +855,55 @@ def post(agent, op: str, local, remote, remote_agent: str, *, notif: bytes = b""
             except Exception:
                 pass  # the initialize error says more
         raise
-    t = Transfer(agent, handles, op, local, remote, remote_agent)
+    return handles
+
+
+def post(agent, op: str, local, remote, remote_agent: str, *, notif: bytes = b"",
+         backends: Sequence[str] = (), sync: PoolRegistration | Sequence[PoolRegistration] = (),
+         split: int = 1, coalesce: int | bool = True) -> Transfer:
+    """Start one transfer: op "READ" (remote -> local) or "WRITE" (local ->
+    remote); local and remote are Descs (or objects descs() takes) paired row by
+    row; remote rows are addresses in the remote agent's memory. `sync`: pool
+    registrations to bring up to date first (so new chunks are registered).
+
+    coalesce: join pairs of rows that are adjacent on both sides into larger
+    descriptors before posting (ferry.nixl.coalesce; True: up to
+    COALESCE_BYTES = 2 MiB each, an int: that cap in bytes, False or 0: post
+    the rows as given). The bytes moved are the same; consecutive 64 KiB KV
+    blocks move as 2 MiB descriptors (README, NIXL). A joined row must lie in
+    one registered region on each side: the remote side is checked against
+    the peer's metadata first, and if NIXL still refuses the joined lists
+    (local rows adjacent across two registrations) the rows are posted as
+    given. ``Transfer.posted`` says how many descriptors went out.
+
+    split: post the rows as up to that many NIXL requests at once (contiguous
+    groups; one Transfer waits for all; notif goes with each part). Measured
+    on the H200 machine: no gain (scripts/gpu-nixl-write, docs/findings.md)."""
+    if op not in OPERATIONS:
+        raise InvalidArgumentError(f"op={op!r}: expected READ or WRITE")
+    local = _as_descs(local, "local")
+    remote = _as_descs(remote, "remote")
+    _check_pair(local, remote)
+    split = _count(split, "split")
+    if split < 1:
+        raise InvalidArgumentError("split=0: a transfer is posted as at least one request")
+    limit = _coalesce_limit(coalesce)
+    _agent(agent, "post")  # after the request's checks (they need no agent)
+    if isinstance(remote_agent, bytes):
+        remote_agent = remote_agent.decode()
+    for registration in [sync] if isinstance(sync, PoolRegistration) else sync:
+        registration.sync()
+    post_local, post_remote = _join(local, remote, limit) if limit else (local, remote)
+    if post_local is not local and not _remote_covers(agent, remote_agent, post_remote):
+        post_local, post_remote = local, remote  # a joined row spans two of the peer's regions
+    try:
+        handles = _initialize(agent, op, post_local, post_remote, remote_agent, notif, backends, split)
+    except NixlError:
+        if post_local is local:
+            raise
+        post_local, post_remote = local, remote  # a joined row spans two local registrations
+        handles = _initialize(agent, op, local, remote, remote_agent, notif, backends, split)
+    t = Transfer(agent, handles, op, local, remote, remote_agent, posted=len(post_local))
     try:
         t._post(notif)
     except BaseException:
@@ -806,10 +916,12 @@ def post(agent, op: str, local, remote, remote_agent: str, *, notif: bytes = b""
 
 
 def transfer(agent, op: str, local, remote, remote_agent: str, *, timeout: float | None = 60.0,
-             notif: bytes = b"", backends: Sequence[str] = (), sync=(), split: int = 1) -> Transfer:
+             notif: bytes = b"", backends: Sequence[str] = (), sync=(), split: int = 1,
+             coalesce: int | bool = True) -> Transfer:
     """post() and wait(timeout); returns the done Transfer (``seconds``: post to
     done). Release it (or use it in a with block) when not reposting it."""
-    t = post(agent, op, local, remote, remote_agent, notif=notif, backends=backends, sync=sync, split=split)
+    t = post(agent, op, local, remote, remote_agent, notif=notif, backends=backends, sync=sync, split=split,
+             coalesce=coalesce)
     try:
         return t.wait(timeout)
     except NixlTimeoutError:
@@ -830,8 +942,8 @@ def write(agent, local, remote, remote_agent: str, **kwargs) -> Transfer:
 
 
 __all__ = [
-    "Changes", "Descs", "add_remote", "agent", "settings", "NixlError", "NixlTimeoutError", "NixlUnavailableError", "PoolRegistration",
-    "Registration", "Transfer", "available", "blocks", "descs", "load_metadata", "make_agent", "nixl", "post",
-    "publish_metadata", "read", "reg_descs", "register", "register_pool", "slots", "transfer",
-    "unavailable_reason", "write", "xfer_descs",
+    "COALESCE_BYTES", "Changes", "Descs", "NixlError", "NixlTimeoutError", "NixlUnavailableError",
+    "PoolRegistration", "Registration", "Transfer", "add_remote", "agent", "available", "blocks", "coalesce",
+    "descs", "load_metadata", "make_agent", "nixl", "post", "publish_metadata", "read", "reg_descs", "register",
+    "register_pool", "settings", "slots", "transfer", "unavailable_reason", "write", "xfer_descs",
 ]

@@ -19,8 +19,14 @@ host <-> GPU puts and gets) is off unless ``UCX_RMA_PPLN_ENABLE=y``.
   settings that won, why each choice was made, and warnings about user settings
   known to be slow. The user's UCX_* environment variables and backend_params
   always win over ferry's choice. Where CUDA transports start, shared memory is
-  ``posix,sysv`` without ``cma`` (a CPU copy between processes, suspected of
-  halving pushes into another process's GPU; ``cma=True`` gives ``sm``).
+  ``posix,sysv`` without ``cma``: with cma, UCX_PROTO_INFO on the H200 machine
+  shows a push (ucp_put, host -> another process's GPU) of 1 B..8 MiB taking
+  cma into the peer's host bounce buffer plus a cuda_copy, where a pull takes
+  cuda_ipc; without it both take cuda_ipc (``cma=True`` gives ``sm``). For
+  peers on this host with GPUs, rendezvous fragments are 4 MiB for host and
+  GPU bounce buffers (UCX_RNDV_FRAG_SIZE=host:4M,cuda:4M; UCX's default host
+  fragment is 512K), 16 host fragments per pool chunk so the pinned host pool
+  grows by UCX's usual 64 MiB (docs/findings.md, "NIXL over UCX").
 
 Invariants: nothing here imports NIXL or loads UCX into this process; ``choose``
 reads no state besides its arguments.
@@ -45,7 +51,13 @@ PEERS = ("any", "local", "remote")
 PROBE_TIMEOUT = 30.0  # seconds; UCX starts in ~0.1 s, a Python child in 0.2-3 s on a busy host
 ERROR_MODE_PARAM = "ucx_error_handling_mode"
 # The variables ferry.nixl.agent may set (a user's own value of any of them wins).
-CHOSEN_KEYS = ("UCX_TLS", "UCX_RMA_PPLN_ENABLE")
+CHOSEN_KEYS = ("UCX_TLS", "UCX_RMA_PPLN_ENABLE", "UCX_RNDV_FRAG_SIZE", "UCX_RNDV_FRAG_ALLOC_COUNT")
+# Rendezvous bounce buffers for peers on this host where GPUs are: 4 MiB fragments
+# (the best and steadiest variant on the H200 machine, 2026-11-24: READ/WRITE 44.5/40.0
+# GB/s at 1 MiB, 41.9/42.0 at 2 MiB), 16 host fragments per chunk: 64 MiB, UCX's
+# 128 x 512K, rather than 128 x 4M = 512 MiB of pinned memory per worker.
+FRAG_SIZE = "host:4M,cuda:4M"
+FRAG_ALLOC_COUNT = "host:16,cuda:128"
 
 # UCX transport names, by family (UCX_TLS aliases: "sm" = the shared-memory ones,
 # "cuda" = cuda_copy + cuda_ipc + gdr_copy, "ib" = the verbs ones).
@@ -246,7 +258,8 @@ class Settings:
             f"{p.gpus} GPU{'s' if p.gpus != 1 else ''})",
             f"  transports that start: {p.summary()}",
             f"  UCX_TLS={env.get('UCX_TLS', '(UCX default: all)')}, error handling {self.error_handling}, "
-            f"RMA pipeline {env.get('UCX_RMA_PPLN_ENABLE', '(UCX default: n)')}",
+            f"RMA pipeline {env.get('UCX_RMA_PPLN_ENABLE', '(UCX default: n)')}, rendezvous fragments "
+            f"{env.get('UCX_RNDV_FRAG_SIZE', '(UCX default: host:512K,cuda:4M)')}",
             f"  set by ferry: {chosen}",
             f"  the user's (they win): {user}",
         ]
@@ -304,10 +317,10 @@ def _pick_tls(probe: Probe, peers: str, cma: bool | None) -> tuple[list[str], li
         elif shm:
             local += shm_names
             reasons.append(f"{','.join(shm_names)} without cma: shared memory for messages; cma (a CPU copy "
-                           "between processes) is left out where GPUs are, so that a push from pinned host "
-                           "memory into another process's GPU takes cuda_ipc rather than cma + a staged copy "
-                           "(suspected, issue 25: scripts/gpu-nixl-write's default and cma runs compare; "
-                           "agent(cma=True) puts it back)")
+                           "between processes) is left out where GPUs are: with it UCX pushes pinned host "
+                           "memory into another process's GPU by cma into the peer's host bounce buffer plus "
+                           "a cuda_copy (UCX_PROTO_INFO, H200 machine), without it by cuda_ipc like a pull; "
+                           "agent(cma=True) puts it back")
     if peers in ("any", "remote"):
         if probe.verbs:
             remote.append("ib")
@@ -389,6 +402,14 @@ def choose(probe: Probe, *, peers: str = "any", env: Mapping[str, str] | None = 
         reasons.append("UCX_RMA_PPLN_ENABLE=y: enables UCX's RMA rendezvous protocol, which moves host memory "
                        "to and from GPUs of other processes through cuda_ipc and GPU staging (40 GB/s vs 0.9 "
                        "without, H200 machine)")
+    if probe.gpus and peers != "remote" and (probe.has("cuda_ipc") or probe.error):
+        chosen["UCX_RNDV_FRAG_SIZE"] = FRAG_SIZE
+        if "UCX_RNDV_FRAG_SIZE" not in user_env:  # the count goes with ferry's size, not the user's
+            chosen["UCX_RNDV_FRAG_ALLOC_COUNT"] = FRAG_ALLOC_COUNT
+        reasons.append(f"UCX_RNDV_FRAG_SIZE={FRAG_SIZE}, UCX_RNDV_FRAG_ALLOC_COUNT={FRAG_ALLOC_COUNT}: 4 MiB "
+                       "rendezvous bounce buffers (UCX's host default is 512K) were the best and steadiest "
+                       "variant between processes on the H200 machine (READ/WRITE >= 40 GB/s at 1 and 2 MiB "
+                       "blocks); 16 host fragments per pool chunk keep its pinned growth at UCX's 64 MiB")
     env_out = {k: v for k, v in chosen.items() if k not in user_env}
     reasons += [f"{k}: the user's {user_env[k]!r} wins over ferry's {v!r}" for k, v in chosen.items() if k in user_env]
     tls_value = user_env.get("UCX_TLS", chosen.get("UCX_TLS"))

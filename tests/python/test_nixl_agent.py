@@ -62,6 +62,37 @@ def test_choice_from_probe_results(case, transports, gpus, peers, cma, tls, mode
     assert s.reasons and all(isinstance(r, str) for r in s.reasons)
 
 
+FRAG_CASES = [
+    # (case, transports, gpus, peers, 4 MiB fragments chosen)
+    ("GPU VM, local peers", GPU_VM, 1, "local", True),
+    ("RDMA node, any peers", RDMA_NODE, 8, "any", True),
+    ("RDMA node, remote peers: not measured there, UCX's default", RDMA_NODE, 8, "remote", False),
+    ("cpu host", CPU_BOX, 0, "local", False),
+    ("GPUs but no cuda_ipc", {**CPU_BOX, "cuda_copy": ("cuda",)}, 1, "local", False),
+]
+
+
+@pytest.mark.parametrize("case, transports, gpus, peers, frag", FRAG_CASES, ids=[c[0] for c in FRAG_CASES])
+def test_rendezvous_fragments_for_local_gpu_traffic(case, transports, gpus, peers, frag):
+    s = ucx.choose(probe(transports, gpus), peers=peers, env={})
+    if frag:
+        assert s.env["UCX_RNDV_FRAG_SIZE"] == "host:4M,cuda:4M"
+        assert s.env["UCX_RNDV_FRAG_ALLOC_COUNT"] == "host:16,cuda:128"
+        assert any("UCX_RNDV_FRAG_SIZE=host:4M,cuda:4M" in r for r in s.reasons)
+    else:
+        assert "UCX_RNDV_FRAG_SIZE" not in s.env and "UCX_RNDV_FRAG_ALLOC_COUNT" not in s.env
+
+
+def test_user_fragment_size_wins_and_takes_the_count_with_it():
+    s = ucx.choose(probe(GPU_VM, gpus=1), peers="local", env={"UCX_RNDV_FRAG_SIZE": "host:1M"})
+    assert "UCX_RNDV_FRAG_SIZE" not in s.env and "UCX_RNDV_FRAG_ALLOC_COUNT" not in s.env
+    assert s.effective_env["UCX_RNDV_FRAG_SIZE"] == "host:1M"
+    assert any("the user's 'host:1M' wins over ferry's 'host:4M,cuda:4M'" in r for r in s.reasons)
+    s = ucx.choose(probe(GPU_VM, gpus=1), peers="local", env={"UCX_RNDV_FRAG_ALLOC_COUNT": "host:4"})
+    assert s.env["UCX_RNDV_FRAG_SIZE"] == "host:4M,cuda:4M" and "UCX_RNDV_FRAG_ALLOC_COUNT" not in s.env
+    assert set(ucx.CHOSEN_KEYS) >= {"UCX_RNDV_FRAG_SIZE", "UCX_RNDV_FRAG_ALLOC_COUNT"}
+
+
 def test_a_failed_probe_leaves_the_transports_to_ucx_but_keeps_the_pipeline_on_gpus():
     s = ucx.choose(probe({}, gpus=1, error="UCX did not start within 30 s"), env={})
     assert "UCX_TLS" not in s.env and s.env["UCX_RMA_PPLN_ENABLE"] == "y"
@@ -128,7 +159,8 @@ def test_describe_says_what_and_why():
     s = ucx.choose(probe(GPU_VM, gpus=1), env={"UCX_PROTO_INFO": "y"})
     text = s.describe()
     assert "UCX 1.23.0, 1 GPU" in text
-    assert "UCX_TLS=cuda_copy,cuda_ipc,posix,sysv,self, error handling none, RMA pipeline y" in text
+    assert ("UCX_TLS=cuda_copy,cuda_ipc,posix,sysv,self, error handling none, RMA pipeline y, rendezvous "
+            "fragments host:4M,cuda:4M") in text
     assert "the user's (they win): UCX_PROTO_INFO=y" in text
     assert "why: error handling none" in text and "cuda_ipc (cuda)" in text
     d = s.to_dict()
@@ -216,6 +248,8 @@ def test_doctor_quick_check_runs_no_child_and_reads_the_environment(monkeypatch)
     (["--ops", "READ,COPY"], "'COPY'"),
     (["--settings", "ferry,fast"], "'fast'"),
     (["--split", "0"], "--split=0"),
+    (["--layouts", "adjacent,strided"], "'strided'"),
+    (["--coalesce", "2Q"], "--coalesce: '2Q' is not a size"),
     (["--ucx", "TLS"], "expected KEY=VALUE"),
     (["--backend", "=3"], "expected KEY=VALUE"),
     (["--timeout", "0"], "--timeout=0"),
@@ -229,16 +263,21 @@ def test_bench_refuses_bad_arguments_before_the_waived_check(capsys, argv, fragm
 
 
 def test_bench_records_have_the_common_shape():
-    rows = [{"setting": s, "op": op, "block_bytes": 1 << 20, "blocks": 8, "bytes": 8 << 20, "gbps": g,
-             "verified": True} for s, op, g in (("ferry", "READ", 40.0), ("nixl", "READ", 0.8),
-                                                ("ferry", "WRITE", 20.0))]
+    rows = [{"setting": s, "layout": layout, "op": op, "block_bytes": 1 << 20, "blocks": 8,
+             "descriptors": posted, "bytes": 8 << 20, "gbps": g, "verified": True}
+            for s, layout, op, g, posted in (("ferry", "shuffled", "READ", 40.0, 8),
+                                             ("nixl", "shuffled", "READ", 0.8, 8),
+                                             ("ferry", "shuffled", "WRITE", 20.0, 8),
+                                             ("ferry", "adjacent", "READ", 42.0, 4))]
     recs = bench_nixl.records(rows, "gpu")
     assert [set(r) for r in recs] == [{"suite", "case", "params", "metric", "value", "unit", "baseline",
-                                       "ratio"}] * 2
-    read, write = recs
-    assert read["case"] == "read 1 MiB" and read["unit"] == "GB/s" and read["baseline"] == 0.8
+                                       "ratio"}] * 3
+    read, write, joined = recs
+    assert read["case"] == "read 1 MiB shuffled" and read["unit"] == "GB/s" and read["baseline"] == 0.8
     assert read["ratio"] == pytest.approx(50.0) and read["params"]["verified"] is True
     assert write["baseline"] is None and write["ratio"] is None
+    assert joined["case"] == "read 1 MiB adjacent" and joined["params"]["descriptors"] == 4
+    assert joined["params"]["layout"] == "adjacent" and joined["baseline"] is None
 
 
 # ---- with NIXL ----------------------------------------------------------------------------
@@ -325,7 +364,11 @@ def test_bench_nixl_host_memory_run(nixl_installed, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(out.read_text())
     recs = doc["records"]
-    assert set(doc["suites"]) == {"nixl"} and len(doc["details"]["nixl"]["rows"]) == 2 * 2 * 2  # ops, sizes, settings
-    assert {r["case"] for r in recs} == {"read 64 KiB", "write 64 KiB", "read 1 MiB", "write 1 MiB"}
+    # ops, sizes, layouts, settings
+    assert set(doc["suites"]) == {"nixl"} and len(doc["details"]["nixl"]["rows"]) == 2 * 2 * 2 * 2
+    assert {r["case"] for r in recs} == {f"{op} {size} {layout}" for op in ("read", "write")
+                                         for size in ("64 KiB", "1 MiB") for layout in ("adjacent", "shuffled")}
     assert all(r["params"]["verified"] and r["value"] > 0 and r["baseline"] > 0 for r in recs)
-    assert "NIXL defaults" in r.stdout and "ferry.nixl.agent" in r.stdout
+    posted = {(r["params"]["layout"], r["params"]["block_bytes"]): r["params"]["descriptors"] for r in recs}
+    assert posted[("adjacent", 65536)] == 1 and posted[("shuffled", 65536)] > 1  # 2 MiB: one joined descriptor
+    assert "NIXL defaults" in r.stdout and "ferry.nixl.agent" in r.stdout and "posted" in r.stdout

@@ -2,16 +2,20 @@
 
 Two fresh processes per setting, on this machine: A holds a ferry PinnedPool
 (blocks in order), B holds GPU memory (cudaMalloc; --memory host: a ferry Pool
-buffer) whose block slots are shuffled. READ: B pulls the blocks from A's pool;
-WRITE: A pushes them into B's memory. Block sizes 64 KiB, 1 MiB and 2 MiB (a
-vLLM KV block), --total bytes per transfer, one NIXL request per transfer
-(--split N: N). --gpu/--peer-gpu place A's pool and B's memory (each process
-sees both GPUs, its own first, through CUDA_VISIBLE_DEVICES: indexes as
-nvidia-smi numbers them).
+buffer). READ: B pulls the blocks from A's pool; WRITE: A pushes them into B's
+memory. Block sizes 64 KiB, 1 MiB and 2 MiB (a vLLM KV block), --total bytes
+per transfer, one NIXL request per transfer (--split N: N). Two layouts of B's
+slots: `adjacent` (block k in slot k: a KV offload of consecutive blocks;
+ferry.nixl.post joins such descriptors, up to 2 MiB each by default,
+--coalesce sets the cap, 0 turns it off) and `shuffled` (a seeded
+permutation: nothing joins, every block is its own descriptor). --gpu/--peer-gpu
+place A's pool and B's memory (each process sees both GPUs, its own first,
+through CUDA_VISIBLE_DEVICES: indexes as nvidia-smi numbers them).
 
 Settings compared in one run: `ferry` (ferry.nixl.agent: UCX transports and
 options chosen for this machine) beside `nixl` (ferry.nixl.make_agent: NIXL's
-own UCX defaults, what NIXL's examples give), the baseline. Every case is
+own UCX defaults, what NIXL's examples give), the baseline; both post through
+ferry.nixl.post, so coalescing applies to both. Every case is
 verified: B's memory is poisoned before each case, then every block is
 compared with A's bytes. GB/s = bytes of one transfer / median seconds (post to
 done, --iters timed transfers after one untimed).
@@ -32,6 +36,7 @@ from .report import progress, table, write_json
 from .suite import Suite
 
 DEFAULT_SIZES = "64K,1M,2M"
+LAYOUTS = ("adjacent", "shuffled")
 SETTINGS = ("ferry", "nixl")  # measured, baseline
 OPS = ("READ", "WRITE")
 POISON = 0xA5
@@ -76,6 +81,17 @@ def check_args(args) -> None:
         if s.strip() not in SETTINGS:
             raise InvalidArgumentError(f"--settings: {s.strip()!r}: expected ferry and/or nixl")
     args.setting_list = [s.strip() for s in args.settings.split(",")]
+    args.layout_list = [x.strip() for x in args.layouts.split(",")]
+    for x in args.layout_list:
+        if x not in LAYOUTS:
+            raise InvalidArgumentError(f"--layouts: {x!r}: expected adjacent and/or shuffled")
+    args.coalesce_bytes = None
+    if args.coalesce is not None:  # a size, or 0/off: no joining
+        text = str(args.coalesce).strip()
+        try:
+            args.coalesce_bytes = 0 if text.lower() in ("0", "off", "no") else parse_size(text)
+        except (ValueError, InvalidArgumentError):
+            raise InvalidArgumentError(f"--coalesce: {text!r} is not a size (e.g. 2M, or 0 for off)") from None
     if args.split < 1:
         raise InvalidArgumentError(f"--split={args.split}: expected at least 1 request per transfer")
     env, backend = {}, {}
@@ -93,6 +109,7 @@ def check_args(args) -> None:
     if args.memory == "host" and (two or args.gpu):
         raise InvalidArgumentError("--gpu/--peer-gpu need --memory gpu")
     args.tuning = {"env": env, "backend": backend, "split": args.split,
+                   "coalesce": True if args.coalesce_bytes is None else args.coalesce_bytes,
                    "cma": {"auto": None, "yes": True, "no": False}[args.cma],
                    "gpus": (args.gpu, args.gpu if args.peer_gpu is None else args.peer_gpu) if two else None}
 
@@ -108,10 +125,13 @@ def pattern(seed: int, nbytes: int):
     return words.view(np.uint8)[:nbytes]
 
 
-def slot_order(seed: int, count: int) -> list[int]:
-    """B's slot for A's block k (a seeded shuffle, as KV blocks land)."""
+def slot_order(seed: int, count: int, layout: str = "shuffled") -> list[int]:
+    """B's slot for A's block k: k (adjacent), or a seeded shuffle (as KV blocks
+    of many requests land)."""
     import numpy as np
 
+    if layout == "adjacent":
+        return list(range(count))
     return [int(i) for i in np.random.default_rng(seed + 1).permutation(count)]
 
 
@@ -202,16 +222,17 @@ def _blocks(addresses: list[int], block: int, mem_type: str):
     return fn.blocks(addresses, block, mem_type=mem_type, device=0)
 
 
-def _timed(side: _Side, op: str, local, remote, iters: int, timeout: float, split: int) -> dict:
+def _timed(side: _Side, op: str, local, remote, iters: int, timeout: float, split: int, coalesce) -> dict:
     import ferry.nixl as fn
 
-    t = fn.transfer(side.agent, op, local, remote, side.peer, timeout=timeout, split=split)
+    t = fn.transfer(side.agent, op, local, remote, side.peer, timeout=timeout, split=split, coalesce=coalesce)
     try:
         first = t.seconds
         times = [_spin(t.repost(), timeout).seconds for _ in range(iters)]
+        posted = t.posted
     finally:
         t.release()
-    return {"first_seconds": first, "seconds": times}
+    return {"first_seconds": first, "seconds": times, "descriptors": posted}
 
 
 def _spin(t, timeout: float):
@@ -258,20 +279,21 @@ def _serve(conn, role: str, setting: str, memory: str, total: int, iters: int, t
                 else:
                     side.fill(np.full(total, POISON, np.uint8))
                 conn.send(("ok",))
-            elif cmd == "transfer":  # (op, block, peer base): the initiator times op
-                op, block, peer_base = rest
+            elif cmd == "transfer":  # (op, block, layout, peer base): the initiator times op
+                op, block, layout, peer_base = rest
                 count = total // block
-                order = slot_order(seed + block, count)
+                order = slot_order(seed + block, count, layout)
                 a_addr = [(side.base if role == "a" else peer_base) + k * block for k in range(count)]
                 b_addr = [(side.base if role == "b" else peer_base) + order[k] * block for k in range(count)]
                 mine, theirs = (a_addr, b_addr) if role == "a" else (b_addr, a_addr)
                 local = _blocks(mine, block, side.mem_type)
                 remote = _blocks(theirs, block, "VRAM" if (role == "a" and memory != "host") else "DRAM")
-                conn.send(("ok", _timed(side, op, local, remote, iters, timeout, tuning["split"])))
+                conn.send(("ok", _timed(side, op, local, remote, iters, timeout, tuning["split"],
+                                        tuning["coalesce"])))
             elif cmd == "verify":  # B: every block in its slot, nothing else touched
-                block = rest[0]
+                block, layout = rest
                 count = total // block
-                order = slot_order(seed + block, count)
+                order = slot_order(seed + block, count, layout)
                 got = side.host_view(total)
                 expected = pattern(seed + block, count * block).reshape(count, block)
                 slots = got[: count * block].reshape(count, block)
@@ -322,12 +344,12 @@ class _Pair:
             raise NixlError(f"bench process {role.upper()}: {reply[1]}")
         return reply
 
-    def case(self, op: str, block: int) -> dict:
+    def case(self, op: str, block: int, layout: str = "shuffled") -> dict:
         self.ask("a", ("prepare", block, 0))
         self.ask("b", ("prepare", block, 0))
         initiator, other = ("b", "a") if op == "READ" else ("a", "b")
-        timing = self.ask(initiator, ("transfer", op, block, self.base[other]))[1]
-        problem = self.ask("b", ("verify", block))[1]
+        timing = self.ask(initiator, ("transfer", op, block, layout, self.base[other]))[1]
+        problem = self.ask("b", ("verify", block, layout))[1]
         return {**timing, "verified": problem is None, "problem": problem}
 
     def close(self) -> None:
@@ -344,40 +366,43 @@ class _Pair:
 
 
 def measure(args) -> list[dict]:
-    """Rows {setting, op, block_bytes, blocks, bytes, gbps, best_gbps, verified, ...}."""
+    """Rows {setting, layout, op, block_bytes, blocks, descriptors, bytes, gbps, best_gbps, verified, ...}."""
     rows = []
     for setting in args.setting_list:
         progress(f"{setting}: starting two processes")
         pair = _Pair(setting, args)
         try:
-            for block in args.size_list:
-                for op in args.op_list:
-                    count = args.total // block
-                    progress(f"{setting}: {op} of {count} blocks of {fmt_bytes(block)}")
-                    r = pair.case(op, block)
-                    nbytes = count * block
-                    r.update({"setting": setting, "op": op, "block_bytes": block, "blocks": count, "bytes": nbytes,
-                              "gbps": nbytes / statistics.median(r["seconds"]) / 1e9,
-                              "best_gbps": nbytes / min(r["seconds"]) / 1e9})
-                    rows.append(r)
+            for layout in args.layout_list:
+                for block in args.size_list:
+                    for op in args.op_list:
+                        count = args.total // block
+                        progress(f"{setting}: {op} of {count} {layout} blocks of {fmt_bytes(block)}")
+                        r = pair.case(op, block, layout)
+                        nbytes = count * block
+                        r.update({"setting": setting, "layout": layout, "op": op, "block_bytes": block,
+                                  "blocks": count, "bytes": nbytes,
+                                  "gbps": nbytes / statistics.median(r["seconds"]) / 1e9,
+                                  "best_gbps": nbytes / min(r["seconds"]) / 1e9})
+                        rows.append(r)
         finally:
             pair.close()
     return rows
 
 
 def records(rows: list[dict], memory: str) -> list[dict]:
-    """The common result shape: one record per (op, block size), ferry's GB/s
-    beside NIXL's defaults'."""
+    """The common result shape: one record per (layout, op, block size),
+    ferry's GB/s beside NIXL's defaults'."""
     out = []
-    by = {(r["setting"], r["op"], r["block_bytes"]): r for r in rows}
-    for (setting, op, block), r in by.items():
-        if setting != "ferry" and ("ferry", op, block) in by:
+    by = {(r["setting"], r.get("layout", "shuffled"), r["op"], r["block_bytes"]): r for r in rows}
+    for (setting, layout, op, block), r in by.items():
+        if setting != "ferry" and ("ferry", layout, op, block) in by:
             continue  # the baseline appears as a record's baseline
-        base = by.get(("nixl", op, block)) if setting == "ferry" else None
+        base = by.get(("nixl", layout, op, block)) if setting == "ferry" else None
         value = r["gbps"]
         baseline = base["gbps"] if base else None
-        out.append({"suite": "nixl", "case": f"{op.lower()} {fmt_bytes(block)}",
-                    "params": {"op": op, "block_bytes": block, "blocks": r["blocks"], "bytes": r["bytes"],
+        out.append({"suite": "nixl", "case": f"{op.lower()} {fmt_bytes(block)} {layout}",
+                    "params": {"op": op, "block_bytes": block, "layout": layout, "blocks": r["blocks"],
+                               "descriptors": r.get("descriptors", r["blocks"]), "bytes": r["bytes"],
                                "memory": memory, "setting": setting,
                                "verified": r["verified"] and (base is None or base["verified"])},
                     "metric": "bandwidth", "value": value, "unit": "GB/s", "baseline": baseline,
@@ -400,6 +425,11 @@ class NixlSuite(Suite):
         p.add_argument("--memory", choices=("gpu", "host"), default="gpu",
                        help="B's memory: gpu (default) or host (a ferry Pool: no GPU needed)")
         p.add_argument("--timeout", type=float, default=60.0, help="seconds per transfer (default: %(default)s)")
+        p.add_argument("--layouts", default=",".join(LAYOUTS),
+                       help="B's slots: adjacent (block k in slot k) and/or shuffled (default: %(default)s)")
+        p.add_argument("--coalesce", default=None, metavar="SIZE",
+                       help="cap on a descriptor ferry.nixl.post joins from adjacent ones (default: its own, "
+                            "2M; 0: off)")
         p.add_argument("--split", type=int, default=1,
                        help="NIXL requests each transfer is posted as (ferry.nixl.post split=; default 1)")
         p.add_argument("--ucx", action="append", default=[], metavar="KEY=VALUE",
@@ -442,11 +472,12 @@ class NixlSuite(Suite):
         cells = []
         for rec in recs:
             p = rec["params"]
-            cells.append([p["op"], fmt_bytes(p["block_bytes"]), p["blocks"], rec["value"], rec["baseline"],
-                          rec["ratio"], "yes" if p["verified"] else "NO"])
+            cells.append([p["layout"], p["op"], fmt_bytes(p["block_bytes"]), p["blocks"], p["descriptors"],
+                          rec["value"], rec["baseline"], rec["ratio"], "yes" if p["verified"] else "NO"])
         print(table(f"NIXL transfers, A's ferry pool <-> B's {'GPU' if args.memory == 'gpu' else 'host memory'}, "
                     f"{fmt_bytes(args.total)} per transfer (GB/s, median of {args.iters})",
-                    ["op", "block", "blocks", "ferry.nixl.agent", "NIXL defaults", "ratio", "verified"], cells))
+                    ["layout", "op", "block", "blocks", "posted", "ferry.nixl.agent", "NIXL defaults", "ratio",
+                     "verified"], cells))
         print(f"[{time.monotonic() - start:.1f} s]")
         write_json(args.json, self.key, recs, details={"rows": rows})
         return 0 if all(r["verified"] for r in rows) else 1

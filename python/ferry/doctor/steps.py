@@ -349,7 +349,9 @@ def _report_nixl(f: Figures, gpu=None) -> list:
         rows.append(Row("ferry.nixl.agent picks",
                         f"UCX_TLS={env.get('UCX_TLS', '(UCX default)')}, error handling "
                         f"{settings.get('error_handling', 'peer')}, RMA pipeline "
-                        f"{env.get('UCX_RMA_PPLN_ENABLE', '(UCX default: n)')}",
+                        f"{env.get('UCX_RMA_PPLN_ENABLE', '(UCX default: n)')}"
+                        + (f", rendezvous fragments {env['UCX_RNDV_FRAG_SIZE']}" if env.get("UCX_RNDV_FRAG_SIZE")
+                           else ""),
                         tuple(f"the user's {k}={v} wins" for k, v in sorted(user.items()))))
     t = n.get("self_test") if isinstance(n.get("self_test"), dict) else {}
     if t.get("error"):
