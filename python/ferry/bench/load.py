@@ -38,7 +38,7 @@ import threading
 import time
 
 from ..measure import median
-from ..units import MiB
+from ..units import MiB, parse_size
 from .records import Records
 from .report import progress, table, write_json
 from .suite import Suite, int_at_least, size
@@ -525,6 +525,7 @@ class LoadSuite(Suite):
     def run(self, args) -> int:
         import torch
 
+        args.staging = parse_size(args.staging)  # checked by argparse, kept as text for --help
         args.loaders = {}
         apply_preset(args)
         tensors = checkpoint_tensors(args)
