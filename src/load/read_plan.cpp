@@ -1,7 +1,6 @@
 // read_plan.cpp — ranges are cut at window boundaries into segments, sorted
 // by file position, and runs of segments that are close together in one
-// window become one read; segments that continue one another both in the
-// file and at the destination become one copy.
+// window become one read.
 #include "load/read_plan.h"
 
 #include <algorithm>
@@ -107,11 +106,9 @@ ReadPlan plan_reads(std::span<const FileRange> ranges, std::span<const uint64_t>
       cur = &plan.reads.back();
     }
     cur->bytes = std::max(cur->bytes, s.offset + s.bytes - cur->offset);
-    PlannedCopy* last = cur->copy_count ? &plan.copies.back() : nullptr;
-    if (last && last->at + last->bytes == s.offset - cur->offset && last->dst + last->bytes == s.dst) {
-      last->bytes += s.bytes;  // continues the previous copy in the file and at the destination
-      continue;
-    }
+    // One copy per segment, even where the next tensor continues this one at
+    // the destination: two tensors back to back may lie in two allocations,
+    // and one cudaMemcpyAsync across them fails (cudaErrorInvalidValue).
     plan.copies.push_back({s.offset - cur->offset, s.bytes, s.dst});
     ++cur->copy_count;
   }

@@ -14,9 +14,8 @@
 //   - every byte of every range is covered by exactly one copy; a read's
 //     copies lie inside it; ranges closer than merge_gap_bytes (or
 //     overlapping: two destinations of the same bytes) share a read;
-//   - ranges that follow one another in the file and at the destination
-//     (tensors allocated back to back) share a copy: a plan has one copy per
-//     read and destination run, not one per range.
+//   - each range's segment is its own copy: ranges back to back at the
+//     destination may be two allocations, which one copy must not span.
 // Refused (InvalidArgument naming the file and the range): a file index out
 // of range, a range past the end of its file, a null destination, two ranges
 // whose destinations overlap, bad window or gap sizes.

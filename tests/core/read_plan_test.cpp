@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <random>
 
 #include "core/error.h"
@@ -98,10 +100,11 @@ TEST(ReadPlan, OverlappingSourcesShareOneRead) {
   EXPECT_EQ(plan.read_bytes, 8192u);
 }
 
-TEST(ReadPlan, BackToBackRangesShareOneCopyPerRead) {
-  // 5,000 small tensors laid out back to back in the file and at the
-  // destination (one allocation): one copy per read, not per tensor. Every
-  // 7th is moved elsewhere: its copy stays its own.
+TEST(ReadPlan, BackToBackRangesAreCopiedOneByOne) {
+  // 5,000 small tensors back to back in the file and at the destination:
+  // they share reads, but each is its own copy (tensors back to back may be
+  // two allocations, which one cudaMemcpyAsync must not span: the H200 run
+  // failed with cudaErrorInvalidValue when the plan merged them).
   PlanOptions o{1 * MiB, 64 * KiB};
   std::vector<uint64_t> sizes{40 * MiB};
   std::vector<std::string> names{"a"};
@@ -109,24 +112,21 @@ TEST(ReadPlan, BackToBackRangesShareOneCopyPerRead) {
   uint64_t at = 8 + 1000;  // header
   for (int i = 0; i < 5000; ++i) {
     uint64_t n = 1000 + 37 * static_cast<uint64_t>(i % 100);
-    uintptr_t dst = i % 7 == 3 ? 100 * MiB + at : 1 + at;
-    ranges.push_back({0, at, n, dst});
+    ranges.push_back({0, at, n, 1 + at});
     at += n;
   }
   ReadPlan plan = plan_reads(ranges, sizes, names, o);
   check_invariants(plan, o);
-  size_t moved = 0;
-  for (int i = 0; i < 5000; ++i) moved += i % 7 == 3;
-  EXPECT_LE(plan.copies.size(), plan.reads.size() + 2 * moved);
-  EXPECT_LT(plan.copies.size(), 5000u - moved);
-  uint64_t copied = 0;
-  for (const auto& c : plan.copies) copied += c.bytes;
-  EXPECT_EQ(copied, plan.range_bytes);
-  // the moved ones are single copies at their own destinations
-  size_t far = 0;
-  for (const auto& c : plan.copies) far += c.dst > 100 * MiB;
-  EXPECT_GE(far, moved);  // a moved range cut at a window boundary is two copies
-  EXPECT_LE(far, 2 * moved);
+  EXPECT_LT(plan.reads.size(), 100u);
+  EXPECT_GE(plan.copies.size(), 5000u);
+  EXPECT_LE(plan.copies.size(), 5000u + plan.reads.size());  // a range cut at a window: two copies
+  for (const auto& c : plan.copies) {  // inside one range's destination
+    auto r = std::upper_bound(ranges.begin(), ranges.end(), c.dst,
+                              [](uintptr_t d, const FileRange& x) { return d < x.dst; });
+    ASSERT_NE(r, ranges.begin());
+    --r;
+    EXPECT_LE(c.dst + c.bytes, r->dst + r->bytes);
+  }
 }
 
 TEST(ReadPlan, RandomRangesAreCopiedExactlyOnce) {

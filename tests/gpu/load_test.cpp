@@ -116,8 +116,7 @@ TEST(Loader, RandomRangesArriveBitForBit) {
 TEST(Loader, ThousandsOfSmallTensorsBackToBack) {
   // 6,000 ranges of 1..3000 bytes laid out back to back in the file and at
   // the destination (one allocation, as a checkpoint's tensors in file
-  // order), every 5th sent elsewhere: bit for bit, and the plan's copies are
-  // per read and run, not per range.
+  // order), every 5th sent elsewhere: bit for bit, with one read per window.
   std::mt19937_64 rng(71);
   Files f;
   f.add(20 * MiB + 7, rng);  // the ranges take about 9 MB of it, at most 18
