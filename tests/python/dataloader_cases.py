@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from ferry.bench.dataloader import Frames as BenchFrames
+
 Pair = collections.namedtuple("Pair", "left right")
 
 
@@ -103,25 +105,15 @@ class KillsItsWorker(Dataset):
         return torch.full((4,), i)
 
 
-class Frames(Dataset):
-    """Cheap large samples: slices of one random pool per process (the bench's
-    synthetic dataset), so the loader path is what is measured."""
+class Frames(BenchFrames):
+    """ferry bench dataloader's dataset (slices of one random pool per
+    process), each sample with its index."""
 
     def __init__(self, n: int, shape=(3, 224, 224), dtype=torch.uint8, pool_items: int = 64):
-        self.n, self.shape, self.dtype, self.pool_items = n, tuple(shape), dtype, pool_items
-        self._pool = None
-
-    def __len__(self):
-        return self.n
+        super().__init__(n, shape, str(dtype).removeprefix("torch."), pool_items)
 
     def __getitem__(self, i):
-        if self._pool is None:
-            g = torch.Generator().manual_seed(7)
-            if self.dtype.is_floating_point:
-                self._pool = torch.randn((self.pool_items, *self.shape), generator=g).to(self.dtype)
-            else:
-                self._pool = torch.randint(0, 256, (self.pool_items, *self.shape), generator=g).to(self.dtype)
-        return self._pool[i % self.pool_items], i
+        return super().__getitem__(i), i
 
 
 def record_worker(worker_id):

@@ -59,7 +59,8 @@ def parse_workers(text: str) -> list[int]:
 
 
 class Frames:
-    """Samples that are slices of a random pool made once per worker."""
+    """Samples that are slices of a random pool made once per worker (a
+    torch.utils.data map-style dataset; the DataLoader tests use it too)."""
 
     def __init__(self, n: int, shape, dtype: str, pool_items: int = 32):
         self.n, self.shape, self.dtype, self.pool_items = n, tuple(shape), dtype, pool_items
