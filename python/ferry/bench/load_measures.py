@@ -1,0 +1,120 @@
+"""`ferry bench load`'s measurements beside the loads: peak anonymous memory,
+the page cache dropped, the file's read rates, and the bit-for-bit check."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+
+from ..units import MiB
+
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+# ---- measuring -------------------------------------------------------------------
+
+def rss_anon_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class PeakAnon:
+    """Peak RssAnon growth over a block, sampled every 5 ms by a thread."""
+
+    def __enter__(self):
+        self.base = self.peak = rss_anon_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, rss_anon_bytes())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_anon_bytes())
+        self.added = self.peak - self.base
+        return False
+
+
+def drop_page_cache() -> str | None:
+    """None when the page cache was dropped, else why not."""
+    os.sync()
+    try:
+        with open(DROP_CACHES, "w") as f:
+            f.write("3\n")
+        return None
+    except OSError as e:
+        return f"cannot write {DROP_CACHES} ({e.strerror}; needs root)"
+
+
+def sequential_read_rate(paths: list[str]) -> float:
+    """GB/s of one thread reading the files in 16 MiB blocks (dd bs=16M)."""
+    buf = bytearray(16 * MiB)
+    view = memoryview(buf)
+    total, t0 = 0, time.perf_counter()
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            while n := os.readv(fd, [view]):
+                total += n
+        finally:
+            os.close(fd)
+    return total / (time.perf_counter() - t0) / 1e9
+
+
+def parallel_direct_read_rate(paths: list[str], threads: int = 16) -> float:
+    """GB/s of `threads` threads reading 16 MiB O_DIRECT blocks (the disk's
+    parallel rate; the page cache is bypassed)."""
+    jobs = []
+    for p in paths:
+        size = os.path.getsize(p)
+        jobs += [(p, off) for off in range(0, size, 16 * MiB)]
+    lock, total = threading.Lock(), [0]
+
+    def work(k):
+        buf = mmap.mmap(-1, 16 * MiB)  # page aligned, as O_DIRECT needs
+        fds = {}
+        try:
+            for p, off in jobs[k::threads]:
+                if p not in fds:
+                    fds[p] = os.open(p, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+                n = os.preadv(fds[p], [buf], off)
+                with lock:
+                    total[0] += n
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+            buf.close()
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return total[0] / (time.perf_counter() - t0) / 1e9
+
+
+def same_bits(torch, got: dict, ref: dict) -> str | None:
+    """None when `got` holds exactly ref's tensors, bit for bit (ref on the GPU)."""
+    if set(got) != set(ref):
+        missing, extra = sorted(set(ref) - set(got)), sorted(set(got) - set(ref))
+        return f"keys differ: missing {missing[:3]}, extra {extra[:3]}"
+    for k, r in ref.items():
+        g = got[k]
+        if g.dtype != r.dtype or tuple(g.shape) != tuple(r.shape):
+            return f"{k}: {g.dtype}{tuple(g.shape)} instead of {r.dtype}{tuple(r.shape)}"
+        if not g.is_cuda:
+            return f"{k}: on {g.device}"
+        if not torch.equal(g.reshape(-1).view(torch.uint8), r.reshape(-1).view(torch.uint8)):
+            return f"{k}: bytes differ"
+    return None
