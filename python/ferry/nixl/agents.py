@@ -73,7 +73,7 @@ def agent(name: str, *, peers: str = "any", backend_params: dict | None = None, 
     call only (under a lock, restored right after): other threads that read
     the environment during those milliseconds see them; later agents,
     make_agent() and child processes do not."""
-    from . import ucx
+    from .. import ucx
 
     if not name:
         raise InvalidArgumentError("a NIXL agent needs a non-empty name")
