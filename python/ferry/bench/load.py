@@ -39,7 +39,7 @@ from .load_checkpoint import layer_tensors, moe_tensors  # noqa: F401 - ferry.be
 from .load_measures import drop_page_cache, parallel_direct_read_rate, sequential_read_rate
 from .load_measures import DROP_CACHES, PeakAnon, rss_anon_bytes, same_bits  # noqa: F401 - as above
 from .load_methods import _loader, methods, run_once, transformers_case, warm_runs, write_tensorizer_file
-from .load_methods import TENSORIZER_FILE, TENSORIZER_READERS, _more_peers, _why_not  # noqa: F401 - as above
+from .load_methods import TENSORIZER_FILE, TENSORIZER_READERS, _why_not  # noqa: F401 - as above (the tests use _why_not)
 from .records import Records
 from .report import progress, table, write_json
 from .suite import Suite, int_at_least, size
