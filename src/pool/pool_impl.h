@@ -1,5 +1,5 @@
 // pool_impl.h — the pool's state: the lifecycle of a range, the locks, and
-// the lock that guards each field. Only pool.cpp includes it.
+// the lock that guards each field. Only pool.cpp and pool_release.cpp include it.
 //
 // Range states. Every byte of every chunk is in exactly one of them:
 //   free       in a chunk, never handed out; zero (fresh from the OS, and the
@@ -118,6 +118,9 @@
 namespace ferry {
 
 using Clock = std::chrono::steady_clock;
+
+// The slot of a PageKind in the per-kind arrays (`available`).
+inline int index(PageKind k) { return static_cast<int>(k); }
 
 struct Chunk {
   MappedChunk mapping;             // immutable once inserted
