@@ -5,7 +5,7 @@ Sizes are binary (KiB = 2^10 bytes, MiB, GiB, TiB); rates are GB/s = 10^9 bytes
 per second in one direction; times are seconds or microseconds (us). A ratio says
 how many times better ours is than a baseline ("6.0x"). `link_limit` is the only
 place that decides which PCIe figure a bandwidth is compared with: the doctor's
-report, its findings (rules.py) and the bench suites all ask it.
+report, its findings (ferry.rules) and the bench suites all ask it.
 
 The bottom layer of the package: standard library only, no I/O, nothing else of
 ferry (every other module may import it).

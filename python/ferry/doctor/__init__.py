@@ -1,5 +1,5 @@
 """`ferry doctor`: the facts of this machine, what ferry measured on it, and the
-findings (rules.py) that explain what holds host<->GPU transfers back.
+findings (ferry.rules) that explain what holds host<->GPU transfers back.
 
 The modules, bottom-up:
   plan.py         the modes (quick, default, full): sizes and time budgets
@@ -16,7 +16,7 @@ level (facts_version, host, cuda, gpus, notes; see facts/__init__.py), ferry
 (versions), mode, measurements (each step's keys, documented with the step in
 steps.py; GB/s = 10^9 bytes/s, one direction; per-GPU figures are
 {"<gpu index>": value}), skipped ([{what, keys, why}]: each measurement that did
-not run, and why), findings ([{id, severity, title, evidence, fix}], rules.py),
+not run, and why), findings ([{id, severity, title, evidence, fix}], ferry.rules),
 pool (stats of the pool the doctor used: the pinned pool of the allocation
 measurement, else the THP first-touch pool) and elapsed_seconds.
 """
