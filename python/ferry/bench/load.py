@@ -42,7 +42,7 @@ from .load_methods import _loader, methods, run_once, transformers_case, warm_ru
 from .load_methods import TENSORIZER_FILE, TENSORIZER_READERS, _why_not  # noqa: F401 - as above (the tests use _why_not)
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite, int_at_least, size
+from .suite import Suite, int_at_least, size, missing_module
 
 
 # ---- main ---------------------------------------------------------------------------
@@ -78,12 +78,7 @@ class LoadSuite(Suite):
         why = super().waived(args)
         if why:
             return why
-        for module in ("torch", "safetensors"):
-            try:
-                __import__(module)
-            except ImportError as e:
-                return f"needs {module} ({e})"
-        return None
+        return missing_module("torch", "safetensors")
 
     def run(self, args) -> int:
         import torch

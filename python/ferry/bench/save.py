@@ -42,7 +42,7 @@ from ..units import parse_size
 from .load import PeakAnon
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite
+from .suite import Suite, missing_module
 
 SETS = ("transformer", "moe")
 SAVERS = ("torch.save", "save_file (GPU)", "save_file (CPU)", "dcp.save", "dcp.async_save",
@@ -346,12 +346,7 @@ class SaveSuite(Suite):
         why = super().waived(args) if args.device == "cuda" else None
         if why:
             return why
-        for module in ("torch", "safetensors"):
-            try:
-                __import__(module)
-            except ImportError as e:
-                return f"needs {module} ({e})"
-        return None
+        return missing_module("torch", "safetensors")
 
     def run(self, args) -> int:
         import torch

@@ -125,6 +125,17 @@ def choices_list(allowed):
     return _checked(convert, "list")
 
 
+def missing_module(*names: str) -> str | None:
+    """Why a suite cannot run for want of a Python package ("needs torch
+    (...)"), or None when every one of `names` imports."""
+    for module in names:
+        try:
+            __import__(module)
+        except ImportError as e:
+            return f"needs {module} ({e})"
+    return None
+
+
 class Waived(Exception):
     """This machine cannot run the suite (or one of its checks); the message says why."""
 
