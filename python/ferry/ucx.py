@@ -106,17 +106,23 @@ class Probe:
 # ---- finding UCX and asking it ----------------------------------------------------
 
 
-def library_path() -> str | None:
-    """libucp of the NIXL that ferry.nixl would import (the wheel's bundled copy
-    in <site>/nixl_cu13.libs), else the system's libucp.so.0, else None. Finds
-    files only: nothing is imported or loaded."""
+def nixl_module_specs():
+    """(name, import spec) of each NIXL module that is installed, in
+    NIXL_MODULES order; found on the import path, nothing imported."""
     for name in NIXL_MODULES:
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
             spec = None
-        if spec is None or not spec.origin:
-            continue
+        if spec is not None and spec.origin:
+            yield name, spec
+
+
+def library_path() -> str | None:
+    """libucp of the NIXL that ferry.nixl would import (the wheel's bundled copy
+    in <site>/nixl_cu13.libs), else the system's libucp.so.0, else None. Finds
+    files only: nothing is imported or loaded."""
+    for name, spec in nixl_module_specs():
         site = os.path.dirname(os.path.dirname(spec.origin))
         found = sorted(glob.glob(os.path.join(site, f"{name}.libs", "libucp*.so*")))
         if found:

@@ -20,7 +20,6 @@ self_test: {memory, bytes, write_gbps, read_gbps, verified, error}.
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import os
 import subprocess
@@ -35,15 +34,9 @@ SELF_TEST_ITERS = 8
 def installation() -> dict:
     """{"installed", "module", "version", "location"} or {"installed": False,
     "reason"}: from the import system's search, without importing NIXL."""
-    from .. import nixl
+    from .. import nixl, ucx
 
-    for name in nixl.MODULES:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None or not spec.origin:
-            continue
+    for name, spec in ucx.nixl_module_specs():
         dist = name.replace("_", "-")
         try:
             version = importlib.metadata.version(dist)
