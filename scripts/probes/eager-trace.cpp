@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <immintrin.h>
 #include <sys/mman.h>
@@ -23,7 +24,9 @@
 #include "core/crew.h"
 #include "cuda/copy/copy_engine.h"
 #include "cuda/copy/eager_copy.h"
-#include "cuda/copy/staging_area.h"
+#include "cuda/pinned_pool.h"
+#include "cuda/staging_area.h"
+#include "pool/pool.h"
 
 using namespace ferry;
 using Clock = std::chrono::steady_clock;
@@ -97,13 +100,10 @@ int main() {
   std::memset(src, 5, max);
   void* dev;
   ok(cudaMalloc(&dev, max), "cudaMalloc");
-  cuda::StagingArea area;
-  area.geometry.chunk_bytes = 2u << 20;
-  area.geometry.slots = 16;
-  ok(cudaHostAlloc(reinterpret_cast<void**>(&area.base), area.bytes(), 0), "cudaHostAlloc");
-  std::memset(area.base, 0, area.bytes());
-  area.slot_done.resize(area.geometry.slots);
-  for (auto& e : area.slot_done) ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
+  std::unique_ptr<Pool> pinned = cuda::make_pinned_pool(PoolOptions{}, 0);
+  StagingGeometry geometry;  // 16 slots of 2 MiB
+  cuda::StagingArea area(*pinned, geometry, cuda::SlotWait::poll);
+  std::memset(area.base(), 0, area.bytes());
   cudaStream_t s;
   ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   Crew& crew = copy_crew();
@@ -119,7 +119,7 @@ int main() {
     const size_t area_n = std::min(n, area.bytes());
     const uint32_t pieces = static_cast<uint32_t>((area_n + piece - 1) / piece);
     double t_crew = median_us(50, [&] {
-      CopyJob j{reinterpret_cast<char*>(area.base), src, piece, area_n};
+      CopyJob j{reinterpret_cast<char*>(area.base()), src, piece, area_n};
       CrewJob job(&CopyJob::run, &j, pieces);
       crew.post(job, pieces);
       job.work();
@@ -129,8 +129,8 @@ int main() {
     double t_dma = median_us(50, [&] {
       for (size_t off = 0; off < n; off += 2u << 20) {
         const size_t c = std::min<size_t>(2u << 20, n - off);
-        cudaMemcpyAsync(static_cast<char*>(dev) + off, area.base + (off % area.bytes()), c, cudaMemcpyHostToDevice, s);
-        cudaEventRecord(area.slot_done[(off >> 21) % 16], s);
+        cudaMemcpyAsync(static_cast<char*>(dev) + off, area.base() + (off % area.bytes()), c, cudaMemcpyHostToDevice, s);
+        cudaEventRecord(area.slot_done((off >> 21) % 16), s);
       }
       cudaStreamSynchronize(s);
     });
@@ -151,7 +151,7 @@ int main() {
               "copy-out plain", "copy-out nt", "d2h clean", "d2h after rd");
   for (size_t n : {size_t{1} << 20, size_t{4} << 20, size_t{16} << 20, size_t{32} << 20}) {
     auto dma = [&] {
-      cudaMemcpyAsync(dev, area.base, n, cudaMemcpyHostToDevice, s);
+      cudaMemcpyAsync(dev, area.base(), n, cudaMemcpyHostToDevice, s);
       cudaStreamSynchronize(s);
     };
     auto timed = [&](const std::function<void()>& before) {
@@ -167,21 +167,21 @@ int main() {
     };
     double clean = timed([] {});
     double after_cpu = timed([&] {
-      std::memcpy(area.base, src, n);  // plain stores, one thread
+      std::memcpy(area.base(), src, n);  // plain stores, one thread
     });
-    double after_nt = timed([&] { crew_copy(crew, reinterpret_cast<char*>(area.base), src, n, false); });
+    double after_nt = timed([&] { crew_copy(crew, reinterpret_cast<char*>(area.base()), src, n, false); });
     {
       const size_t piece = piece_bytes_for(n, 2u << 20, crew.threads() + 1);
       const uint32_t pieces = static_cast<uint32_t>((n + piece - 1) / piece);
       auto demote_copy = [&] {
-        DemoteJob j{reinterpret_cast<char*>(area.base), src, piece, n};
+        DemoteJob j{reinterpret_cast<char*>(area.base()), src, piece, n};
         CrewJob job(&DemoteJob::run, &j, pieces);
         crew.post(job, pieces);
         job.work();
         crew.retire(job);
       };
       double t_demote_copy = median_us(30, demote_copy);
-      double t_nt_copy = median_us(30, [&] { crew_copy(crew, reinterpret_cast<char*>(area.base), src, n, false); });
+      double t_nt_copy = median_us(30, [&] { crew_copy(crew, reinterpret_cast<char*>(area.base()), src, n, false); });
       double after_demote = timed(demote_copy);
       std::printf("   crew copy in: streaming %.1f us, plain+cldemote %.1f us; DMA after cldemote %.1f us\n",
                   t_nt_copy, t_demote_copy, after_demote);
@@ -189,13 +189,13 @@ int main() {
     auto copy_out = [&](bool nt) {
       std::vector<double> t;
       for (int i = 0; i < 30; ++i) {
-        cudaMemcpyAsync(area.base, dev, n, cudaMemcpyDeviceToHost, s);
+        cudaMemcpyAsync(area.base(), dev, n, cudaMemcpyDeviceToHost, s);
         cudaStreamSynchronize(s);
         auto a = Clock::now();
         if (nt)
-          crew_copy(crew, src, reinterpret_cast<char*>(area.base), n, false);
+          crew_copy(crew, src, reinterpret_cast<char*>(area.base()), n, false);
         else
-          std::memcpy(src, area.base, n);
+          std::memcpy(src, area.base(), n);
         t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
       }
       std::sort(t.begin(), t.end());
@@ -206,9 +206,9 @@ int main() {
     auto d2h_dma = [&](bool read_first) {
       std::vector<double> t;
       for (int i = 0; i < 30; ++i) {
-        if (read_first) crew_copy(crew, src, reinterpret_cast<char*>(area.base), n, false);
+        if (read_first) crew_copy(crew, src, reinterpret_cast<char*>(area.base()), n, false);
         auto a = Clock::now();
-        cudaMemcpyAsync(area.base, dev, n, cudaMemcpyDeviceToHost, s);
+        cudaMemcpyAsync(area.base(), dev, n, cudaMemcpyDeviceToHost, s);
         cudaStreamSynchronize(s);
         t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
       }
@@ -219,10 +219,10 @@ int main() {
     std::vector<double> t_evict, t_copy_evict;
     for (int i = 0; i < 30; ++i) {
       auto a = Clock::now();
-      crew_copy(crew, src, reinterpret_cast<char*>(area.base), n, true);
+      crew_copy(crew, src, reinterpret_cast<char*>(area.base()), n, true);
       t_copy_evict.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
       a = Clock::now();
-      cudaMemcpyAsync(area.base, dev, n, cudaMemcpyDeviceToHost, s);
+      cudaMemcpyAsync(area.base(), dev, n, cudaMemcpyDeviceToHost, s);
       cudaStreamSynchronize(s);
       t_evict.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
     }

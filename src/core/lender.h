@@ -1,6 +1,6 @@
 // lender.h — objects made on demand, at most `max` of them, each lent to one
 // borrower at a time and given back: the shape of the copy engine's staging
-// areas (cuda/copy/staging_area.h) and lanes (cuda/copy/lane_pool.h).
+// areas (cuda/copy/area_pool.h) and lanes (cuda/copy/lane_pool.h).
 //
 // acquire: the most recently returned free object that `preferred` accepts;
 // else a new one while fewer than `max` exist; else the longest-free object;

@@ -42,7 +42,7 @@ void CopyEngine::Impl::dma_and_wait(void* dst, const void* src, size_t n, cudaSt
 
 void CopyEngine::Impl::run_eager_items(Direction dir, std::span<const EagerItem> items, cudaStream_t stream,
                                        bool wait) {
-  StagingArea* area = areas->acquire();
+  PooledArea* area = areas->acquire();
   bool pending = true;  // on error, assume the area's slots may still be read
   try {
     pending = run_eager(dir, items, *area, *crew, stream, wait);

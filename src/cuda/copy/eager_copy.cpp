@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "cuda/cuda_check.h"
-#include "cuda/copy/staging_area.h"
+#include "cuda/staging_area.h"
 
 namespace ferry::cuda {
 
@@ -106,21 +106,21 @@ void enqueue_chunk(const EagerRun& r, const PlanChunk& c, StagingArea& area, cud
                             dma.bytes, cudaMemcpyDeviceToHost, stream),
             "cudaMemcpyAsync (staged D2H)");
   }
-  check(cudaEventRecord(area.slot_done[c.slot], stream), "cudaEventRecord (staging slot)");
+  check(cudaEventRecord(area.slot_done(c.slot), stream), "cudaEventRecord (staging slot)");
 }
 
 // Host->device: publish a chunk's pieces once its slot is free, issue its DMAs
 // once they are copied.
 void drive_h2d(EagerRun& r, CrewJob& job, Crew& crew, StagingArea& area, cudaStream_t stream) {
   const auto& chunks = r.plan.chunks;
-  const uint32_t n = static_cast<uint32_t>(chunks.size()), slots = area.geometry.slots;
+  const uint32_t n = static_cast<uint32_t>(chunks.size()), slots = area.geometry().slots;
   uint32_t published = 0, issued = 0;
   while (issued < n) {
     bool progressed = false;
     // A slot is free once the chunk before in it (this copy's, else an earlier
     // copy's) has its DMA enqueued and done.
     while (published < n && (published < slots || published - slots < issued) &&
-           event_done(area.slot_done[chunks[published].slot])) {
+           event_done(area.slot_done(chunks[published].slot))) {
       ++published;
       crew.publish(job, r.pieces_through(published));
       progressed = true;
@@ -138,16 +138,16 @@ void drive_h2d(EagerRun& r, CrewJob& job, Crew& crew, StagingArea& area, cudaStr
 // once they landed, until every piece is out.
 void drive_d2h(EagerRun& r, CrewJob& job, Crew& crew, StagingArea& area, cudaStream_t stream) {
   const auto& chunks = r.plan.chunks;
-  const uint32_t n = static_cast<uint32_t>(chunks.size()), slots = area.geometry.slots;
+  const uint32_t n = static_cast<uint32_t>(chunks.size()), slots = area.geometry().slots;
   uint32_t issued = 0, published = 0, out = 0;  // out: chunks fully copied out, in order
   while (out < n) {
     bool progressed = false;
-    while (issued < n && (issued < slots ? event_done(area.slot_done[chunks[issued].slot])
+    while (issued < n && (issued < slots ? event_done(area.slot_done(chunks[issued].slot))
                                          : issued - slots < out)) {
       enqueue_chunk(r, chunks[issued++], area, stream);
       progressed = true;
     }
-    while (published < issued && event_done(area.slot_done[chunks[published].slot])) {
+    while (published < issued && event_done(area.slot_done(chunks[published].slot))) {
       ++published;
       crew.publish(job, r.pieces_through(published));
       progressed = true;
@@ -165,14 +165,14 @@ bool run_eager(Direction dir, std::span<const EagerItem> items, StagingArea& are
   std::vector<size_t> sizes(items.size());
   size_t total = 0;
   for (size_t i = 0; i < items.size(); ++i) total += sizes[i] = items[i].bytes;
-  StagingGeometry g = area.geometry;
+  StagingGeometry g = area.geometry();
   g.piece_bytes = piece_bytes_for(total, g.chunk_bytes, crew.threads() + 1);
   const StagingPlan plan = plan_staging(sizes, g);
   if (plan.chunks.empty()) return false;
 
   static Crew alone(0, 0);  // no threads: post/publish/retire only count
   Crew& helpers = total < kCrewMinBytes ? alone : crew;
-  EagerRun run(dir, total >= kStreamOutMinBytes, items, plan, area.base);
+  EagerRun run(dir, total >= kStreamOutMinBytes, items, plan, area.base());
   CrewJob job(&EagerRun::run_piece, &run, static_cast<uint32_t>(plan.pieces.size()));
   helpers.post(job, 0, /*wake_sleepers=*/total >= kWakeSleepersMinBytes);
   try {
@@ -186,7 +186,7 @@ bool run_eager(Direction dir, std::span<const EagerItem> items, StagingArea& are
   helpers.retire(job);  // no crew thread touches the items after this
   if (run.failed.load(std::memory_order_acquire)) std::rethrow_exception(run.error);
   if (dir == Direction::h2d && wait) {
-    check(cudaEventSynchronize(area.slot_done[plan.chunks.back().slot]), "cudaEventSynchronize (staged copy)");
+    check(cudaEventSynchronize(area.slot_done(plan.chunks.back().slot)), "cudaEventSynchronize (staged copy)");
     return false;
   }
   return dir == Direction::h2d;

@@ -39,7 +39,7 @@ class Crew;
 
 namespace ferry::cuda {
 
-struct StagingArea;
+class StagingArea;
 
 struct EagerItem {
   void* dst = nullptr;

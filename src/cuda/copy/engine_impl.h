@@ -26,7 +26,7 @@
 #include "cuda/copy/copy_state.h"
 #include "cuda/copy/eager_copy.h"
 #include "cuda/copy/lane_pool.h"
-#include "cuda/copy/staging_area.h"
+#include "cuda/copy/area_pool.h"
 #include "cuda/event_pool.h"
 
 namespace ferry {

@@ -16,33 +16,38 @@
 #include "cuda/device.h"
 #include "cuda/pinned_pool.h"
 #include "cuda/scoped_device.h"
+#include "cuda/staging_area.h"
 #include "os/affinity.h"
 #include "os/file.h"
+#include "os/memory.h"
 #include "os/sysfs.h"
 #include "pool/pool.h"
 
 namespace ferry::cuda {
 namespace {
 
-// Slot i is free for a new fill once slot_done[i] (recorded after the fill's
-// DMAs on the load stream) has completed.
+// The slots are one staging area (cuda/staging_area.h, the copy engine's
+// ring too) whose events sleep: slot i is free for a new fill once its event
+// (recorded after the fill's DMAs on the load stream) has completed.
 class DeviceTarget final : public load::Target {
  public:
   explicit DeviceTarget(const LoaderOptions& o);
   ~DeviceTarget() override;
 
-  size_t slot_count() const override { return slots_.size(); }
-  size_t slot_bytes() const override { return slot_bytes_; }
-  unsigned char* slot(size_t i) const override { return slots_[i]; }
+  size_t slot_count() const override { return slots_->geometry().slots; }
+  size_t slot_bytes() const override { return slots_->geometry().chunk_bytes; }
+  unsigned char* slot(size_t i) const override { return slots_->slot(i); }
   void wait_slot_free(size_t i) override {
     check(cudaSetDevice(device_), "cudaSetDevice");
-    check(cudaEventSynchronize(slot_done_[i]), "cudaEventSynchronize (staging slot)");
+    check(cudaEventSynchronize(slots_->slot_done(i)), "cudaEventSynchronize (staging slot)");
   }
   void copy_out(size_t, const unsigned char* src, uintptr_t dst, size_t n) override {
     check(cudaMemcpyAsync(reinterpret_cast<void*>(dst), src, n, cudaMemcpyHostToDevice, stream_),
           "cudaMemcpyAsync (staging slot -> device)");
   }
-  void slot_filled(size_t i) override { check(cudaEventRecord(slot_done_[i], stream_), "cudaEventRecord"); }
+  void slot_filled(size_t i) override {
+    check(cudaEventRecord(slots_->slot_done(i), stream_), "cudaEventRecord");
+  }
   void finish() override;
   void abort() noexcept override;
 
@@ -53,29 +58,27 @@ class DeviceTarget final : public load::Target {
   void destroy() noexcept;  // the destructor's work, also for a failed constructor
 
   int device_;
-  size_t slot_bytes_;
   std::unique_ptr<Pool> pool_;
-  std::vector<unsigned char*> slots_;
-  std::vector<cudaEvent_t> slot_done_;
-  cudaStream_t stream_ = nullptr;  // the DMAs
+  std::unique_ptr<StagingArea> slots_;  // from pool_
+  cudaStream_t stream_ = nullptr;       // the DMAs
 };
 
-DeviceTarget::DeviceTarget(const LoaderOptions& o) : device_(o.device), slot_bytes_(o.slot_bytes) {
-  const size_t count = o.staging_bytes / o.slot_bytes;
+DeviceTarget::DeviceTarget(const LoaderOptions& o) : device_(o.device) {
+  StagingGeometry geometry;
+  geometry.chunk_bytes = o.slot_bytes;
+  geometry.slots = static_cast<uint32_t>(o.staging_bytes / o.slot_bytes);
   PoolOptions po = PoolOptions::from_environment();
-  po.chunk_bytes = std::max(po.chunk_bytes, (o.slot_bytes + (size_t{2} << 20) - 1) & ~((size_t{2} << 20) - 1));
+  // One chunk of the ring's size: one mapping, one registration, nothing pinned beside it.
+  const size_t ring_bytes = size_t{geometry.slots} * geometry.chunk_bytes;
+  po.chunk_bytes = (ring_bytes + os::kHugePage2MBytes - 1) / os::kHugePage2MBytes * os::kHugePage2MBytes;
   po.target_bytes = 0;
   po.zero_recycled = false;
   po.release_delay_ms = 0;
   pool_ = make_pinned_pool(po, device_);  // NoDevice without a GPU
   try {
     set_device(device_);
-    for (size_t i = 0; i < count; ++i) {
-      slots_.push_back(static_cast<unsigned char*>(pool_->allocate(slot_bytes_, os::kDirectIoAlignment, HugeWant::yes)));
-      cudaEvent_t e = nullptr;  // readers sleep on it (spinning would take the cores pread needs)
-      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync), "cudaEventCreate");
-      slot_done_.push_back(e);
-    }
+    // Readers sleep on the slots' events: spinning would take the cores pread needs.
+    slots_ = std::make_unique<StagingArea>(*pool_, geometry, SlotWait::sleep);
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   } catch (...) {
     destroy();
@@ -90,15 +93,7 @@ void DeviceTarget::destroy() noexcept {
   cudaSetDevice(device_);
   if (stream_) cudaStreamSynchronize(stream_), cudaStreamDestroy(stream_);
   stream_ = nullptr;
-  for (cudaEvent_t e : slot_done_) cudaEventDestroy(e);
-  slot_done_.clear();
-  for (unsigned char* p : slots_) {
-    try {
-      pool_->deallocate(p);
-    } catch (...) {  // cannot happen: the pool handed out p
-    }
-  }
-  slots_.clear();
+  slots_.reset();  // waits for each slot's last DMA, gives the memory back to pool_
   cudaGetLastError();
 }
 
@@ -135,6 +130,10 @@ int default_threads(const std::vector<int>& cpus) {
   return std::clamp(n, 1, kDefaultThreadCap);
 }
 
+// A slot is one pread and one event; more than this many is a mistake (4 KiB
+// slots in 4 GiB), not a ring.
+constexpr size_t kMaxSlots = size_t{1} << 20;
+
 void validate(const LoaderOptions& o) {
   if (o.slot_bytes == 0 || o.slot_bytes % os::kDirectIoAlignment != 0)
     throw InvalidArgument("loader: slot_bytes=" + std::to_string(o.slot_bytes) +
@@ -142,6 +141,10 @@ void validate(const LoaderOptions& o) {
   if (o.staging_bytes / o.slot_bytes < 2)
     throw InvalidArgument("loader: staging_bytes=" + std::to_string(o.staging_bytes) + " holds fewer than 2 slots of " +
                           format_bytes(o.slot_bytes) + " (reads must overlap the DMA)");
+  if (o.staging_bytes / o.slot_bytes > kMaxSlots)
+    throw InvalidArgument("loader: staging_bytes=" + std::to_string(o.staging_bytes) + " holds more than " +
+                          std::to_string(kMaxSlots) + " slots of " + format_bytes(o.slot_bytes) +
+                          " (an event each): use larger slots");
   if (o.threads < 0 || o.threads > 256)
     throw InvalidArgument("loader: threads=" + std::to_string(o.threads) + ": expected 0 (one per core) .. 256");
 }

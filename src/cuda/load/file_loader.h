@@ -1,7 +1,7 @@
 // file_loader.h — byte ranges of files (safetensors tensors, or anything) to
 // device memory: load/pipeline.h's reader threads and slot ring with a
-// DeviceTarget that DMAs each filled slot on the loader's own stream (an event
-// per slot fences its reuse).
+// DeviceTarget that DMAs each filled slot on the loader's own stream (the
+// slot's event fences its reuse).
 //
 // From the page cache, the path costs a host memcpy per byte (pread copies
 // into the slot), bounded by the host's memcpy rate (about 40 GB/s on the
@@ -21,13 +21,11 @@
 // Threads by default: one per usable core (os::usable_cores(), or the node's
 // CPUs), at most kDefaultThreadCap.
 //
-// Why a ring of its own beside the copy engine's staging areas
-// (cuda/copy/staging_area.h), which hold the same thing (pinned slots, an
-// event each): the readers wait for a slot's event with
-// cudaEventBlockingSync (they sleep: spinning would take the cores pread
-// needs), while the areas' events spin (an eager copy's latency). One ring
-// for both needs the area pool to take its events' flags, a change to the
-// copy engine measured on a GPU for both paths.
+// The slots are a staging area (cuda/staging_area.h), the same ring of pinned
+// slots with an event each that the copy engine lends to its eager copies;
+// here the events are cudaEventBlockingSync (SlotWait::sleep): a reader waiting
+// for a slot sleeps, since spinning would take the cores pread needs. The ring
+// is one allocation of its own pinned pool, on the GPU's node.
 //
 // A load is synchronous: it returns when every byte is in device memory. It
 // starts after the work queued on `stream` before the call (the destinations

@@ -1,6 +1,6 @@
-// staging_area.h — pinned memory for eager staged copies (cuda/copy/eager_copy.h):
-// an area is `slots` chunks of pinned memory, each with the event of the last
-// DMA that read or wrote it, and a copy holds one area for its whole run.
+// area_pool.h — the copy engine's staging areas (cuda/staging_area.h) for
+// eager staged copies (cuda/copy/eager_copy.h): a copy holds one area for its
+// whole run.
 //
 // Why areas rather than one shared ring: a copy stages its chunks in order and
 // frees them in order, so one copy per area needs no bookkeeping between
@@ -8,23 +8,16 @@
 // area is small enough (32 MiB by default) to stay in the CPU's caches, which is
 // what makes staging fast (copy/host_copy.h).
 //
-// A slot may be written (by the CPU for host->device, by a DMA for
-// device->host) only once its event is complete: the event says the last DMA
-// that used the slot, possibly of an earlier copy on another stream, is over.
-//
 // Locking: the Lender's mutex (core/lender.h) guards which areas are free and
 // each area's `pending`; it is never held across a CUDA call (areas and their
 // events are created, and pending work is waited for, outside it).
 #pragma once
 
-#include <cuda_runtime_api.h>
-
-#include <cstddef>
 #include <memory>
-#include <vector>
 
 #include "copy/staging_plan.h"
 #include "core/lender.h"
+#include "cuda/staging_area.h"
 
 namespace ferry {
 class Pool;
@@ -32,14 +25,11 @@ class Pool;
 
 namespace ferry::cuda {
 
-struct StagingArea {
-  unsigned char* base = nullptr;
-  StagingGeometry geometry;             // chunk_bytes and slots; piece_bytes is per copy
-  std::vector<cudaEvent_t> slot_done;   // one per slot: the last DMA that used it
+struct PooledArea : StagingArea {
+  using StagingArea::StagingArea;
   // An async copy left DMAs in flight (their slots' events say which); others
   // prefer an area without.
-  bool pending = false;                 // AreaPool::lent_'s lock
-  size_t bytes() const { return geometry.chunk_bytes * geometry.slots; }
+  bool pending = false;  // the lender's lock
 };
 
 class AreaPool {
@@ -53,18 +43,16 @@ class AreaPool {
   // An area for one copy: a free one without pending DMAs if any, else a new
   // one while fewer than max_areas exist, else a free one with pending DMAs,
   // else waits until one is given back. Throws if a new area cannot be made.
-  StagingArea* acquire();
+  PooledArea* acquire();
   // pending: DMAs of the copy may still use the area.
-  void release(StagingArea* area, bool pending) noexcept;
+  void release(PooledArea* area, bool pending) noexcept;
 
   const StagingGeometry& geometry() const { return geometry_; }
 
  private:
-  std::unique_ptr<StagingArea> make_area();  // CUDA calls: outside the lender's lock
-
   Pool& memory_;
   const StagingGeometry geometry_;
-  Lender<StagingArea> lent_;
+  Lender<PooledArea> lent_;
 };
 
 }  // namespace ferry::cuda
