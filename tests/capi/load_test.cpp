@@ -45,6 +45,8 @@ TEST(CApiLoader, BadArgumentsAreNamed) {
       {[](ferry_loader_options_t& o) { o.slot_bytes = 5000; }, "slot_bytes=5000"},
       {[](ferry_loader_options_t& o) { o.slot_bytes = 0; }, "slot_bytes=0"},
       {[](ferry_loader_options_t& o) { o.staging_bytes = o.slot_bytes; }, "fewer than 2 slots"},
+      {[](ferry_loader_options_t& o) { o.slot_bytes = 4096, o.staging_bytes = size_t{1} << 40; },
+       "more than 1048576 slots"},
       {[](ferry_loader_options_t& o) { o.retired_mapped_share = 0.5; }, "the mapped share was removed in API 1.3"},
       {[](ferry_loader_options_t& o) { o.threads = -1; }, "threads=-1"},
       {[](ferry_loader_options_t& o) { o.direct_io = static_cast<ferry_direct_io_t>(7); }, "direct_io=7"},
