@@ -3,6 +3,9 @@ installs it first); GPU tests skip, with the reason, where there is no device.""
 
 import pytest
 
+# Shared test helpers outside test_*.py whose asserts pytest should explain.
+pytest.register_assert_rewrite("rules_cases")
+
 
 def _gpu_skip_reason():
     import ferry
