@@ -381,8 +381,9 @@ def where_each_wins(eng, dev, n, iterations) -> list[dict]:
 
 
 def print_wins(rows) -> None:
-    cols = ["dir", "Size(KiB)", *(f"{k}(GB/s)" for k in WIN_STRATEGIES), "wins", "auto picks"]
-    print(table("Where each pageable strategy wins (median GB/s; hybrid: half the body pinned)", cols,
+    cols = ["dir", "Size(KiB)", *(f"{k}(GB/s)" for k in WIN_STRATEGIES), "wins", "auto picks now"]
+    print(table("Where each pageable strategy wins (median GB/s; hybrid: half the body pinned; 'auto picks now': "
+                "with the profile in use before this run, which the new one replaces from the next process)", cols,
                 [[r["direction"], r["nbytes"] // KiB, *(r[k] for k in WIN_STRATEGIES), r["wins"], r["auto"]]
                  for r in rows]))
 
@@ -499,7 +500,7 @@ class CopySuite(Suite):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as f:
                 f.write(text)
-            print(text + f"(written to {path})")
+            print(text + f"(written to {path}; the copy engine reads it from the next process on)")
             return 0
         results: dict = {}
         have_torch = not args.no_torch and _torch_with_cuda()
