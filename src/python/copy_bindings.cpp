@@ -140,6 +140,18 @@ Prepared prepare_one(nb::handle dst, nb::handle src, nb::handle nbytes, nb::hand
   return prepare(d, s, nbytes.is_none() ? nullptr : &n, true, stream, device);
 }
 
+// copy and copy_async: the arguments checked (the strategy first: preparing
+// may ask the driver), then go(engine, op, strategy, stream) without the GIL.
+template <class Go>
+auto run_one(nb::handle dst, nb::handle src, nb::handle nbytes, nb::handle stream, nb::handle strategy,
+             nb::handle device, Go go) {
+  const Strategy s = strategy_of(strategy);
+  const Prepared p = prepare_one(dst, src, nbytes, stream, device);
+  cuda::CopyEngine& e = engine_for(p.device);
+  ferry::python::GilRelease unlocked;
+  return go(e, p.ops[0], s, p.stream);
+}
+
 bool is_address_list(nb::handle obj) {
   if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr())) {
     if (PySequence_Fast_GET_SIZE(obj.ptr()) == 0) return true;
@@ -255,24 +267,20 @@ void bind_copy(nb::module_& m) {
   m.def("copy",
         [](nb::handle dst, nb::handle src, nb::handle nbytes, nb::handle stream, nb::handle strategy,
            nb::handle device) {
-          const Strategy s = strategy_of(strategy);  // arguments first: prepare may ask the driver
-          const Prepared p = prepare_one(dst, src, nbytes, stream, device);
-          cuda::CopyEngine& e = engine_for(p.device);
-          const cuda::CopyOp& op = p.ops[0];
-          ferry::python::GilRelease unlocked;
-          e.copy(op.dst, op.src, op.bytes, s, p.stream);
+          run_one(dst, src, nbytes, stream, strategy, device,
+                  [](cuda::CopyEngine& e, const cuda::CopyOp& op, Strategy s, cudaStream_t st) {
+                    e.copy(op.dst, op.src, op.bytes, s, st);
+                  });
         },
         "dst"_a.none(), "src"_a.none(), "nbytes"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
         "strategy"_a.none() = nb::none(), "device"_a.none() = nb::none());
   m.def("copy_async",
         [](nb::handle dst, nb::handle src, nb::handle nbytes, nb::handle stream, nb::handle strategy,
            nb::handle device) {
-          const Strategy s = strategy_of(strategy);  // arguments first: prepare may ask the driver
-          const Prepared p = prepare_one(dst, src, nbytes, stream, device);
-          cuda::CopyEngine& e = engine_for(p.device);
-          const cuda::CopyOp& op = p.ops[0];
-          ferry::python::GilRelease unlocked;
-          return e.copy_async(op.dst, op.src, op.bytes, p.stream, s);
+          return run_one(dst, src, nbytes, stream, strategy, device,
+                         [](cuda::CopyEngine& e, const cuda::CopyOp& op, Strategy s, cudaStream_t st) {
+                           return e.copy_async(op.dst, op.src, op.bytes, st, s);
+                         });
         },
         "dst"_a.none(), "src"_a.none(), "nbytes"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
         "strategy"_a.none() = nb::none(), "device"_a.none() = nb::none());
