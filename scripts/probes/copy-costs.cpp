@@ -23,26 +23,15 @@
 #include "cuda/pointer_lookup.h"
 #include "os/mapping.h"
 
+#include "probe_common.h"
+
 using namespace ferry;
 using Clock = std::chrono::steady_clock;
 
-static void ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using probe::ok;
 
 static double median_us(int reps, const std::function<void()>& f) {
-  for (int i = 0; i < std::min(reps, 20); ++i) f();
-  std::vector<double> t(reps);
-  for (auto& x : t) {
-    auto a = Clock::now();
-    f();
-    x = std::chrono::duration<double, std::micro>(Clock::now() - a).count();
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return probe::median_us(reps, f, std::min(reps, 20));
 }
 
 static void row(const char* what, double us, size_t bytes = 0) {

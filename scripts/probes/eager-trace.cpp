@@ -28,15 +28,12 @@
 #include "cuda/staging_area.h"
 #include "pool/pool.h"
 
+#include "probe_common.h"
+
 using namespace ferry;
 using Clock = std::chrono::steady_clock;
 
-static void ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using probe::ok;
 
 __attribute__((target("cldemote"))) static void copy_demote(char* d, const char* s, size_t n) {
   std::memcpy(d, s, n);
@@ -54,17 +51,7 @@ struct DemoteJob {
   }
 };
 
-static double median_us(int reps, const std::function<void()>& f) {
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<double> t(reps);
-  for (auto& x : t) {
-    auto a = Clock::now();
-    f();
-    x = std::chrono::duration<double, std::micro>(Clock::now() - a).count();
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using probe::median_us;
 
 struct CopyJob {
   char* dst;

@@ -24,15 +24,12 @@
 #include "core/worker_pool.h"
 #include "cuda/copy/copy_engine.h"
 
+#include "probe_common.h"
+
 using namespace ferry;
 using Clock = std::chrono::steady_clock;
 
-static void ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using probe::ok;
 
 static double seconds(const std::function<void()>& f) {
   auto a = Clock::now();
