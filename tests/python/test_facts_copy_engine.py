@@ -1,7 +1,7 @@
 """Tests of the copy engine's facts (python/ferry/facts/copy_engine.py): the machine
 profile's path and presence, read from the real environment and a real temporary
 cache directory, and the crew size as src/copy/copy_crew.cpp sizes it, from this
-machine's CPUs; and the doctor's Facts row.
+machine's CPUs; then the doctor's rule `small-crew-uncalibrated` on those facts.
 Nothing of the OS is faked: the environment is set with monkeypatch and files are
 written under tmp_path."""
 
@@ -11,7 +11,7 @@ import os
 import pytest
 
 import ferry
-from ferry import facts
+from ferry import facts, rules
 from ferry.bench import copy as bench_copy
 from ferry.doctor import report, text_report
 from ferry.facts import copy_engine
@@ -121,7 +121,24 @@ def test_crew_size_as_copy_crew_cpp(workers, node, online, node_cpus, usable, ex
     assert copy_engine.crew_size(workers, node, online, node_cpus, usable) == expected
 
 
-# ---- facts -> report ------------------------------------------------------------------------
+# ---- facts -> report and rule ----------------------------------------------------------------
+
+
+def test_small_crew_without_profile_is_found_then_silenced_by_the_profile(env, tmp_path):
+    env.setenv("FERRY_COPY_WORKERS", "2")
+    f = facts.collect(ONE_GPU)
+    hits = [x for x in rules.evaluate(f) if x.id == "small-crew-uncalibrated"]
+    assert [x.severity for x in hits] == ["warning"]
+    assert "crew has 2 threads (FERRY_COPY_WORKERS=2)" in hits[0].evidence[0]
+    assert f"({tmp_path}/cache/ferry/profile.txt)" in hits[0].fix
+    text = " ".join(text_report.render([report.facts_section(f)]).split())  # unwrapped
+    assert "crew of 2 threads (FERRY_COPY_WORKERS=2)" in text
+    assert "absent: built-in defaults" in text
+    path = tmp_path / "cache" / "ferry" / "profile.txt"
+    path.parent.mkdir(parents=True)
+    path.write_text("cuda_below_bytes_d2h = 8388608\n")
+    assert [x for x in rules.evaluate(facts.collect(ONE_GPU)) if x.id == "small-crew-uncalibrated"] == []
+    assert [x for x in rules.evaluate(facts.collect(None)) if x.id == "small-crew-uncalibrated"] == []
 
 
 def test_report_of_engine_facts_from_an_older_report():
