@@ -1,8 +1,8 @@
 // profile_file.h — where the machine profile (copy/strategy.h) lives on disk
 // and reading it: FERRY_PROFILE names the file, else
 // $XDG_CACHE_HOME/ferry/profile.txt, else $HOME/.cache/ferry/profile.txt (the
-// file `ferry bench copy --calibrate` writes; python/ferry/bench/copy.py's
-// profile_path() follows the same rule).
+// file `ferry bench copy --calibrate` writes; python/ferry/facts/copy_engine.py's
+// profile_path(), which the bench and `ferry doctor` use, follows the same rule).
 #pragma once
 
 #include <string>

@@ -36,6 +36,10 @@ def good_facts():
             "iommu": {"present": True, "groups": 120, "mode": "passthrough"},
             "process": {"cpus_allowed": "0-15", "mems_allowed": "0"},
             "gdrcopy": {"gdrdrv": True, "libgdrapi": True, "available": True, "reason": None},
+            # The full crew of 16 stages fastest everywhere: no profile needed.
+            "copy_engine": {"workers_option": 0, "crew_threads": 16, "crew_numa_node": 0,
+                            "profile": {"path": "/home/u/.cache/ferry/profile.txt", "named": False,
+                                        "present": False}},
         },
         "cuda": {"driver_version": "13.0", "runtime_version": "13.0", "device_count": 1},
         "gpus": [
@@ -141,6 +145,13 @@ BAD = {
     "thp-defrag-never": ("info", _set(("f", "host", "thp", "defrag"), "never")),
     "memory-low-for-pool": ("warning", _set(("f", "host", "memory", "available_bytes"), 4 * GiB)),
     "gpu-below-peers": ("warning", lambda f, m: add_second_gpu(f, m, link=31.5, gen=4, pinned=27.5)),
+    "small-crew-uncalibrated": (
+        "warning",
+        _all(
+            _set(("f", "host", "copy_engine", "workers_option"), 2),
+            _set(("f", "host", "copy_engine", "crew_threads"), 2),
+        ),
+    ),
     "nixl-ucx-slow-settings": ("warning", _set(("m", "nixl"), {"installed": True, "warnings": [
         {"setting": "UCX_TLS=sm,self", "problem": "no CUDA transport on a GPU machine",
          "fix": "unset UCX_TLS or add cuda_copy,cuda_ipc"}]})),
@@ -163,7 +174,7 @@ REQUIRED_IDS = {
     "pcie-link-degraded", "pinned-bandwidth-low", "thp-disabled", "gvisor-shmem-thp",
     "memlock-low", "hugetlb-not-reserved", "numa-mismatch", "iommu-translated",
     "vm-first-touch-costly", "bar1-small", "gdrdrv-absent", "no-cuda-driver",
-    "pageable-path-slow",
+    "pageable-path-slow", "small-crew-uncalibrated",
 }
 
 

@@ -220,3 +220,64 @@ def test_second_gpu_is_checked():
     numa = only(findings, "numa-mismatch")
     assert "GPU 1" in " ".join(numa.evidence) and "GPU 0" not in " ".join(numa.evidence)
     assert "--cpunodebind=1 --membind=1" in numa.fix
+
+
+def _crew(threads, workers=0, node=None, **profile):
+    """The GOOD machine with a copy crew of `threads` and the profile fields given."""
+    f, m = good_facts(), good_measurements()
+    engine = f["host"]["copy_engine"]
+    engine.update(crew_threads=threads, workers_option=workers, crew_numa_node=node)
+    engine["profile"].update(profile)
+    return f, m
+
+
+@pytest.mark.parametrize("threads, severity, row", [
+    (1, "warning", "to 1 thread: device->host 512 MiB staged 4.6 vs pin-in-place 18.5 GB/s (4.0x)"),
+    (2, "warning", "to 2 threads: device->host 512 MiB staged 6.3 vs hybrid 19.5 GB/s (3.1x)"),
+    (3, "info", "to 4 threads: device->host 64 MiB staged 15.5 vs hybrid 40.0 GB/s (2.6x)"),
+    (4, "info", "to 4 threads: device->host 64 MiB staged 15.5 vs hybrid 40.0 GB/s (2.6x)"),
+])
+def test_small_crew_without_profile_fires_with_the_h200_figures(threads, severity, row):
+    hit = only(rules.evaluate(*_crew(threads, workers=threads)), "small-crew-uncalibrated")
+    assert hit.severity == severity
+    text = " ".join(hit.evidence)
+    assert f"crew has {threads} thread" in text and f"FERRY_COPY_WORKERS={threads}" in text
+    assert "measured on an H200 (PCIe Gen5) with the crew limited by FERRY_COPY_WORKERS " + row in text
+    assert "/home/u/.cache/ferry/profile.txt does not exist, FERRY_PROFILE unset" in text
+    assert "device->host 64 MiB 23.6 GB/s instead of staged 9.9 GB/s" in text
+    assert hit.fix.startswith("`ferry bench copy --calibrate`, once on this machine")
+    assert "writes the profile the engine reads (/home/u/.cache/ferry/profile.txt)" in hit.fix
+    assert "raise FERRY_COPY_WORKERS" in hit.fix
+
+
+def test_small_crew_sized_by_cores_quotes_the_node_and_this_machines_memcpy():
+    hit = only(rules.evaluate(*_crew(4, node=1)), "small-crew-uncalibrated")
+    text = " ".join(hit.evidence)
+    assert "crew has 4 threads (one per CPU this process may use on NUMA node 1)" in text
+    assert "host memcpy on 4 threads measured here: 32.0 GB/s" in text
+    assert "raise FERRY_COPY_WORKERS" not in hit.fix
+
+
+def test_small_crew_without_a_cache_directory_says_where_to_write():
+    hit = only(rules.evaluate(*_crew(2, path=None)), "small-crew-uncalibrated")
+    assert "XDG_CACHE_HOME and HOME are unset" in " ".join(hit.evidence)
+    assert hit.fix.startswith("set XDG_CACHE_HOME or HOME (or FERRY_PROFILE=<file>)")
+
+
+@pytest.mark.parametrize("threads, profile", [
+    (5, {}), (8, {}), (16, {}),  # a crew large enough: staging wins (or calibrating gains little)
+    (2, {"present": True}),  # a profile is in use
+    (2, {"named": True, "path": "/etc/ferry.txt"}),  # FERRY_PROFILE names one (missing: the engine says so)
+    (None, {}), (2, {"present": None}), (2, {"named": None}),  # unknown
+])
+def test_small_crew_silent(threads, profile):
+    assert [x for x in rules.evaluate(*_crew(threads, **profile)) if x.id == "small-crew-uncalibrated"] == []
+
+
+def test_small_crew_silent_without_a_gpu_or_engine_facts():
+    f, m = _crew(1)
+    f["gpus"], f["cuda"]["device_count"] = [], 0
+    assert [x for x in rules.evaluate(f, m) if x.id == "small-crew-uncalibrated"] == []
+    f, m = _crew(1)
+    del f["host"]["copy_engine"]
+    assert [x for x in rules.evaluate(f, m) if x.id == "small-crew-uncalibrated"] == []

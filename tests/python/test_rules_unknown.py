@@ -91,6 +91,8 @@ def test_rule_returning_garbage_becomes_info_finding():
         (good_facts(), {"pinned_h2d_gbps": {"0": "55"}}, "pinned-bandwidth-low"),
         (good_facts(), {"pinned_h2d_gbps": 55.0}, "pinned-bandwidth-low"),
         ({"host": {"memlock_bytes": True}}, {}, "memlock-low"),
+        ({"host": {"copy_engine": {"crew_threads": 2, "profile": {"named": False, "present": "no"}}}}, {},
+         "small-crew-uncalibrated"),
     ],
 )
 def test_malformed_input_is_reported_not_raised(facts, measurements, rule_id):

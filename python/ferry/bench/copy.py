@@ -24,7 +24,9 @@ bandwidth and which one wins (staged, cuda, pin-in-place, hybrid at half the
 body pinned): the table `auto` is judged by (copy/strategy.h's choose_route).
 It then measures the choices the profile can express (CUDA-path threshold per
 direction, pinned share per direction: 1 is pin-in-place) and writes the
-machine profile the engine reads.
+machine profile the engine reads (facts/copy_engine.py's profile_path():
+FERRY_PROFILE's file, else $XDG_CACHE_HOME/ferry/profile.txt, else
+~/.cache/ferry/profile.txt).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import sys
 
 from ..measure import HostBuffer, gbps
 from .. import _ferry
+from ..facts.copy_engine import profile_path
 from ..units import GiB, KiB, MiB, link_limit, parse_size_list
 from .records import Records
 from .report import progress, table, write_json
@@ -395,11 +398,6 @@ def _hybrid_gbps(dst, src, n, share, direction, iterations) -> float:
     return gbps(n, _ferry.copy_ns_with_profile(0, profile, dst, src, n, "hybrid", iterations))
 
 
-def profile_path() -> str:
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "ferry", "profile.txt")
-
-
 def plot(rows, path):
     try:
         import matplotlib
@@ -495,9 +493,13 @@ class CopySuite(Suite):
 
     def run(self, args) -> int:
         if args.calibrate:
+            path, _ = profile_path()  # the file the engine reads: FERRY_PROFILE's, else the cache's
+            if path is None:
+                print("ferry bench copy: --calibrate: nowhere to write the profile: set XDG_CACHE_HOME, HOME "
+                      "or FERRY_PROFILE", file=sys.stderr)
+                return 2
             text = calibrate(args.iterations)
-            path = profile_path()
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with open(path, "w") as f:
                 f.write(text)
             print(text + f"(written to {path}; the copy engine reads it from the next process on)")

@@ -174,6 +174,7 @@ def host_rows(host: dict) -> list[Row]:
     rows.append(Row("process NUMA mems", text(process.get("mems_allowed"))))
     rows.append(Row("kernel modules", _modules_text(as_dict(host.get("kernel_modules")))))
     rows.append(Row("GDRCopy", _gdrcopy_text(as_dict(host.get("gdrcopy")))))
+    rows.append(Row("copy engine", _copy_engine_text(as_dict(host.get("copy_engine")))))
     if host.get("notes"):
         rows.append(Row("notes", items=tuple(str(n) for n in host["notes"])))
     return rows
@@ -195,6 +196,27 @@ def _gdrcopy_text(gdrcopy: dict) -> str:
     if gdrcopy.get("available"):
         return "available (/dev/gdrdrv and libgdrapi present)"
     return f"not available: {gdrcopy.get('reason') or 'unknown reason'}"
+
+
+def _copy_engine_text(engine: dict) -> str:
+    """'crew of 2 threads (one per usable CPU); machine profile /x/profile.txt (absent: built-in defaults)'."""
+    threads, workers, node = engine.get("crew_threads"), engine.get("workers_option"), engine.get("crew_numa_node")
+    if not isinstance(threads, int):
+        crew = "crew size unknown"
+    else:
+        why = f"FERRY_COPY_WORKERS={workers}" if isinstance(workers, int) and workers > 0 else "one per usable CPU"
+        bound = f", bound to NUMA node {node}" if node is not None else ""
+        crew = f"crew of {threads} thread{'' if threads == 1 else 's'} ({why}{bound})"
+    profile = as_dict(engine.get("profile"))
+    state = {True: "present", False: "missing: the engine refuses to copy" if profile.get("named")
+             else "absent: built-in defaults"}.get(profile.get("present"), "unknown")
+    if not profile:
+        where = "unknown"
+    elif profile.get("path") is None:
+        where = "none (FERRY_PROFILE, XDG_CACHE_HOME and HOME unset): built-in defaults"
+    else:
+        where = f"{profile['path']} ({'FERRY_PROFILE, ' if profile.get('named') else ''}{state})"
+    return f"{crew}; machine profile {where}"
 
 
 def _link_text(gen: Any, width: Any, gbps: Any) -> str:

@@ -10,7 +10,18 @@ host: kernel, os, virtualization {kind, hypervisor, evidence, container}, cpu {m
   pmd_size_bytes, sizes}, hugetlb [{page_size_bytes, total, free, reserved,
   surplus}], memlock_bytes (None = unlimited), iommu {present, groups, mode,
   evidence, cmdline}, process {cpus_allowed, mems_allowed}, kernel_modules
-  {loadable, evidence}, gdrcopy {gdrdrv, libgdrapi, available, reason}, notes.
+  {loadable, evidence}, gdrcopy {gdrdrv, libgdrapi, available, reason},
+  copy_engine {workers_option, crew_threads, crew_numa_node, profile {path, named,
+  present}}, notes.
+copy_engine: what ferry's copy engine would use in this process (copy_engine.py;
+  no CUDA needed). workers_option: FERRY_COPY_WORKERS (0 when unset: one thread
+  per CPU; None when the engine would refuse its value). crew_threads: threads of
+  the smallest crew serving this host's GPUs (the default crew without GPU facts),
+  counting the calling thread, as engine.stats()["crew_threads"]; crew_numa_node:
+  the node that crew is bound to (None: not bound). profile: the machine profile
+  file (path: None when FERRY_PROFILE, XDG_CACHE_HOME and HOME are all unset;
+  named: FERRY_PROFILE named it; present: True for a regular file, False for
+  nothing there, so the built-in defaults, None when unknown).
 cuda: None without a driver, else {driver_version, runtime_version, device_count}.
 gpus: one entry per device of cuda_info, see gpu.gpu_facts.
 
@@ -28,6 +39,7 @@ renders the facts.
 from __future__ import annotations
 
 from . import parsers
+from .copy_engine import collect_copy_engine
 from .gpu import collect_gpus
 from .host import collect_host
 
@@ -56,9 +68,15 @@ def collect(cuda_info: dict | None = None) -> dict:
     except Exception as exc:  # a bug here must not take `ferry doctor` down
         gpus, gpu_notes = [], [f"GPU facts failed: {type(exc).__name__}: {exc}"]
     notes += gpu_notes
+    host = collect_host()
+    try:
+        host["copy_engine"] = collect_copy_engine(gpus, host["notes"])
+    except Exception as exc:  # as above
+        host["copy_engine"] = None
+        host["notes"].append(f"reading the copy engine's settings failed: {type(exc).__name__}: {exc}")
     return {
         "facts_version": FACTS_VERSION,
-        "host": collect_host(),
+        "host": host,
         "cuda": cuda_facts(cuda_info),
         "gpus": gpus,
         "notes": notes,

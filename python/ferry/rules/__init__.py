@@ -36,8 +36,8 @@ from .gpu_checks import (_check_bar1_small, _check_gdrdrv_absent, _check_gpu_bel
                          _check_pcie_link_degraded, _check_pinned_bandwidth_low)
 from .host_checks import (_check_gvisor_shmem_thp, _check_hugetlb_not_reserved, _check_iommu_translated,
                           _check_memlock_low, _check_memory_low_for_pool, _check_nixl_ucx_slow_settings,
-                          _check_numa_mismatch, _check_thp_defrag_never, _check_thp_disabled,
-                          _check_vm_first_touch_costly)
+                          _check_numa_mismatch, _check_small_crew_uncalibrated, _check_thp_defrag_never,
+                          _check_thp_disabled, _check_vm_first_touch_costly)
 from .inputs import _sysfs_choice  # noqa: F401 - as above (the tests use it)
 from .inputs import parse_cpulist
 from .model import _SEVERITY_RANK, SEVERITIES, Finding, Rule, Verdict
@@ -110,6 +110,11 @@ RULES: tuple[Rule, ...] = (
     Rule("nixl-ucx-slow-settings", "warning", "UCX settings in the environment force NIXL onto slow paths",
          "a UCX_TLS without a CUDA transport (or without cuda_ipc), UCX_RMA_PPLN_ENABLE=n or peer error "
          "handling on a GPU machine: NIXL transfers run at a few GB/s or less", _check_nixl_ucx_slow_settings),
+    Rule("small-crew-uncalibrated", "info",
+         "Few copy threads and no machine profile: `auto` stages copies that other strategies move faster",
+         "a GPU machine whose copy crew has at most 4 threads and no machine profile is in use (info: the "
+         "figures are the H200's; warning at 1-2 threads, where both directions lost, by up to 4x)",
+         _check_small_crew_uncalibrated),
 )
 
 

@@ -1,5 +1,6 @@
 """The rules' checks of the host: THP, hugetlb, locked memory, NUMA, the IOMMU,
-virtualization and the UCX settings in the environment."""
+virtualization, the UCX settings in the environment and the copy engine's crew
+and machine profile."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from ..units import KiB, MiB
 from ..units import fmt_bytes as _fmt_bytes
 from ..units import fmt_gbps as _gbps
 
-from .inputs import _cpus, _dict, _gpu_label, _gpus, _host, _list, _num, _numa_fix, _per_gpu, _pool_bytes, _str, _sysfs_choice, _virt_kind
+from .inputs import (_bool, _cpus, _dict, _gpu_label, _gpus, _host, _list, _num, _numa_fix, _per_gpu, _pool_bytes,
+                     _str, _sysfs_choice, _virt_kind)
 from .model import Verdict
-from .thresholds import _NOT_A_VM, _THP, FIRST_TOUCH_1THREAD_MIN_GBPS
+from .thresholds import (_NOT_A_VM, _THP, FIRST_TOUCH_1THREAD_MIN_GBPS, SMALL_CREW_MAX_THREADS,
+                         SMALL_CREW_WARN_THREADS)
 
 
 def _check_thp_disabled(facts: dict, m: dict) -> Optional[Verdict]:
@@ -266,3 +269,67 @@ def _check_nixl_ucx_slow_settings(facts: dict, m: dict) -> Optional[Verdict]:
         fixes.append(_str(w.get("fix"), "fix") or "")
     return Verdict(evidence, "; ".join(f for f in fixes if f) + " (`ferry.nixl.agent(name)` chooses UCX settings "
                    "for this machine when none are forced; its settings(agent).describe() says which)")
+
+
+# What staging loses with a small crew: measured on the H200 machine (PCIe Gen5, 16
+# cores) with the crew limited by FERRY_COPY_WORKERS, fresh 4 KiB-page buffers, by
+# crew threads; the finding quotes the row of the smallest crew measured that is
+# at least the user's.
+_SMALL_CREW_H200 = (
+    (1, "1 thread: device->host 512 MiB staged 4.6 vs pin-in-place 18.5 GB/s (4.0x), 64 MiB staged 5.5 vs "
+        "cuda 17.8 GB/s; host->device 512 MiB staged 8.4 vs pin-in-place 18.7 GB/s"),
+    (2, "2 threads: device->host 512 MiB staged 6.3 vs hybrid 19.5 GB/s (3.1x), 64 MiB staged 11.4 vs "
+        "hybrid 29.6 GB/s; host->device 512 MiB staged 16.9 vs hybrid 21.1 GB/s"),
+    (4, "4 threads: device->host 64 MiB staged 15.5 vs hybrid 40.0 GB/s (2.6x), 512 MiB staged 21.3 vs "
+        "hybrid 29.9 GB/s; host->device staging still wins (29.7 vs hybrid 26.8 GB/s at 512 MiB)"),
+)
+
+
+def _check_small_crew_uncalibrated(facts: dict, m: dict) -> Optional[Verdict]:
+    """A crew of at most SMALL_CREW_MAX_THREADS threads and no machine profile: `auto`
+    stages every copy (the built-in defaults), which other strategies beat on such a
+    crew. Info by default: the figures are the H200's, not this machine's, and one
+    direction may still favour staging (host->device at 4 threads); warning at 1-2
+    threads, where both directions lost on the H200 and device->host by 3-4x.
+    Silent without a GPU (nothing to copy, nothing to calibrate on)."""
+    engine = _dict(_host(facts).get("copy_engine"), "host.copy_engine")
+    threads = _num(engine.get("crew_threads"), "host.copy_engine.crew_threads")
+    profile = _dict(engine.get("profile"), "host.copy_engine.profile")
+    named = _bool(profile.get("named"), "host.copy_engine.profile.named")
+    present = _bool(profile.get("present"), "host.copy_engine.profile.present")
+    path = _str(profile.get("path"), "host.copy_engine.profile.path")
+    if threads is None or threads > SMALL_CREW_MAX_THREADS or named is not False or present is not False:
+        return None
+    if not _gpus(facts):
+        return None
+    n = max(1, int(threads))
+    workers = _num(engine.get("workers_option"), "host.copy_engine.workers_option")
+    node = _num(engine.get("crew_numa_node"), "host.copy_engine.crew_numa_node")
+    if workers:
+        why = f"FERRY_COPY_WORKERS={int(workers)}"
+    else:
+        why = "one per CPU this process may use" + (f" on NUMA node {int(node)}" if node is not None else "")
+    evidence = [f"the copy engine's crew has {n} thread{'' if n == 1 else 's'} ({why}): staged copies are "
+                "memcpys on these threads, so the crew, not the link, sets their speed"]
+    memcpy = _num(_dict(m.get("memcpy_gbps_by_threads"), "memcpy_gbps_by_threads").get(str(n)),
+                  f"memcpy_gbps_by_threads[{n}]")
+    if memcpy is not None:
+        evidence.append(f"host memcpy on {n} thread{'' if n == 1 else 's'} measured here: {_gbps(memcpy)}, "
+                        "a ceiling for staged copies")
+    where = f"{path} does not exist" if path else "XDG_CACHE_HOME and HOME are unset"
+    evidence.append(f"no machine profile ({where}, FERRY_PROFILE unset): `auto` follows the built-in "
+                    "defaults, which stage copies of every size")
+    row = next(text for crew, text in _SMALL_CREW_H200 if crew >= n)
+    evidence.append(f"measured on an H200 (PCIe Gen5) with the crew limited by FERRY_COPY_WORKERS to {row}")
+    evidence.append("there, with the profile `ferry bench copy --calibrate` wrote (2 threads), `auto` took cuda "
+                    "below 512 KiB and hybrid from 64 MiB: device->host 64 MiB 23.6 GB/s instead of staged 9.9 GB/s")
+    fix = ("`ferry bench copy --calibrate`, once on this machine, under the FERRY_COPY_WORKERS and CPU limits "
+           "the workload runs with: it measures each strategy on this crew and writes the profile the engine "
+           f"reads ({path}), from which `auto` picks cuda, pin-in-place or hybrid where they win; calibrate "
+           "again after changing the crew" if path else
+           "set XDG_CACHE_HOME or HOME (or FERRY_PROFILE=<file>), then run `ferry bench copy --calibrate` "
+           "once on this machine: it writes the profile the engine reads, from which `auto` picks cuda, "
+           "pin-in-place or hybrid where they win")
+    if workers:
+        fix += "; or, where more cores are free, raise FERRY_COPY_WORKERS"
+    return Verdict(evidence, fix, severity="warning" if n <= SMALL_CREW_WARN_THREADS else None)

@@ -41,12 +41,21 @@ def _num(value: Any, what: str) -> Optional[float]:
     return value
 
 
-def _str(value: Any, what: str) -> Optional[str]:
+def _typed(value: Any, what: str, kind: type, name: str) -> Any:
+    """`value` when it is a `kind`, None when unknown; anything else is an error."""
     if value is None:
         return None
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a string, got {type(value).__name__} {value!r}")
+    if not isinstance(value, kind):
+        raise TypeError(f"{what} must be {name}, got {type(value).__name__} {value!r}")
     return value
+
+
+def _str(value: Any, what: str) -> Optional[str]:
+    return _typed(value, what, str, "a string")
+
+
+def _bool(value: Any, what: str) -> Optional[bool]:
+    return _typed(value, what, bool, "true or false")
 
 
 def _sysfs_choice(value: Any, what: str) -> Optional[str]:
