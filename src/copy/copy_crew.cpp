@@ -33,6 +33,26 @@ std::vector<int> crew_cpus(int numa_node, const std::vector<int>& online_nodes, 
   return out;
 }
 
+CrewPlan plan_copy_crew(int numa_node) { return plan_copy_crew(numa_node, options()); }
+
+CrewPlan plan_copy_crew(int numa_node, const Options& o) {
+  const int64_t workers = o.integer("FERRY_COPY_WORKERS");
+  const int64_t spin = o.integer("FERRY_COPY_SPIN_US");
+  if (workers < 0 || workers > kMaxThreads)
+    throw InvalidArgument("FERRY_COPY_WORKERS=" + std::to_string(workers) + ": expected 0 (one per core) .. 1024");
+  if (spin < 0 || spin > 1000000)
+    throw InvalidArgument("FERRY_COPY_SPIN_US=" + std::to_string(spin) + ": expected 0 .. 1000000");
+  CrewPlan plan;
+  plan.workers = static_cast<int>(workers);
+  plan.spin_us = static_cast<int>(spin);
+  plan.cpus = host_crew_cpus(numa_node < 0 ? -1 : numa_node);
+  plan.numa_node = plan.cpus.empty() ? -1 : numa_node;
+  plan.threads = workers > 0 ? plan.workers
+                             : std::clamp(plan.numa_node < 0 ? os::usable_cores() : static_cast<int>(plan.cpus.size()),
+                                          1, kDefaultThreadCap);
+  return plan;
+}
+
 Crew& copy_crew(int numa_node) {
   static std::mutex mu;  // guards crews and generation
   static const bool held = (hold_across_fork(&mu), true);  // a forked child makes its own crews
@@ -51,19 +71,10 @@ Crew& copy_crew(int numa_node) {
     }
     if (auto it = crews->find(numa_node); it != crews->end()) return *it->second;
   }
-  const Options& o = options();
-  int64_t threads = o.integer("FERRY_COPY_WORKERS");
-  const int64_t spin = o.integer("FERRY_COPY_SPIN_US");
-  if (threads < 0 || threads > 1024)
-    throw InvalidArgument("FERRY_COPY_WORKERS=" + std::to_string(threads) + ": expected 0 (one per core) .. 1024");
-  if (spin < 0 || spin > 1000000)
-    throw InvalidArgument("FERRY_COPY_SPIN_US=" + std::to_string(spin) + ": expected 0 .. 1000000");
-  // The host's facts are read without the lock (system calls).
-  ThreadAffinity affinity{host_crew_cpus(numa_node), &os::bind_thread_to_cpus};
-  const int home = affinity.cpus.empty() ? -1 : numa_node;
-  if (threads == 0)
-    threads = std::clamp(home < 0 ? os::usable_cores() : static_cast<int>(affinity.cpus.size()), 1,
-                         kDefaultThreadCap);
+  // The options and the host's facts are read without the lock (system calls).
+  CrewPlan plan = plan_copy_crew(numa_node);
+  const int home = plan.numa_node;
+  const ThreadAffinity affinity{std::move(plan.cpus), &os::bind_thread_to_cpus};
   std::lock_guard lock(mu);
   if (generation != fork_generation()) {  // a fork() between the two locks
     crews->clear();
@@ -71,7 +82,7 @@ Crew& copy_crew(int numa_node) {
   }
   auto made = crews->find(home);
   if (made == crews->end())  // the first crew of this node: its threads start here, once
-    made = crews->emplace(home, new Crew(static_cast<int>(threads) - 1, static_cast<int>(spin), affinity)).first;
+    made = crews->emplace(home, new Crew(plan.threads - 1, plan.spin_us, affinity)).first;
   (*crews)[numa_node] = made->second;
   return *made->second;
 }

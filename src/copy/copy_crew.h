@@ -15,8 +15,9 @@
 // core (of its node; of the process for the default crew), at most 16,
 // counting the calling thread (so the crew has one fewer; `ferry doctor` sizes
 // it the same way without CUDA: python/ferry/facts/copy_engine.py). Idle
-// threads spin FERRY_COPY_SPIN_US before they sleep. A crew is made on first
-// use and runs for the life of the process.
+// threads spin FERRY_COPY_SPIN_US before they sleep. plan_copy_crew() is that
+// decision, made without starting a thread: copy_crew() makes the crew it plans.
+// A crew is made on first use and runs for the life of the process.
 //
 // After fork() the child has none of the parent's threads: its first call
 // makes new crews, and the parent's are left alone (their std::thread objects
@@ -28,9 +29,25 @@
 namespace ferry {
 
 class Crew;
+class Options;
 
 // Throws InvalidArgument if the FERRY_COPY_* options are bad.
 Crew& copy_crew(int numa_node = -1);
+
+// The crew copy_crew(numa_node) makes, by the rules above; starts nothing.
+struct CrewPlan {
+  int threads = 1;        // counting the calling thread: the crew starts threads - 1
+  int numa_node = -1;     // the node its threads are bound to; -1: the default crew
+  std::vector<int> cpus;  // the CPUs they bind to (host_crew_cpus); empty: not bound
+  int workers = 0;        // FERRY_COPY_WORKERS as parsed; 0: one per usable core
+  int spin_us = 0;        // FERRY_COPY_SPIN_US
+};
+
+// From options() and this host's facts (sysfs, sched_getaffinity). Throws
+// InvalidArgument if the options are bad, as copy_crew() does.
+CrewPlan plan_copy_crew(int numa_node);
+// From `options` (Options::parse, for tests) and this host's facts.
+CrewPlan plan_copy_crew(int numa_node, const Options& options);
 
 // crew_cpus() on this host's facts (sysfs, sched_getaffinity): the CPUs a
 // thread serving node `numa_node` binds to; empty (no binding) for -1, a

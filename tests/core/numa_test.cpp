@@ -1,7 +1,8 @@
 // numa_test.cpp — a GPU's host NUMA node from sysfs (pool/numa_home.h) and
 // the copy crews per node (copy/copy_crew.h): the placement rules
-// (table-driven), every PCI device of this machine, and the real CPU affinity
-// of crew and worker-pool threads bound to a node's CPUs.
+// (table-driven), every PCI device of this machine, the crews' size
+// (plan_copy_crew) and the real CPU affinity of crew and worker-pool threads
+// bound to a node's CPUs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,8 @@
 #include "pool/numa_home.h"
 #include "core/crew.h"
 #include "core/error.h"
+#include "core/options.h"
+#include "core/thread_counts.h"
 #include "core/worker_pool.h"
 #include "os/affinity.h"
 #include "os/sysfs.h"
@@ -181,6 +184,62 @@ TEST(CopyCrew, UnboundThreadsKeepTheirCreatorsCpus) {
     }).join();
     ASSERT_EQ(sets.size(), 64u);
     for (const V& s : sets) EXPECT_EQ(s, V{usable.back()});
+  }
+}
+
+// plan_copy_crew on this host's facts, with the options given (Options::parse:
+// the environment is read once per process, so these cases do not touch it).
+TEST(CopyCrew, PlanFollowsFerryCopyWorkers) {
+  V online;
+  const bool have_nodes = os::read_online_nodes(&online) == 0;
+  V nodes = {-1};
+  if (have_nodes) nodes.insert(nodes.end(), online.begin(), online.end());
+  for (int node : nodes) {
+    const CrewPlan unset = plan_copy_crew(node, Options::parse({}));
+    EXPECT_EQ(unset.cpus, host_crew_cpus(node)) << "node " << node;
+    EXPECT_EQ(unset.numa_node, unset.cpus.empty() ? -1 : node) << "node " << node;
+    const int usable = unset.cpus.empty() ? os::usable_cores() : static_cast<int>(unset.cpus.size());
+    EXPECT_EQ(unset.threads, std::clamp(usable, 1, kDefaultThreadCap)) << "node " << node;
+    EXPECT_EQ(unset.workers, 0);
+    EXPECT_EQ(unset.spin_us, 100);  // the option's default
+    const CrewPlan zero = plan_copy_crew(node, Options::parse({{"FERRY_COPY_WORKERS", "0"}}));
+    EXPECT_EQ(zero.threads, unset.threads) << "node " << node;
+    for (const char* n : {"1", "3", " 7\n", "+5", "1024"}) {
+      const CrewPlan set =
+          plan_copy_crew(node, Options::parse({{"FERRY_COPY_WORKERS", n}, {"FERRY_COPY_SPIN_US", "0"}}));
+      EXPECT_EQ(set.threads, std::stoi(n)) << "FERRY_COPY_WORKERS='" << n << "'";
+      EXPECT_EQ(set.workers, std::stoi(n));
+      EXPECT_EQ(set.spin_us, 0);
+      EXPECT_EQ(set.numa_node, unset.numa_node) << "FERRY_COPY_WORKERS sizes the crew, not where it runs";
+      EXPECT_EQ(set.cpus, unset.cpus);
+    }
+  }
+  EXPECT_EQ(plan_copy_crew(-5, Options::parse({})).numa_node, -1);  // any negative node: the default crew
+}
+
+TEST(CopyCrew, PlanRefusesBadFerryCopyOptions) {
+  for (const char* bad : {"", "two", "-1", "1025", "0x10", "4.0"}) {
+    try {
+      plan_copy_crew(-1, Options::parse({{"FERRY_COPY_WORKERS", bad}}));
+      ADD_FAILURE() << "FERRY_COPY_WORKERS='" << bad << "' was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("FERRY_COPY_WORKERS='" + std::string(bad) + "'"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_THROW(plan_copy_crew(-1, Options::parse({{"FERRY_COPY_SPIN_US", "1000001"}})), InvalidArgument);
+}
+
+TEST(CopyCrew, CrewsAreTheirPlans) {
+  V online;
+  V nodes = {-1};
+  if (os::read_online_nodes(&online) == 0) nodes.insert(nodes.end(), online.begin(), online.end());
+  for (int node : nodes) {
+    const CrewPlan plan = plan_copy_crew(node);  // the process's options, as copy_crew reads them
+    Crew& crew = copy_crew(node);
+    EXPECT_EQ(crew.threads() + 1, plan.threads) << "node " << node;
+    EXPECT_EQ(crew.cpus(), plan.cpus) << "node " << node;
+    EXPECT_EQ(&crew, &copy_crew(plan.numa_node)) << "node " << node;
   }
 }
 
