@@ -17,6 +17,8 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/options.h"
+#include "copy/copy_crew.h"
+#include "copy/profile_file.h"
 #include "cuda/device.h"
 #include "cuda/pinned_pool.h"
 #include "pool/pool.h"
@@ -312,6 +314,35 @@ NB_MODULE(_ferry, m) {
   });
   m.def("check_options", [] { ferry::options(); },
         "Raise InvalidArgumentError if a FERRY_* variable is unknown or has a bad value.");
+  // The copy engine's decisions, asked without CUDA (`ferry doctor`: python/ferry/facts/copy_engine.py).
+  m.def("plan_copy_crew",
+        [](nb::handle numa_node) {
+          const ferry::CrewPlan plan = ferry::plan_copy_crew(ferry::python::int_arg<int>(numa_node, "numa_node"));
+          nb::dict d;
+          d["threads"] = plan.threads;
+          d["numa_node"] = plan.numa_node < 0 ? nb::object(nb::none()) : nb::cast(plan.numa_node);
+          d["cpus"] = plan.cpus;
+          d["workers"] = plan.workers;
+          d["spin_us"] = plan.spin_us;
+          return d;
+        },
+        "numa_node"_a = -1,
+        "The crew of copy threads the engine of a GPU on `numa_node` uses (negative: none known), planned "
+        "without starting it: {threads (counting the caller), numa_node (None: the default crew), cpus "
+        "(empty: not bound), workers (FERRY_COPY_WORKERS; 0: one per usable core), spin_us}. "
+        "InvalidArgumentError for bad FERRY_* options.");
+  m.def("profile_file_path",
+        [] {
+          bool named = false;
+          const std::string path = ferry::profile_file_path(&named);
+          if (path.empty()) return nb::make_tuple(nb::none(), named);
+          // Decoded as os.environ decodes the variables it came from (surrogateescape).
+          PyObject* text = PyUnicode_DecodeFSDefaultAndSize(path.data(), static_cast<Py_ssize_t>(path.size()));
+          if (!text) throw nb::python_error();
+          return nb::make_tuple(nb::steal(text), named);
+        },
+        "(path or None, named): the machine profile file the copy engine reads, and whether FERRY_PROFILE "
+        "named it. InvalidArgumentError for bad FERRY_* options.");
   m.def("set_fault_injection",
         [](nb::handle spec) { ferry::set_fault_injection(ferry::python::str_arg(spec, "spec")); }, "spec"_a.none());
   m.def("cuda_info", &cuda_info,
