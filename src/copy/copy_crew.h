@@ -13,11 +13,12 @@
 //
 // Size of each crew: FERRY_COPY_WORKERS threads if set, else one per usable
 // core (of its node; of the process for the default crew), at most 16,
-// counting the calling thread (so the crew has one fewer; `ferry doctor` sizes
-// it the same way without CUDA: python/ferry/facts/copy_engine.py). Idle
-// threads spin FERRY_COPY_SPIN_US before they sleep. plan_copy_crew() is that
-// decision, made without starting a thread: copy_crew() makes the crew it plans.
-// A crew is made on first use and runs for the life of the process.
+// counting the calling thread (so the crew has one fewer). Idle threads spin
+// FERRY_COPY_SPIN_US before they sleep. plan_copy_crew() is that decision,
+// made without starting a thread: copy_crew() makes the crew it plans, and
+// `ferry doctor` asks it through the Python binding (ferry._ferry.plan_copy_crew,
+// python/ferry/facts/copy_engine.py), so the two cannot disagree. A crew is
+// made on first use and runs for the life of the process.
 //
 // After fork() the child has none of the parent's threads: its first call
 // makes new crews, and the parent's are left alone (their std::thread objects

@@ -1,8 +1,9 @@
 // profile_file.h — where the machine profile (copy/strategy.h) lives on disk
 // and reading it: FERRY_PROFILE names the file, else
 // $XDG_CACHE_HOME/ferry/profile.txt, else $HOME/.cache/ferry/profile.txt (the
-// file `ferry bench copy --calibrate` writes; python/ferry/facts/copy_engine.py's
-// profile_path(), which the bench and `ferry doctor` use, follows the same rule).
+// file `ferry bench copy --calibrate` writes: the bench and `ferry doctor` ask
+// profile_file_path() through the Python binding, ferry._ferry.profile_file_path,
+// in python/ferry/facts/copy_engine.py's profile_path()).
 #pragma once
 
 #include <string>

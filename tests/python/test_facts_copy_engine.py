@@ -1,17 +1,26 @@
 """Tests of the copy engine's facts (python/ferry/facts/copy_engine.py): the machine
-profile's path and presence, read from the real environment and a real temporary
-cache directory, and the crew size as src/copy/copy_crew.cpp sizes it, from this
-machine's CPUs; then the doctor's rule `small-crew-uncalibrated` on those facts.
-Nothing of the OS is faked: the environment is set with monkeypatch and files are
-written under tmp_path."""
+profile's path and presence and the crew size, as the engine itself decides them
+(ferry._ferry.profile_file_path and plan_copy_crew: src/copy/profile_file.h,
+src/copy/copy_crew.h), from the real environment, a real temporary cache directory
+and this machine's CPUs; then the doctor's rule `small-crew-uncalibrated` on those
+facts. Nothing of the OS is faked: the environment is set with monkeypatch and files
+are written under tmp_path.
+
+The engine reads the FERRY_* variables once per process (src/core/options.h), so a
+case that sets one collects its facts in a fresh Python process with that
+environment (as tests/python/test_cli.py runs the command); XDG_CACHE_HOME and HOME
+are read at each call, so cases that only change those run here."""
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 import ferry
-from ferry import facts, rules
+from ferry import _ferry, facts, rules
 from ferry.bench import copy as bench_copy
 from ferry.doctor import report, text_report
 from ferry.facts import copy_engine
@@ -19,57 +28,86 @@ from ferry.facts import copy_engine
 # A GPU whose PCI address is not in sysfs: no NUMA node, so the default crew serves it.
 ONE_GPU = {"driver_version": 13000, "runtime_version": 13000,
            "devices": [{"index": 0, "name": "NVIDIA H200", "pci_bus_id": "00000000:FF:1F.7"}]}
+DEFAULT_CREW = min(len(os.sched_getaffinity(0)), 16)  # one per usable CPU, at most 16 (one-node host)
 
 
 @pytest.fixture
 def env(monkeypatch, tmp_path):
-    """No FERRY_PROFILE or FERRY_COPY_WORKERS; XDG_CACHE_HOME is an empty tmp_path/cache."""
-    for name in ("FERRY_PROFILE", "FERRY_COPY_WORKERS"):
-        monkeypatch.delenv(name, raising=False)
+    """No FERRY_* variable; XDG_CACHE_HOME is an empty tmp_path/cache."""
+    for name in [n for n in os.environ if n.startswith("FERRY_")]:
+        monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return monkeypatch
 
 
+@pytest.fixture
+def here(env):
+    """env, for cases run in this process: they need this process's FERRY_PROFILE
+    (read once, at the first call) to have been unset."""
+    if _ferry.profile_file_path()[1]:
+        pytest.skip("FERRY_PROFILE was set when this process read its options")
+    return env
+
+
+def fresh(code: str, *args: str) -> str:
+    """stdout of `code` run by a new Python process in this environment."""
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def fresh_facts(cuda_info=None) -> dict:
+    """facts.collect(cuda_info) by a new process (the FERRY_* variables as set now)."""
+    return json.loads(fresh("import json, sys\nfrom ferry import facts\n"
+                            "print(json.dumps(facts.collect(json.loads(sys.argv[1]))))", json.dumps(cuda_info)))
+
+
 def engine_facts(cuda_info=None) -> dict:
-    return facts.collect(cuda_info)["host"]["copy_engine"]
+    return fresh_facts(cuda_info)["host"]["copy_engine"]
 
 
 # ---- the profile ----------------------------------------------------------------------
 
 
-def test_profile_path_follows_the_engines_rule(env, tmp_path):
+def test_profile_path_follows_xdg_cache_home_then_home(here, tmp_path):
     assert copy_engine.profile_path() == (f"{tmp_path}/cache/ferry/profile.txt", False)
-    env.setenv("FERRY_PROFILE", f"  {tmp_path}/mine.txt\n")  # the engine trims option values
-    assert copy_engine.profile_path() == (f"{tmp_path}/mine.txt", True)
-    env.setenv("FERRY_PROFILE", "")
-    env.setenv("XDG_CACHE_HOME", "")  # empty: as unset
-    env.setenv("HOME", str(tmp_path / "home"))
+    here.setenv("XDG_CACHE_HOME", "")  # empty: as unset
+    here.setenv("HOME", str(tmp_path / "home"))
     assert copy_engine.profile_path() == (f"{tmp_path}/home/.cache/ferry/profile.txt", False)
-    env.delenv("XDG_CACHE_HOME")
-    env.delenv("HOME")
+    here.delenv("XDG_CACHE_HOME")
+    here.delenv("HOME")
     assert copy_engine.profile_path() == (None, False)
+
+
+def test_profile_path_named_by_ferry_profile(env, tmp_path):
+    code = "import json\nfrom ferry.facts import copy_engine\nprint(json.dumps(copy_engine.profile_path()))"
+    env.setenv("FERRY_PROFILE", f"  {tmp_path}/mine.txt\n")  # the engine trims option values
+    assert json.loads(fresh(code)) == [f"{tmp_path}/mine.txt", True]
+    env.setenv("FERRY_PROFILE", "")  # empty: as unset
+    assert json.loads(fresh(code)) == [f"{tmp_path}/cache/ferry/profile.txt", False]
 
 
 def test_bench_calibrate_writes_where_the_engine_reads():
     assert bench_copy.profile_path is copy_engine.profile_path  # one rule, no copy
 
 
-def test_calibrate_without_a_place_for_the_profile_refuses_before_measuring(env, capsys):
-    env.delenv("XDG_CACHE_HOME")
-    env.delenv("HOME", raising=False)
+def test_calibrate_without_a_place_for_the_profile_refuses_before_measuring(here, capsys):
+    here.delenv("XDG_CACHE_HOME")
+    here.delenv("HOME", raising=False)
     assert bench_copy.SUITE.run(argparse.Namespace(calibrate=True, iterations=1)) == 2
     assert "nowhere to write the profile" in capsys.readouterr().err
 
 
-def test_profile_absent_then_present_in_a_real_cache_directory(env, tmp_path):
+def test_profile_absent_then_present_in_a_real_cache_directory(here, tmp_path):
     path = tmp_path / "cache" / "ferry" / "profile.txt"
-    assert engine_facts()["profile"] == {"path": str(path), "named": False, "present": False}
+    engine = lambda: facts.collect(None)["host"]["copy_engine"]  # noqa: E731
+    assert engine()["profile"] == {"path": str(path), "named": False, "present": False}
     path.parent.mkdir(parents=True)
     path.write_text("cuda_below_bytes_h2d = 8388608\n")
-    assert engine_facts()["profile"] == {"path": str(path), "named": False, "present": True}
+    assert engine()["profile"] == {"path": str(path), "named": False, "present": True}
     path.unlink()
     path.mkdir()  # the engine refuses a directory: neither a profile nor "none"
-    assert engine_facts()["profile"]["present"] is None
+    assert engine()["profile"]["present"] is None
 
 
 def test_profile_named_by_ferry_profile(env, tmp_path):
@@ -86,7 +124,7 @@ def test_profile_named_by_ferry_profile(env, tmp_path):
 def test_crew_is_one_thread_per_usable_cpu_at_most_16(env):
     e = engine_facts()
     assert e["workers_option"] == 0
-    assert e["crew_threads"] == min(len(os.sched_getaffinity(0)), 16)
+    assert e["crew_threads"] == DEFAULT_CREW
     assert e["crew_numa_node"] is None  # no GPU: the default crew
     assert engine_facts(ONE_GPU)["crew_threads"] == e["crew_threads"]
 
@@ -95,30 +133,39 @@ def test_crew_is_one_thread_per_usable_cpu_at_most_16(env):
 def test_crew_size_from_ferry_copy_workers(env, value, threads):
     env.setenv("FERRY_COPY_WORKERS", value)
     e = engine_facts()
-    assert e["crew_threads"] == (threads or min(len(os.sched_getaffinity(0)), 16))
+    assert e["crew_threads"] == (threads or DEFAULT_CREW)
     assert e["workers_option"] == (threads or 0)
 
 
 @pytest.mark.parametrize("value", ["", "two", "-1", "1025", "0x10", "4.0"])
 def test_a_value_the_engine_refuses_leaves_the_crew_unknown_with_a_note(env, value):
     env.setenv("FERRY_COPY_WORKERS", value)
-    host = facts.collect(None)["host"]
-    assert host["copy_engine"]["crew_threads"] is None and host["copy_engine"]["workers_option"] is None
-    assert any("FERRY_COPY_WORKERS" in note for note in host["notes"])
+    f = fresh_facts(ONE_GPU)
+    host = f["host"]
+    assert host["copy_engine"] == {"workers_option": None, "crew_threads": None, "crew_numa_node": None,
+                                   "profile": None}
+    assert any(f"FERRY_COPY_WORKERS='{value}'" in note for note in host["notes"]), host["notes"]
+    assert [x for x in rules.evaluate(f) if x.id == "small-crew-uncalibrated"] == []
+    text = " ".join(text_report.render([report.facts_section(f)]).split())
+    assert "crew size unknown; machine profile unknown" in text
 
 
-@pytest.mark.parametrize("workers, node, online, node_cpus, usable, expected", [
-    (0, None, [0], [], range(8), (8, None)),  # one node: every usable CPU
-    (0, 1, [0, 1], range(4, 8), range(8), (4, 1)),  # the GPU's node: its usable CPUs, bound
-    (0, 1, [0, 1], range(4, 8), range(4), (4, None)),  # none of the node's CPUs usable: the default crew
-    (0, 1, [0], range(4, 8), range(8), (8, None)),  # one online node: nothing is bound
-    (0, 2, [0, 1], [], range(8), (8, None)),  # a node that is not online
-    (2, 1, [0, 1], range(4, 8), range(8), (2, 1)),  # FERRY_COPY_WORKERS wins, still bound
-    (0, None, [0], [], range(64), (16, None)),  # at most 16
-    (0, None, [0], [], [], (1, None)),
-])
-def test_crew_size_as_copy_crew_cpp(workers, node, online, node_cpus, usable, expected):
-    assert copy_engine.crew_size(workers, node, online, node_cpus, usable) == expected
+def test_plan_copy_crew_is_the_engines_plan_for_each_node():
+    """The binding in this process: the default crew, and each online node's crew
+    (bound to its CPUs only on a host with several nodes)."""
+    plan = _ferry.plan_copy_crew()
+    assert set(plan) == {"threads", "numa_node", "cpus", "workers", "spin_us"}
+    assert plan["numa_node"] is None and plan["cpus"] == []
+    assert plan["threads"] == (plan["workers"] or DEFAULT_CREW)
+    nodes = [n["id"] for n in facts.collect(None)["host"]["numa_nodes"] or []]
+    for node in nodes:
+        p = _ferry.plan_copy_crew(node)
+        if len(nodes) == 1:
+            assert p == plan, node
+        else:
+            assert p["numa_node"] in (None, node) and set(p["cpus"]) <= os.sched_getaffinity(0)
+    with pytest.raises(ferry.InvalidArgumentError, match="numa_node=True"):
+        _ferry.plan_copy_crew(True)
 
 
 # ---- facts -> report and rule ----------------------------------------------------------------
@@ -126,7 +173,7 @@ def test_crew_size_as_copy_crew_cpp(workers, node, online, node_cpus, usable, ex
 
 def test_small_crew_without_profile_is_found_then_silenced_by_the_profile(env, tmp_path):
     env.setenv("FERRY_COPY_WORKERS", "2")
-    f = facts.collect(ONE_GPU)
+    f = fresh_facts(ONE_GPU)
     hits = [x for x in rules.evaluate(f) if x.id == "small-crew-uncalibrated"]
     assert [x.severity for x in hits] == ["warning"]
     assert "crew has 2 threads (FERRY_COPY_WORKERS=2)" in hits[0].evidence[0]
@@ -137,8 +184,9 @@ def test_small_crew_without_profile_is_found_then_silenced_by_the_profile(env, t
     path = tmp_path / "cache" / "ferry" / "profile.txt"
     path.parent.mkdir(parents=True)
     path.write_text("cuda_below_bytes_d2h = 8388608\n")
-    assert [x for x in rules.evaluate(facts.collect(ONE_GPU)) if x.id == "small-crew-uncalibrated"] == []
-    assert [x for x in rules.evaluate(facts.collect(None)) if x.id == "small-crew-uncalibrated"] == []
+    assert [x for x in rules.evaluate(fresh_facts(ONE_GPU)) if x.id == "small-crew-uncalibrated"] == []
+    path.unlink()  # without a GPU the rule is silent, profile or not
+    assert [x for x in rules.evaluate(fresh_facts(None)) if x.id == "small-crew-uncalibrated"] == []
 
 
 def test_report_of_engine_facts_from_an_older_report():

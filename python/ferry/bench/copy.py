@@ -24,9 +24,9 @@ bandwidth and which one wins (staged, cuda, pin-in-place, hybrid at half the
 body pinned): the table `auto` is judged by (copy/strategy.h's choose_route).
 It then measures the choices the profile can express (CUDA-path threshold per
 direction, pinned share per direction: 1 is pin-in-place) and writes the
-machine profile the engine reads (facts/copy_engine.py's profile_path():
-FERRY_PROFILE's file, else $XDG_CACHE_HOME/ferry/profile.txt, else
-~/.cache/ferry/profile.txt).
+machine profile the engine reads (facts/copy_engine.py's profile_path(), the
+engine's own rule: FERRY_PROFILE's file, else $XDG_CACHE_HOME/ferry/profile.txt,
+else ~/.cache/ferry/profile.txt).
 """
 
 from __future__ import annotations

@@ -13,27 +13,29 @@ host: kernel, os, virtualization {kind, hypervisor, evidence, container}, cpu {m
   {loadable, evidence}, gdrcopy {gdrdrv, libgdrapi, available, reason},
   copy_engine {workers_option, crew_threads, crew_numa_node, profile {path, named,
   present}}, notes.
-copy_engine: what ferry's copy engine would use in this process (copy_engine.py;
-  no CUDA needed). workers_option: FERRY_COPY_WORKERS (0 when unset: one thread
-  per CPU; None when the engine would refuse its value). crew_threads: threads of
-  the smallest crew serving this host's GPUs (the default crew without GPU facts),
-  counting the calling thread, as engine.stats()["crew_threads"]; crew_numa_node:
-  the node that crew is bound to (None: not bound). profile: the machine profile
-  file (path: None when FERRY_PROFILE, XDG_CACHE_HOME and HOME are all unset;
-  named: FERRY_PROFILE named it; present: True for a regular file, False for
-  nothing there, so the built-in defaults, None when unknown).
+copy_engine: what ferry's copy engine would use in this process, as the engine
+  decides it (copy_engine.py; no CUDA needed). workers_option: FERRY_COPY_WORKERS
+  as the engine parsed it (0 when unset: one thread per CPU). crew_threads:
+  threads of the smallest crew serving this host's GPUs (the default crew without
+  GPU facts), counting the calling thread, as engine.stats()["crew_threads"];
+  crew_numa_node: the node that crew is bound to (None: not bound). profile: the
+  machine profile file (path: None when FERRY_PROFILE, XDG_CACHE_HOME and HOME
+  are all unset; named: FERRY_PROFILE named it; present: True for a regular file,
+  False for nothing there, so the built-in defaults, None when unknown). All four
+  are None, with a note, when the engine refuses the FERRY_* variables.
 cuda: None without a driver, else {driver_version, runtime_version, device_count}.
 gpus: one entry per device of cuda_info, see gpu.gpu_facts.
 
-cuda_info comes from the native module (this package does not import it): None when
+cuda_info comes from the native module (the caller passes it in): None when
 there is no CUDA driver, else {"driver_version": 13000, "runtime_version": 13000,
 "devices": [{"index", "name", "total_memory_bytes", "pci_bus_id",
 "compute_capability", ...}]}. Everything in the result is JSON-ready, and collect()
 never raises: a fact that cannot be read is None, with a note where it helps.
 
-This package uses only the standard library and nothing else of `ferry` (it does
-not even import the native module); the doctor's report (ferry/doctor/report.py)
-renders the facts.
+This package reads the machine with the standard library; of `ferry` it uses only
+the native module's no-CUDA functions that give the copy engine's own decisions
+(copy_engine.py: one place for each, in C++). The doctor's report
+(ferry/doctor/report.py) renders the facts.
 """
 
 from __future__ import annotations
