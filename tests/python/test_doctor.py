@@ -220,8 +220,8 @@ def fake_gpus(monkeypatch):
             "devices": [{"index": 0, "name": "Fake H200"}, {"index": 1, "name": "Fake H200"}]}
     real_collect = ferry.facts.collect
 
-    def collect(cuda_info):
-        f = real_collect(None)
+    def collect(cuda_info, engine=None):
+        f = real_collect(None, engine)
         f["cuda"] = {"driver_version": "13.0", "runtime_version": "13.0", "device_count": 2}
         f["gpus"] = [{"index": i, "name": "Fake H200", "link_gbps": 63.0, "max_link_gbps": 63.0,
                       "pcie": {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16}} for i in (0, 1)]

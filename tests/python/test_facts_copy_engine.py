@@ -23,7 +23,6 @@ import ferry
 from ferry import _ferry, facts, rules
 from ferry.bench import copy as bench_copy
 from ferry.doctor import report, text_report
-from ferry.facts import copy_engine
 
 # A GPU whose PCI address is not in sysfs: no NUMA node, so the default crew serves it.
 ONE_GPU = {"driver_version": 13000, "runtime_version": 13000,
@@ -57,9 +56,10 @@ def fresh(code: str, *args: str) -> str:
 
 
 def fresh_facts(cuda_info=None) -> dict:
-    """facts.collect(cuda_info) by a new process (the FERRY_* variables as set now)."""
+    """facts.collect(cuda_info, _ferry) by a new process (the FERRY_* variables as set now)."""
     return json.loads(fresh("import json, sys\nfrom ferry import facts\n"
-                            "print(json.dumps(facts.collect(json.loads(sys.argv[1]))))", json.dumps(cuda_info)))
+                            "from ferry import _ferry\n"
+                            "print(json.dumps(facts.collect(json.loads(sys.argv[1]), _ferry)))", json.dumps(cuda_info)))
 
 
 def engine_facts(cuda_info=None) -> dict:
@@ -70,25 +70,21 @@ def engine_facts(cuda_info=None) -> dict:
 
 
 def test_profile_path_follows_xdg_cache_home_then_home(here, tmp_path):
-    assert copy_engine.profile_path() == (f"{tmp_path}/cache/ferry/profile.txt", False)
+    assert _ferry.profile_file_path() == (f"{tmp_path}/cache/ferry/profile.txt", False)
     here.setenv("XDG_CACHE_HOME", "")  # empty: as unset
     here.setenv("HOME", str(tmp_path / "home"))
-    assert copy_engine.profile_path() == (f"{tmp_path}/home/.cache/ferry/profile.txt", False)
+    assert _ferry.profile_file_path() == (f"{tmp_path}/home/.cache/ferry/profile.txt", False)
     here.delenv("XDG_CACHE_HOME")
     here.delenv("HOME")
-    assert copy_engine.profile_path() == (None, False)
+    assert _ferry.profile_file_path() == (None, False)
 
 
 def test_profile_path_named_by_ferry_profile(env, tmp_path):
-    code = "import json\nfrom ferry.facts import copy_engine\nprint(json.dumps(copy_engine.profile_path()))"
+    code = "import json\nfrom ferry import _ferry\nprint(json.dumps(_ferry.profile_file_path()))"
     env.setenv("FERRY_PROFILE", f"  {tmp_path}/mine.txt\n")  # the engine trims option values
     assert json.loads(fresh(code)) == [f"{tmp_path}/mine.txt", True]
     env.setenv("FERRY_PROFILE", "")  # empty: as unset
     assert json.loads(fresh(code)) == [f"{tmp_path}/cache/ferry/profile.txt", False]
-
-
-def test_bench_calibrate_writes_where_the_engine_reads():
-    assert bench_copy.profile_path is copy_engine.profile_path  # one rule, no copy
 
 
 def test_calibrate_without_a_place_for_the_profile_refuses_before_measuring(here, capsys):
@@ -100,7 +96,7 @@ def test_calibrate_without_a_place_for_the_profile_refuses_before_measuring(here
 
 def test_profile_absent_then_present_in_a_real_cache_directory(here, tmp_path):
     path = tmp_path / "cache" / "ferry" / "profile.txt"
-    engine = lambda: facts.collect(None)["host"]["copy_engine"]  # noqa: E731
+    engine = lambda: facts.collect(None, _ferry)["host"]["copy_engine"]  # noqa: E731
     assert engine()["profile"] == {"path": str(path), "named": False, "present": False}
     path.parent.mkdir(parents=True)
     path.write_text("cuda_below_bytes_h2d = 8388608\n")
@@ -157,7 +153,7 @@ def test_plan_copy_crew_is_the_engines_plan_for_each_node():
     assert set(plan) == {"threads", "numa_node", "cpus", "workers", "spin_us"}
     assert plan["numa_node"] is None and plan["cpus"] == []
     assert plan["threads"] == (plan["workers"] or DEFAULT_CREW)
-    nodes = [n["id"] for n in facts.collect(None)["host"]["numa_nodes"] or []]
+    nodes = [n["id"] for n in facts.collect(None, _ferry)["host"]["numa_nodes"] or []]
     for node in nodes:
         p = _ferry.plan_copy_crew(node)
         if len(nodes) == 1:
@@ -204,3 +200,10 @@ def test_crew_size_matches_the_engines():
     """The facts' crew is the smallest the engines of this host's GPUs really have."""
     engines = [ferry.engine(d).stats()["crew_threads"] for d in _devices()]
     assert engine_facts(ferry.cuda_info())["crew_threads"] == min(engines)
+
+
+def test_without_the_native_module_the_engine_facts_are_unknown():
+    """facts imports nothing of ferry: without the module passed in, nothing is guessed."""
+    f = facts.collect(None)
+    assert f["host"]["copy_engine"] is None
+    assert [x for x in rules.evaluate(f) if x.id == "small-crew-uncalibrated"] == []

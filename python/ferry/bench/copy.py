@@ -24,7 +24,7 @@ bandwidth and which one wins (staged, cuda, pin-in-place, hybrid at half the
 body pinned): the table `auto` is judged by (copy/strategy.h's choose_route).
 It then measures the choices the profile can express (CUDA-path threshold per
 direction, pinned share per direction: 1 is pin-in-place) and writes the
-machine profile the engine reads (facts/copy_engine.py's profile_path(), the
+machine profile the engine reads (_ferry.profile_file_path(), the
 engine's own rule: FERRY_PROFILE's file, else $XDG_CACHE_HOME/ferry/profile.txt,
 else ~/.cache/ferry/profile.txt).
 """
@@ -36,7 +36,6 @@ import sys
 
 from ..measure import HostBuffer, gbps
 from .. import _ferry
-from ..facts.copy_engine import profile_path
 from ..units import GiB, KiB, MiB, link_limit, parse_size_list
 from .records import Records
 from .report import progress, table, write_json
@@ -493,7 +492,7 @@ class CopySuite(Suite):
 
     def run(self, args) -> int:
         if args.calibrate:
-            path, _ = profile_path()  # the file the engine reads: FERRY_PROFILE's, else the cache's
+            path, _ = _ferry.profile_file_path()  # the file the engine reads: FERRY_PROFILE's, else the cache's
             if path is None:
                 print("ferry bench copy: --calibrate: nowhere to write the profile: set XDG_CACHE_HOME, HOME "
                       "or FERRY_PROFILE", file=sys.stderr)

@@ -20,7 +20,7 @@ def header() -> dict:
     """Versions and the facts that decide transfer speed (THP, hugetlb, NUMA, PCIe)."""
     from .. import _ferry, facts
 
-    f = facts.collect(_ferry.cuda_info())
+    f = facts.collect(_ferry.cuda_info(), _ferry)
     host = f["host"]
     return {
         "ferry": _ferry.versions(),

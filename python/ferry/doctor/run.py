@@ -82,7 +82,7 @@ def run(mode: str = "default", quiet: bool = False) -> dict:
     r = Run(mode, quiet)
     r.progress(1, "reading host and GPU facts")
     r.cuda_info = _ferry.cuda_info()
-    report = facts.collect(r.cuda_info)
+    report = facts.collect(r.cuda_info, _ferry)
     report["ferry"] = _ferry.versions()
     report["mode"] = mode
     report["measurements"] = r.m

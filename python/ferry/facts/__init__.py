@@ -22,19 +22,21 @@ copy_engine: what ferry's copy engine would use in this process, as the engine
   machine profile file (path: None when FERRY_PROFILE, XDG_CACHE_HOME and HOME
   are all unset; named: FERRY_PROFILE named it; present: True for a regular file,
   False for nothing there, so the built-in defaults, None when unknown). All four
-  are None, with a note, when the engine refuses the FERRY_* variables.
+  are None, with a note, when the engine refuses the FERRY_* variables; copy_engine
+  is None when collect() is not given the native module.
 cuda: None without a driver, else {driver_version, runtime_version, device_count}.
 gpus: one entry per device of cuda_info, see gpu.gpu_facts.
 
-cuda_info comes from the native module (the caller passes it in): None when
+cuda_info comes from the native module, and so does `engine`, the module itself
+(the caller passes both in: this package imports nothing of ferry): None when
 there is no CUDA driver, else {"driver_version": 13000, "runtime_version": 13000,
 "devices": [{"index", "name", "total_memory_bytes", "pci_bus_id",
 "compute_capability", ...}]}. Everything in the result is JSON-ready, and collect()
 never raises: a fact that cannot be read is None, with a note where it helps.
 
-This package reads the machine with the standard library; of `ferry` it uses only
-the native module's no-CUDA functions that give the copy engine's own decisions
-(copy_engine.py: one place for each, in C++). The doctor's report
+This package reads the machine with the standard library; of the native module
+it calls, through `engine`, only the no-CUDA functions that give the copy engine's
+own decisions (copy_engine.py: one place for each, in C++). The doctor's report
 (ferry/doctor/report.py) renders the facts.
 """
 
@@ -62,8 +64,10 @@ def cuda_facts(cuda_info: dict | None) -> dict | None:
     }
 
 
-def collect(cuda_info: dict | None = None) -> dict:
-    """All facts about this machine; `cuda_info` is what the native module reported."""
+def collect(cuda_info: dict | None = None, engine=None) -> dict:
+    """All facts about this machine; `cuda_info` is what the native module reported,
+    `engine` the native module itself (ferry._ferry: the copy engine's settings,
+    host.copy_engine; None when not given)."""
     notes: list[str] = []
     try:
         gpus, gpu_notes = collect_gpus(cuda_info)
@@ -72,7 +76,7 @@ def collect(cuda_info: dict | None = None) -> dict:
     notes += gpu_notes
     host = collect_host()
     try:
-        host["copy_engine"] = collect_copy_engine(gpus, host["notes"])
+        host["copy_engine"] = None if engine is None else collect_copy_engine(gpus, host["notes"], engine)
     except Exception as exc:  # as above
         host["copy_engine"] = None
         host["notes"].append(f"reading the copy engine's settings failed: {type(exc).__name__}: {exc}")

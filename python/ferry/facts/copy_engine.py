@@ -2,7 +2,8 @@
 threads has, and which machine profile file it reads (if any). Neither needs CUDA.
 
 Both are the engine's own decisions, asked through the native module (its no-CUDA
-functions), not restated here:
+functions, passed in by the caller: this package imports nothing of ferry), not
+restated here:
   - crew size: _ferry.plan_copy_crew(node) (src/copy/copy_crew.h, plan_copy_crew,
     which copy_crew() makes its crews by): FERRY_COPY_WORKERS threads when set
     above 0, else one per CPU the crew may use, at most 16, counting the calling
@@ -12,7 +13,7 @@ functions), not restated here:
   - profile path: _ferry.profile_file_path() (src/copy/profile_file.h): FERRY_PROFILE
     names the file, else $XDG_CACHE_HOME/ferry/profile.txt, else
     $HOME/.cache/ferry/profile.txt, else none. `ferry bench copy --calibrate`
-    writes the profile to profile_path() too.
+    writes the profile there too.
 
 The engine reads the FERRY_* variables once per process (src/core/options.h), so
 the answers are this process's: a FERRY_COPY_WORKERS or FERRY_PROFILE set after the
@@ -25,19 +26,8 @@ import errno
 import os
 import stat
 
-from .. import _ferry
-from ..errors import InvalidArgumentError
-
 
 # --- the machine profile ------------------------------------------------------------
-
-
-def profile_path() -> tuple[str | None, bool]:
-    """(path, named): the machine profile file the copy engine reads, and whether
-    FERRY_PROFILE named it; (None, False) when none of the variables is set.
-    InvalidArgumentError when the engine refuses the FERRY_* variables."""
-    path, named = _ferry.profile_file_path()
-    return path, named
 
 
 def profile_present(path: str | None) -> bool | None:
@@ -56,15 +46,17 @@ def profile_present(path: str | None) -> bool | None:
 # --- the crew of copy threads -----------------------------------------------------------
 
 
-def collect_copy_engine(gpus: list[dict], notes: list[str]) -> dict:
+def collect_copy_engine(gpus: list[dict], notes: list[str], engine) -> dict:
     """{"workers_option", "crew_threads", "crew_numa_node", "profile": {"path",
-    "named", "present"}} for this process (facts/__init__.py describes them); all
-    None, with a note, when the engine refuses the FERRY_* variables."""
+    "named", "present"}} for this process (facts/__init__.py describes them), from
+    `engine`: the native module (ferry._ferry) or anything with its
+    plan_copy_crew(node) and profile_file_path(); all None, with a note, when the
+    engine refuses the FERRY_* variables."""
     try:
-        path, named = profile_path()
+        path, named = engine.profile_file_path()
         # The crew of each GPU's node (-1: none known, the default crew; also without GPUs).
-        crews = [_ferry.plan_copy_crew(node) for node in sorted({_gpu_node(g) for g in gpus} or {-1})]
-    except InvalidArgumentError as exc:
+        crews = [engine.plan_copy_crew(node) for node in sorted({_gpu_node(g) for g in gpus} or {-1})]
+    except ValueError as exc:  # ferry.InvalidArgumentError is one (this package cannot import ferry's)
         notes.append(f"the copy engine refuses this environment ({exc}): crew size and machine profile unknown")
         return {"workers_option": None, "crew_threads": None, "crew_numa_node": None, "profile": None}
     smallest = min(crews, key=lambda c: c["threads"])
