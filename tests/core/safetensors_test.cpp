@@ -190,6 +190,10 @@ std::vector<Damaged> damaged_files() {
       {"data without tensors", make_file("{}", 3), {"(no tensors)"}},
       {"metadata not an object", make_file("{\"__metadata__\":[]}", 0), {"\"__metadata__\": expected an object of strings, found an array"}},
       {"metadata value not a string", make_file("{\"__metadata__\":{\"step\":5}}", 0), {"\"__metadata__\" 'step': expected a string, found a number"}},
+      {"metadata twice", make_file("{\"__metadata__\":{},\"__metadata__\":{\"a\":\"b\"}}", 0),
+       {"header: invalid JSON at byte 19: duplicate key '__metadata__'"}},
+      {"a field twice", make_file("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"shape\":[2],\"data_offsets\":[0,1]}}", 1),
+       {"duplicate key 'shape'"}},
       {"deep nesting", make_file("{\"a\":{\"x\":" + std::string(70, '[') + std::string(70, ']') + "}}", 0), {"nested deeper"}},
   };
 }
@@ -325,6 +329,9 @@ TEST(ShardIndex, RefusesDamagedIndexes) {
       {"{\"weight_map\":{\"a\":\"d/../../x\"}}", "leaves the index's directory"},
       {"{\"weight_map\":{\"a\":\"x\\u0000y\"}}", "NUL byte"},
       {"{\"weight_map\":{\"a\":\"x\",\"a\":\"y\"}}", "duplicate key 'a'"},
+      {"{\"weight_map\":{},\"weight_map\":{\"a\":\"y\"}}", "invalid JSON at byte 17: duplicate key 'weight_map'"},
+      {"{\"weight_map\":{\"a\":\"x\"},\"metadata\":{\"n\":1,\"n\":2}}", "duplicate key 'n'"},
+      {"{\"weight_map\":{\"a\":\"x\"}} x", "unexpected 'x' after the value"},
   };
   for (const auto& c : cases) {
     try {
