@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <numeric>
 
 #include "core/error.h"
 #include "load/json.h"
@@ -28,6 +29,7 @@ constexpr DtypeInfo kDtypes[] = {
     {"F32", 32},        {"C64", 64},        {"F64", 64},        {"I64", 64},    {"U64", 64},
 };
 static_assert(std::size(kDtypes) == static_cast<size_t>(Dtype::count_));
+static_assert(kMaxJsonValues < UINT32_MAX);  // ShardIndex::shard_of: fewer entries than values
 
 std::string known_dtypes() {
   std::string s;
@@ -216,11 +218,13 @@ void check_shard_name(const std::string& f, const Bad& bad) {
   }
 }
 
-// The weight map: index.weight_map as written, and its distinct files.
-void read_weight_map(const Reporter& r, JsonReader& json, ShardIndex& index) {
+// The weight map as written: index.tensors, and beside them their files.
+void read_weight_map(const Reporter& r, JsonReader& json, ShardIndex& index, StringList& files) {
   if (json.peek() != JsonKind::object)
     r.fail(std::string("\"weight_map\": expected an object, found ") + json_kind_name(json.peek()));
-  index.weight_map.reserve(json.count_elements());
+  const size_t n = json.count_elements();
+  index.tensors.reserve(n);
+  files.reserve(n);
   json.begin_object();
   for (std::string tensor, file; json.next_member(tensor);) {
     auto bad = [&](const std::string& why) {
@@ -229,8 +233,34 @@ void read_weight_map(const Reporter& r, JsonReader& json, ShardIndex& index) {
     if (json.peek() != JsonKind::string) bad(std::string("expected a file name, found ") + json_kind_name(json.peek()));
     json.read_string(file);
     check_shard_name(file, bad);
-    if (std::find(index.shards.begin(), index.shards.end(), file) == index.shards.end()) index.shards.push_back(file);
-    index.weight_map.emplace_back(std::move(tensor), std::move(file));
+    index.tensors.push_back(tensor);
+    files.push_back(file);
+  }
+}
+
+// index.shards: the distinct files, in first-seen order; index.shard_of[k]:
+// where files[k] is among them. By sorting, not with a hash set: no node per
+// name (an index of a million shards would take more than its text), and no
+// crafted names can make it slow.
+void number_shards(const StringList& files, ShardIndex& index) {
+  const size_t n = files.size();
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), uint32_t{0});
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    if (int c = files[a].compare(files[b])) return c < 0;
+    return a < b;
+  });
+  // shard_of[k]: first the entry where files[k] is first seen, then that entry's shard.
+  index.shard_of.resize(n);
+  for (size_t i = 0, j; i < n; i = j)
+    for (j = i; j < n && files[order[j]] == files[order[i]]; ++j) index.shard_of[order[j]] = order[i];
+  std::vector<uint32_t>& shard_at = order;  // reused: entry -> its shard, for first-seen entries
+  for (uint32_t k = 0; k < n; ++k) {
+    if (index.shard_of[k] == k) {
+      shard_at[k] = static_cast<uint32_t>(index.shards.size());
+      index.shards.push_back(files[k]);
+    }
+    index.shard_of[k] = shard_at[index.shard_of[k]];
   }
 }
 
@@ -341,22 +371,26 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
 
 ShardIndex parse_shard_index(std::string_view json_text, std::string_view index_name) {
   Reporter r(index_name);
-  JsonReader json(json_text, std::string(index_name) + ": ");
-  if (json.peek() != JsonKind::object)
-    r.fail(std::string("expected a JSON object, found ") + json_kind_name(json.peek()));
   ShardIndex index;
-  bool has_map = false;
-  json.begin_object();
-  for (std::string key; json.next_member(key);) {
-    if (key != "weight_map" || has_map) {
-      json.skip_value();  // metadata, or the map named twice (refused where the index ends)
-      continue;
+  StringList files;  // files[k]: the shard of index.tensors[k]
+  {                  // the reader's memory goes before number_shards() takes its own
+    JsonReader json(json_text, std::string(index_name) + ": ");
+    if (json.peek() != JsonKind::object)
+      r.fail(std::string("expected a JSON object, found ") + json_kind_name(json.peek()));
+    bool has_map = false;
+    json.begin_object();
+    for (std::string key; json.next_member(key);) {
+      if (key != "weight_map" || has_map) {
+        json.skip_value();  // metadata, or the map named twice (refused where the index ends)
+        continue;
+      }
+      has_map = true;
+      read_weight_map(r, json, index, files);
     }
-    has_map = true;
-    read_weight_map(r, json, index);
+    json.finish();
+    if (!has_map) r.fail("no \"weight_map\": not a safetensors shard index");
   }
-  json.finish();
-  if (!has_map) r.fail("no \"weight_map\": not a safetensors shard index");
+  number_shards(files, index);
   return index;
 }
 

@@ -30,6 +30,8 @@
 #include <utility>
 #include <vector>
 
+#include "load/string_list.h"
+
 namespace ferry::load {
 
 // safetensors' own limit on N (MAX_HEADER_SIZE).
@@ -85,10 +87,12 @@ int parse_safetensors_header(const uint8_t* data, size_t size, SafetensorsHeader
 // for a damaged file, OsError when it cannot be opened or read.
 SafetensorsHeader read_safetensors_header(const std::string& path);
 
-// model.safetensors.index.json: {"metadata": {...}, "weight_map": {tensor: shard}}.
+// model.safetensors.index.json: {"metadata": {...}, "weight_map": {tensor: shard}},
+// as columns: tensors[k] (in file order) lies in shards[shard_of[k]].
 struct ShardIndex {
-  std::vector<std::pair<std::string, std::string>> weight_map;  // tensor -> shard file, as written
-  std::vector<std::string> shards;  // the distinct shard files, in first-seen order
+  StringList tensors;
+  std::vector<uint32_t> shard_of;
+  StringList shards;  // the distinct shard files, as written, in first-seen order
 };
 
 // Shard names must be plain file names or relative paths below the index's

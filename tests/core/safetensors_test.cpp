@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -300,17 +301,44 @@ TEST(Safetensors, AHugeNumberIsQuotedCutShort) {
   EXPECT_LT(e.size(), 400u) << e.substr(0, 300);
 }
 
+std::vector<std::string> strings(const StringList& list) { return {list.begin(), list.end()}; }
+
 TEST(ShardIndex, ParsesTheWeightMap) {
   ShardIndex idx = parse_shard_index(
       "{\"metadata\":{\"total_size\":123},\"weight_map\":{\"a\":\"model-00001-of-00002.safetensors\","
       "\"b\":\"model-00002-of-00002.safetensors\",\"c\":\"model-00001-of-00002.safetensors\","
       "\"d\":\"sub/x.safetensors\"}}",
       "model.safetensors.index.json");
-  ASSERT_EQ(idx.weight_map.size(), 4u);
-  EXPECT_EQ(idx.weight_map[1].first, "b");
-  EXPECT_EQ(idx.weight_map[1].second, "model-00002-of-00002.safetensors");
-  EXPECT_EQ(idx.shards, (std::vector<std::string>{"model-00001-of-00002.safetensors",
-                                                  "model-00002-of-00002.safetensors", "sub/x.safetensors"}));
+  EXPECT_EQ(strings(idx.tensors), (std::vector<std::string>{"a", "b", "c", "d"}));
+  EXPECT_EQ(strings(idx.shards), (std::vector<std::string>{"model-00001-of-00002.safetensors",
+                                                           "model-00002-of-00002.safetensors", "sub/x.safetensors"}));
+  EXPECT_EQ(idx.shard_of, (std::vector<uint32_t>{0, 1, 0, 2}));
+}
+
+// Random maps over a few shards: shards in first-seen order, each entry's
+// shard_of pointing at its own file.
+TEST(ShardIndex, NumbersTheShardsInFirstSeenOrder) {
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 200; ++round) {
+    const size_t n = rng() % 300, pool = 1 + rng() % 20;
+    std::string text = "{\"metadata\":{\"total_size\":1},\"weight_map\":{";
+    std::vector<std::string> files, first_seen;
+    for (size_t k = 0; k < n; ++k) {
+      std::string file = "model-" + std::to_string(rng() % pool) + ".safetensors";
+      if (std::find(first_seen.begin(), first_seen.end(), file) == first_seen.end()) first_seen.push_back(file);
+      files.push_back(file);
+      text += (k ? ",\"t" : "\"t") + std::to_string(k) + "\":\"" + file + "\"";
+    }
+    ShardIndex idx = parse_shard_index(text + "}}", "i.json");
+    ASSERT_EQ(idx.tensors.size(), n);
+    ASSERT_EQ(idx.shard_of.size(), n);
+    EXPECT_EQ(strings(idx.shards), first_seen);
+    for (size_t k = 0; k < n; ++k) {
+      EXPECT_EQ(idx.tensors[k], "t" + std::to_string(k));
+      ASSERT_LT(idx.shard_of[k], idx.shards.size());
+      EXPECT_EQ(idx.shards[idx.shard_of[k]], files[k]);
+    }
+  }
 }
 
 TEST(ShardIndex, RefusesDamagedIndexes) {
