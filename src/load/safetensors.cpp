@@ -164,14 +164,17 @@ void parse_metadata(const Reporter& r, JsonReader& json, SafetensorsHeader& h) {
   if (json.peek() != JsonKind::object)
     r.fail(std::string("\"__metadata__\": expected an object of strings, found ") + json_kind_name(json.peek()));
   h.has_metadata = true;
-  h.metadata.reserve(json.count_elements());
+  const size_t n = json.count_elements();
+  h.metadata_keys.reserve(n);
+  h.metadata_values.reserve(n);
   json.begin_object();
   for (std::string key, value; json.next_member(key);) {
     if (json.peek() != JsonKind::string)
       r.fail("\"__metadata__\" " + quote_for_message(key) + ": expected a string, found " +
              json_kind_name(json.peek()));
     json.read_string(value);
-    h.metadata.emplace_back(std::move(key), std::move(value));
+    h.metadata_keys.push_back(key);
+    h.metadata_values.push_back(value);
   }
 }
 

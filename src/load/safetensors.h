@@ -27,7 +27,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "load/string_list.h"
@@ -61,7 +60,7 @@ struct SafetensorsHeader {
   uint64_t file_bytes = 0;
   std::vector<TensorEntry> tensors;  // sorted by (begin, end), i.e. file order
   bool has_metadata = false;
-  std::vector<std::pair<std::string, std::string>> metadata;  // __metadata__, as written
+  StringList metadata_keys, metadata_values;  // __metadata__, as written: key i has value i
 
   // The tensor named `name`, or nullptr.
   const TensorEntry* find(std::string_view name) const;

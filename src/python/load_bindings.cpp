@@ -42,7 +42,10 @@ nb::dict header_dict(const load::SafetensorsHeader& h) {
   d["tensors"] = tensors;
   if (h.has_metadata) {
     nb::dict md;
-    for (const auto& [k, v] : h.metadata) md[nb::str(k.c_str(), k.size())] = nb::str(v.c_str(), v.size());
+    for (size_t i = 0; i < h.metadata_keys.size(); ++i) {
+      const std::string_view k = h.metadata_keys[i], v = h.metadata_values[i];
+      md[nb::str(k.data(), k.size())] = nb::str(v.data(), v.size());
+    }
     d["metadata"] = md;
   } else {
     d["metadata"] = nb::none();

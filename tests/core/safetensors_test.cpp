@@ -99,8 +99,12 @@ TEST(Safetensors, ScalarsEmptyTensorsMetadataPaddingAndOrder) {
   EXPECT_EQ(sh.tensors[3].begin, 8u);
   EXPECT_EQ(sh.tensors[3].end, 20u);
   ASSERT_TRUE(sh.has_metadata);
-  ASSERT_EQ(sh.metadata.size(), 2u);
-  EXPECT_EQ(sh.metadata[1].second, "caf\u00e9");
+  ASSERT_EQ(sh.metadata_keys.size(), 2u);
+  ASSERT_EQ(sh.metadata_values.size(), 2u);
+  EXPECT_EQ(sh.metadata_keys[0], "format");
+  EXPECT_EQ(sh.metadata_values[0], "pt");
+  EXPECT_EQ(sh.metadata_keys[1], "note");
+  EXPECT_EQ(sh.metadata_values[1], "caf\u00e9");
   EXPECT_EQ(sh.find("z")->dtype, Dtype::F32);
   EXPECT_EQ(sh.find("nope"), nullptr);
 }
