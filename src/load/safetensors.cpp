@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <numeric>
 
 #include "core/error.h"
 #include "load/json.h"
@@ -28,6 +29,7 @@ constexpr DtypeInfo kDtypes[] = {
     {"F32", 32},        {"C64", 64},        {"F64", 64},        {"I64", 64},    {"U64", 64},
 };
 static_assert(std::size(kDtypes) == static_cast<size_t>(Dtype::count_));
+static_assert(kMaxJsonValues < UINT32_MAX);  // ShardIndex::shard_of: fewer entries than values
 
 std::string known_dtypes() {
   std::string s;
@@ -59,84 +61,120 @@ class Reporter {
 };
 
 // A number as written, cut short: a 99 MB number made a 99 MB message.
-std::string number_for_message(const std::string& text) {
+std::string number_for_message(std::string_view text) {
   constexpr size_t kShown = 40;
-  if (text.size() <= kShown) return text;
-  return text.substr(0, kShown) + "... (" + std::to_string(text.size()) + " characters)";
+  if (text.size() <= kShown) return std::string(text);
+  return std::string(text.substr(0, kShown)) + "... (" + std::to_string(text.size()) + " characters)";
 }
 
-uint64_t unsigned_field(const Reporter& r, const std::string& name, const char* field, const JsonValue& v) {
-  auto n = v.as_uint64();
-  if (!n)
-    r.tensor(name, std::string(field) + ": expected unsigned integers below 2^64, found " +
-                       (v.kind == JsonValue::Kind::number ? number_for_message(v.text) : json_kind_name(v.kind)));
-  return *n;
-}
-
-const JsonValue& required(const Reporter& r, const std::string& name, const JsonValue& entry, const char* field,
-                          JsonValue::Kind kind) {
-  const JsonValue* v = entry.find(field);
-  if (!v) r.tensor(name, std::string("missing \"") + field + "\"");
-  if (v->kind != kind)
+// The next value is of `kind`, or the tensor's field is in error.
+void expect_kind(const Reporter& r, const std::string& name, JsonReader& json, const char* field, JsonKind kind) {
+  const JsonKind found = json.peek();
+  if (found != kind)
     r.tensor(name, std::string("\"") + field + "\": expected " + json_kind_name(kind) + ", found " +
-                       json_kind_name(v->kind));
-  return *v;
+                       json_kind_name(found));
 }
 
-// One tensor entry; its own fields only (how it sits among the others: tile()).
-TensorEntry parse_entry(const Reporter& r, const std::string& name, const JsonValue& entry,
-                        const SafetensorsHeader& h) {
-  if (entry.kind != JsonValue::Kind::object)
-    r.tensor(name, std::string("expected an object, found ") + json_kind_name(entry.kind));
-  TensorEntry t;
-  t.name = name;
-  const JsonValue& dtype = required(r, name, entry, "dtype", JsonValue::Kind::string);
-  auto d = parse_dtype(dtype.text);
-  if (!d) r.tensor(name, "unknown dtype " + quote_for_message(dtype.text) + " (known: " + known_dtypes() + ")");
-  t.dtype = *d;
-  for (const JsonValue& dim : required(r, name, entry, "shape", JsonValue::Kind::array).items)
-    t.shape.push_back(unsigned_field(r, name, "shape", dim));
-  const JsonValue& offsets = required(r, name, entry, "data_offsets", JsonValue::Kind::array);
-  if (offsets.items.size() != 2)
-    r.tensor(name, "\"data_offsets\": expected [begin, end], found " + std::to_string(offsets.items.size()) +
-                       " values");
-  t.begin = unsigned_field(r, name, "data_offsets", offsets.items[0]);
-  t.end = unsigned_field(r, name, "data_offsets", offsets.items[1]);
-  if (t.end < t.begin) r.tensor(name, "data_offsets " + offsets_text(t.begin, t.end) + ": end before begin");
+uint64_t read_unsigned(const Reporter& r, const std::string& name, const char* field, JsonReader& json) {
+  const JsonKind kind = json.peek();
+  std::string found = json_kind_name(kind);
+  if (kind == JsonKind::number) {
+    const std::string_view text = json.read_number();
+    if (auto n = json_uint64(text)) return *n;
+    found = number_for_message(text);
+  }
+  r.tensor(name, std::string(field) + ": expected unsigned integers below 2^64, found " + found);
+}
 
+// A tensor's offsets against its shape and the file.
+void check_size(const Reporter& r, const TensorEntry& t, const SafetensorsHeader& h) {
+  if (t.end < t.begin) r.tensor(t.name, "data_offsets " + offsets_text(t.begin, t.end) + ": end before begin");
   uint64_t elements = 1;
   for (uint64_t dim : t.shape) {
     if (dim != 0 && elements > UINT64_MAX / dim)
-      r.tensor(name, "shape " + shape_text(t.shape) + ": element count overflows 64 bits");
+      r.tensor(t.name, "shape " + shape_text(t.shape) + ": element count overflows 64 bits");
     elements *= dim;
   }
   const uint64_t bits_per = dtype_bits(t.dtype);
   if (elements > UINT64_MAX / bits_per)
-    r.tensor(name, "shape " + shape_text(t.shape) + ": size in bits overflows 64 bits");
+    r.tensor(t.name, "shape " + shape_text(t.shape) + ": size in bits overflows 64 bits");
   const uint64_t bits = elements * bits_per;
   if (bits % 8 != 0)
-    r.tensor(name, "shape " + shape_text(t.shape) + " of " + dtype_name(t.dtype) + " is " + std::to_string(bits) +
-                       " bits, not a whole number of bytes");
+    r.tensor(t.name, "shape " + shape_text(t.shape) + " of " + dtype_name(t.dtype) + " is " + std::to_string(bits) +
+                         " bits, not a whole number of bytes");
   if (t.end - t.begin != bits / 8)
-    r.tensor(name, "shape " + shape_text(t.shape) + " of " + dtype_name(t.dtype) + " is " +
-                       std::to_string(bits / 8) + " bytes but data_offsets " + offsets_text(t.begin, t.end) +
-                       " hold " + std::to_string(t.end - t.begin));
+    r.tensor(t.name, "shape " + shape_text(t.shape) + " of " + dtype_name(t.dtype) + " is " +
+                         std::to_string(bits / 8) + " bytes but data_offsets " + offsets_text(t.begin, t.end) +
+                         " hold " + std::to_string(t.end - t.begin));
   const uint64_t data_bytes = h.file_bytes - h.data_offset;
   if (t.end > data_bytes)
-    r.tensor(name, "data_offsets " + offsets_text(t.begin, t.end) + " run past the end of the file (the data " +
-                       "section holds " + std::to_string(data_bytes) + " bytes)");
+    r.tensor(t.name, "data_offsets " + offsets_text(t.begin, t.end) + " run past the end of the file (the data " +
+                         "section holds " + std::to_string(data_bytes) + " bytes)");
+}
+
+// One tensor entry; its own fields only (how it sits among the others: tile()).
+// Members other than the three are skipped (safetensors ignores them too).
+TensorEntry parse_entry(const Reporter& r, std::string name, JsonReader& json, const SafetensorsHeader& h) {
+  if (json.peek() != JsonKind::object)
+    r.tensor(name, std::string("expected an object, found ") + json_kind_name(json.peek()));
+  TensorEntry t;
+  t.name = std::move(name);
+  bool has_dtype = false, has_shape = false, has_offsets = false;
+  json.begin_object();
+  for (std::string field, dtype; json.next_member(field);) {
+    if ((field == "dtype" && has_dtype) || (field == "shape" && has_shape) ||
+        (field == "data_offsets" && has_offsets)) {
+      json.skip_value();  // named twice: refused as a duplicate key where the entry ends
+    } else if (field == "dtype") {
+      expect_kind(r, t.name, json, "dtype", JsonKind::string);
+      json.read_string(dtype);
+      auto d = parse_dtype(dtype);
+      if (!d) r.tensor(t.name, "unknown dtype " + quote_for_message(dtype) + " (known: " + known_dtypes() + ")");
+      t.dtype = *d;
+      has_dtype = true;
+    } else if (field == "shape") {
+      expect_kind(r, t.name, json, "shape", JsonKind::array);
+      t.shape.reserve(json.count_elements());  // exactly: 10M dims take 80 MB, not up to 240
+      json.begin_array();
+      while (json.next_item()) t.shape.push_back(read_unsigned(r, t.name, "shape", json));
+      has_shape = true;
+    } else if (field == "data_offsets") {
+      expect_kind(r, t.name, json, "data_offsets", JsonKind::array);
+      if (size_t n = json.count_elements(); n != 2)
+        r.tensor(t.name, "\"data_offsets\": expected [begin, end], found " + std::to_string(n) + " values");
+      json.begin_array();
+      for (uint64_t* offset : {&t.begin, &t.end}) {
+        json.next_item();
+        *offset = read_unsigned(r, t.name, "data_offsets", json);
+      }
+      json.next_item();  // the ']': two items, counted above
+      has_offsets = true;
+    } else {
+      json.skip_value();
+    }
+  }
+  if (!has_dtype) r.tensor(t.name, "missing \"dtype\"");
+  if (!has_shape) r.tensor(t.name, "missing \"shape\"");
+  if (!has_offsets) r.tensor(t.name, "missing \"data_offsets\"");
+  check_size(r, t, h);
   return t;
 }
 
-void parse_metadata(const Reporter& r, const JsonValue& v, SafetensorsHeader& h) {
-  if (v.kind != JsonValue::Kind::object)
-    r.fail(std::string("\"__metadata__\": expected an object of strings, found ") + json_kind_name(v.kind));
+void parse_metadata(const Reporter& r, JsonReader& json, SafetensorsHeader& h) {
+  if (json.peek() != JsonKind::object)
+    r.fail(std::string("\"__metadata__\": expected an object of strings, found ") + json_kind_name(json.peek()));
   h.has_metadata = true;
-  for (const auto& [key, value] : v.members) {
-    if (value.kind != JsonValue::Kind::string)
+  const size_t n = json.count_elements();
+  h.metadata_keys.reserve(n);
+  h.metadata_values.reserve(n);
+  json.begin_object();
+  for (std::string key, value; json.next_member(key);) {
+    if (json.peek() != JsonKind::string)
       r.fail("\"__metadata__\" " + quote_for_message(key) + ": expected a string, found " +
-             json_kind_name(value.kind));
-    h.metadata.emplace_back(key, value.text);
+             json_kind_name(json.peek()));
+    json.read_string(value);
+    h.metadata_keys.push_back(key);
+    h.metadata_values.push_back(value);
   }
 }
 
@@ -166,6 +204,67 @@ void tile(const Reporter& r, SafetensorsHeader& h) {
            std::to_string(expected) +
            (previous ? " (last: tensor " + quote_for_message(previous->name) + ")" : " (no tensors)") +
            ": the file has " + std::to_string(data_bytes - expected) + " bytes no tensor describes");
+}
+
+// A shard's name is a relative path that stays below the index's directory.
+template <class Bad>
+void check_shard_name(const std::string& f, const Bad& bad) {
+  if (f.empty()) bad("empty file name");
+  if (f.front() == '/') bad("absolute path " + quote_for_message(f) + " (shards must lie beside the index)");
+  if (f.find('\0') != std::string::npos) bad("file name with a NUL byte");
+  for (size_t pos = 0; pos <= f.size();) {
+    size_t slash = f.find('/', pos);
+    if (slash == std::string::npos) slash = f.size();
+    if (f.compare(pos, slash - pos, "..") == 0 && slash - pos == 2)
+      bad("file name " + quote_for_message(f) + " leaves the index's directory ('..')");
+    pos = slash + 1;
+  }
+}
+
+// The weight map as written: index.tensors, and beside them their files.
+void read_weight_map(const Reporter& r, JsonReader& json, ShardIndex& index, StringList& files) {
+  if (json.peek() != JsonKind::object)
+    r.fail(std::string("\"weight_map\": expected an object, found ") + json_kind_name(json.peek()));
+  const size_t n = json.count_elements();
+  index.tensors.reserve(n);
+  files.reserve(n);
+  json.begin_object();
+  for (std::string tensor, file; json.next_member(tensor);) {
+    auto bad = [&](const std::string& why) {
+      r.fail("\"weight_map\" tensor " + quote_for_message(tensor) + ": " + why);
+    };
+    if (json.peek() != JsonKind::string) bad(std::string("expected a file name, found ") + json_kind_name(json.peek()));
+    json.read_string(file);
+    check_shard_name(file, bad);
+    index.tensors.push_back(tensor);
+    files.push_back(file);
+  }
+}
+
+// index.shards: the distinct files, in first-seen order; index.shard_of[k]:
+// where files[k] is among them. By sorting, not with a hash set: no node per
+// name (an index of a million shards would take more than its text), and no
+// crafted names can make it slow.
+void number_shards(const StringList& files, ShardIndex& index) {
+  const size_t n = files.size();
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), uint32_t{0});
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    if (int c = files[a].compare(files[b])) return c < 0;
+    return a < b;
+  });
+  // shard_of[k]: first the entry where files[k] is first seen, then that entry's shard.
+  index.shard_of.resize(n);
+  for (size_t i = 0, j; i < n; i = j)
+    for (j = i; j < n && files[order[j]] == files[order[i]]; ++j) index.shard_of[order[j]] = order[i];
+  std::vector<uint32_t>& shard_at = order;  // reused: entry -> its shard, for first-seen entries
+  for (uint32_t k = 0; k < n; ++k) {
+    if (index.shard_of[k] == k) {
+      shard_at[k] = static_cast<uint32_t>(index.shards.size());
+      index.shards.push_back(files[k]);
+    }
+    index.shard_of[k] = shard_at[index.shard_of[k]];
+  }
 }
 
 }  // namespace
@@ -220,21 +319,19 @@ SafetensorsHeader parse_safetensors_header(std::span<const uint8_t> bytes, uint6
     r.fail("truncated: " + std::to_string(bytes.size()) + " bytes read of a " + std::to_string(h.data_offset) +
            "-byte header");
   std::string_view text(reinterpret_cast<const char*>(bytes.data()) + 8, h.header_bytes);
-  JsonValue root;
-  try {
-    root = parse_json(text);
-  } catch (const InvalidArgument& e) {
-    r.fail(std::string("header: ") + e.what());
-  }
-  if (root.kind != JsonValue::Kind::object)
-    r.fail(std::string("header: expected a JSON object, found ") + json_kind_name(root.kind));
-  h.tensors.reserve(root.members.size());
-  for (const auto& [key, value] : root.members) {
-    if (key == "__metadata__")
-      parse_metadata(r, value, h);
+  JsonReader json(text, std::string(file_name) + ": header: ");
+  if (json.peek() != JsonKind::object)
+    r.fail(std::string("header: expected a JSON object, found ") + json_kind_name(json.peek()));
+  json.begin_object();
+  for (std::string key; json.next_member(key);) {
+    if (key != "__metadata__")
+      h.tensors.push_back(parse_entry(r, std::move(key), json, h));
+    else if (h.has_metadata)
+      json.skip_value();  // named twice: refused as a duplicate key where the header ends
     else
-      h.tensors.push_back(parse_entry(r, key, value, h));
+      parse_metadata(r, json, h);
   }
+  json.finish();
   tile(r, h);
   return h;
 }
@@ -277,39 +374,26 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
 
 ShardIndex parse_shard_index(std::string_view json_text, std::string_view index_name) {
   Reporter r(index_name);
-  JsonValue root;
-  try {
-    root = parse_json(json_text);
-  } catch (const InvalidArgument& e) {
-    r.fail(e.what());
-  }
-  if (root.kind != JsonValue::Kind::object) r.fail(std::string("expected a JSON object, found ") + json_kind_name(root.kind));
-  const JsonValue* map = root.find("weight_map");
-  if (!map) r.fail("no \"weight_map\": not a safetensors shard index");
-  if (map->kind != JsonValue::Kind::object)
-    r.fail(std::string("\"weight_map\": expected an object, found ") + json_kind_name(map->kind));
   ShardIndex index;
-  for (const JsonMember& m : map->members) {
-    const std::string& tensor = m.key;
-    const JsonValue& file = m.value;
-    auto bad = [&](const std::string& why) {
-      r.fail("\"weight_map\" tensor " + quote_for_message(tensor) + ": " + why);
-    };
-    if (file.kind != JsonValue::Kind::string) bad(std::string("expected a file name, found ") + json_kind_name(file.kind));
-    const std::string& f = file.text;
-    if (f.empty()) bad("empty file name");
-    if (f.front() == '/') bad("absolute path " + quote_for_message(f) + " (shards must lie beside the index)");
-    if (f.find('\0') != std::string::npos) bad("file name with a NUL byte");
-    for (size_t pos = 0; pos <= f.size();) {
-      size_t slash = f.find('/', pos);
-      if (slash == std::string::npos) slash = f.size();
-      if (f.compare(pos, slash - pos, "..") == 0 && slash - pos == 2)
-        bad("file name " + quote_for_message(f) + " leaves the index's directory ('..')");
-      pos = slash + 1;
+  StringList files;  // files[k]: the shard of index.tensors[k]
+  {                  // the reader's memory goes before number_shards() takes its own
+    JsonReader json(json_text, std::string(index_name) + ": ");
+    if (json.peek() != JsonKind::object)
+      r.fail(std::string("expected a JSON object, found ") + json_kind_name(json.peek()));
+    bool has_map = false;
+    json.begin_object();
+    for (std::string key; json.next_member(key);) {
+      if (key != "weight_map" || has_map) {
+        json.skip_value();  // metadata, or the map named twice (refused where the index ends)
+        continue;
+      }
+      has_map = true;
+      read_weight_map(r, json, index, files);
     }
-    index.weight_map.emplace_back(tensor, f);
-    if (std::find(index.shards.begin(), index.shards.end(), f) == index.shards.end()) index.shards.push_back(f);
+    json.finish();
+    if (!has_map) r.fail("no \"weight_map\": not a safetensors shard index");
   }
+  number_shards(files, index);
   return index;
 }
 

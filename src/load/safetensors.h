@@ -19,6 +19,14 @@
 //     first begins at 0, each begins where the previous ended (no overlap, no
 //     gap), the last ends at the end of the file.
 // Each violation is an InvalidArgument that names the file and the tensor.
+//
+// Memory: the JSON is read with json.h's pull reader straight into the
+// result, no tree between. A parse holds the result (80 bytes a tensor, 8 a
+// dim, 8 and the text a string of the metadata: StringList) and the reader's
+// 16 bytes a key of each open object; shapes, "__metadata__" and the weight
+// map are counted before they are read, so that each is allocated once. The
+// most hostile 20 MB headers and shard indexes take at most 4 times their
+// size (tests/core/safetensors_memory_test.cpp; a JSON tree took up to 74).
 #pragma once
 
 #include <cstddef>
@@ -27,8 +35,9 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
+
+#include "load/string_list.h"
 
 namespace ferry::load {
 
@@ -59,7 +68,7 @@ struct SafetensorsHeader {
   uint64_t file_bytes = 0;
   std::vector<TensorEntry> tensors;  // sorted by (begin, end), i.e. file order
   bool has_metadata = false;
-  std::vector<std::pair<std::string, std::string>> metadata;  // __metadata__, as written
+  StringList metadata_keys, metadata_values;  // __metadata__, as written: key i has value i
 
   // The tensor named `name`, or nullptr.
   const TensorEntry* find(std::string_view name) const;
@@ -85,10 +94,12 @@ int parse_safetensors_header(const uint8_t* data, size_t size, SafetensorsHeader
 // for a damaged file, OsError when it cannot be opened or read.
 SafetensorsHeader read_safetensors_header(const std::string& path);
 
-// model.safetensors.index.json: {"metadata": {...}, "weight_map": {tensor: shard}}.
+// model.safetensors.index.json: {"metadata": {...}, "weight_map": {tensor: shard}},
+// as columns: tensors[k] (in file order) lies in shards[shard_of[k]].
 struct ShardIndex {
-  std::vector<std::pair<std::string, std::string>> weight_map;  // tensor -> shard file, as written
-  std::vector<std::string> shards;  // the distinct shard files, in first-seen order
+  StringList tensors;
+  std::vector<uint32_t> shard_of;
+  StringList shards;  // the distinct shard files, as written, in first-seen order
 };
 
 // Shard names must be plain file names or relative paths below the index's

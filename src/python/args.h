@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -155,7 +156,7 @@ inline nanobind::list items_arg(nanobind::handle value, const char* name, const 
 
 // A str made from bytes that may not be UTF-8 (a file name): as
 // os.fsdecode() makes it (surrogateescape), so os.fsencode() gives the bytes back.
-inline nanobind::str fs_str(const std::string& bytes) {
+inline nanobind::str fs_str(std::string_view bytes) {
   PyObject* s = PyUnicode_DecodeFSDefaultAndSize(bytes.data(), static_cast<Py_ssize_t>(bytes.size()));
   if (!s) throw nanobind::python_error();
   return nanobind::steal<nanobind::str>(s);

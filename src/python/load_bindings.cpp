@@ -10,7 +10,6 @@
 
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -43,7 +42,10 @@ nb::dict header_dict(const load::SafetensorsHeader& h) {
   d["tensors"] = tensors;
   if (h.has_metadata) {
     nb::dict md;
-    for (const auto& [k, v] : h.metadata) md[nb::str(k.c_str(), k.size())] = nb::str(v.c_str(), v.size());
+    for (size_t i = 0; i < h.metadata_keys.size(); ++i) {
+      const std::string_view k = h.metadata_keys[i], v = h.metadata_values[i];
+      md[nb::str(k.data(), k.size())] = nb::str(v.data(), v.size());
+    }
     d["metadata"] = md;
   } else {
     d["metadata"] = nb::none();
@@ -114,7 +116,8 @@ void bind_load(nb::module_& m) {
         [](nb::handle text, nb::handle name) {
           load::ShardIndex idx = load::parse_shard_index(text_arg(text, "text"), text_arg(name, "name"));
           nb::list pairs;  // names as os.fsdecode() makes them: os.path.join and open() take them back
-          for (const auto& [tensor, file] : idx.weight_map) pairs.append(nb::make_tuple(fs_str(tensor), fs_str(file)));
+          for (size_t k = 0; k < idx.tensors.size(); ++k)
+            pairs.append(nb::make_tuple(fs_str(idx.tensors[k]), fs_str(idx.shards[idx.shard_of[k]])));
           return pairs;
         },
         "text"_a.none(), "name"_a.none(), "[(tensor, shard file)] of a model.safetensors.index.json text (str or bytes).");
@@ -122,15 +125,10 @@ void bind_load(nb::module_& m) {
   m.def("shard_index_columns",
         [](nb::handle text, nb::handle name) {
           load::ShardIndex idx = load::parse_shard_index(text_arg(text, "text"), text_arg(name, "name"));
-          nb::list tensors, shard_of;
-          std::unordered_map<std::string_view, size_t> at;
-          for (size_t k = 0; k < idx.shards.size(); ++k) at.emplace(idx.shards[k], k);
-          for (const auto& [tensor, file] : idx.weight_map) {
-            tensors.append(fs_str(tensor));
-            shard_of.append(at.at(file));
-          }
-          nb::list shards;  // names as os.fsdecode() makes them: os.path.join and open() take them back
-          for (const std::string& f : idx.shards) shards.append(fs_str(f));
+          nb::list shards, tensors, shard_of;  // names as os.fsdecode() makes them (os.path.join takes them)
+          for (std::string_view file : idx.shards) shards.append(fs_str(file));
+          for (std::string_view tensor : idx.tensors) tensors.append(fs_str(tensor));
+          for (uint32_t shard : idx.shard_of) shard_of.append(shard);
           return nb::make_tuple(shards, tensors, shard_of);
         },
         "text"_a.none(), "name"_a.none(),

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -98,8 +99,12 @@ TEST(Safetensors, ScalarsEmptyTensorsMetadataPaddingAndOrder) {
   EXPECT_EQ(sh.tensors[3].begin, 8u);
   EXPECT_EQ(sh.tensors[3].end, 20u);
   ASSERT_TRUE(sh.has_metadata);
-  ASSERT_EQ(sh.metadata.size(), 2u);
-  EXPECT_EQ(sh.metadata[1].second, "caf\u00e9");
+  ASSERT_EQ(sh.metadata_keys.size(), 2u);
+  ASSERT_EQ(sh.metadata_values.size(), 2u);
+  EXPECT_EQ(sh.metadata_keys[0], "format");
+  EXPECT_EQ(sh.metadata_values[0], "pt");
+  EXPECT_EQ(sh.metadata_keys[1], "note");
+  EXPECT_EQ(sh.metadata_values[1], "caf\u00e9");
   EXPECT_EQ(sh.find("z")->dtype, Dtype::F32);
   EXPECT_EQ(sh.find("nope"), nullptr);
 }
@@ -190,6 +195,10 @@ std::vector<Damaged> damaged_files() {
       {"data without tensors", make_file("{}", 3), {"(no tensors)"}},
       {"metadata not an object", make_file("{\"__metadata__\":[]}", 0), {"\"__metadata__\": expected an object of strings, found an array"}},
       {"metadata value not a string", make_file("{\"__metadata__\":{\"step\":5}}", 0), {"\"__metadata__\" 'step': expected a string, found a number"}},
+      {"metadata twice", make_file("{\"__metadata__\":{},\"__metadata__\":{\"a\":\"b\"}}", 0),
+       {"header: invalid JSON at byte 19: duplicate key '__metadata__'"}},
+      {"a field twice", make_file("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"shape\":[2],\"data_offsets\":[0,1]}}", 1),
+       {"duplicate key 'shape'"}},
       {"deep nesting", make_file("{\"a\":{\"x\":" + std::string(70, '[') + std::string(70, ']') + "}}", 0), {"nested deeper"}},
   };
 }
@@ -296,17 +305,44 @@ TEST(Safetensors, AHugeNumberIsQuotedCutShort) {
   EXPECT_LT(e.size(), 400u) << e.substr(0, 300);
 }
 
+std::vector<std::string> strings(const StringList& list) { return {list.begin(), list.end()}; }
+
 TEST(ShardIndex, ParsesTheWeightMap) {
   ShardIndex idx = parse_shard_index(
       "{\"metadata\":{\"total_size\":123},\"weight_map\":{\"a\":\"model-00001-of-00002.safetensors\","
       "\"b\":\"model-00002-of-00002.safetensors\",\"c\":\"model-00001-of-00002.safetensors\","
       "\"d\":\"sub/x.safetensors\"}}",
       "model.safetensors.index.json");
-  ASSERT_EQ(idx.weight_map.size(), 4u);
-  EXPECT_EQ(idx.weight_map[1].first, "b");
-  EXPECT_EQ(idx.weight_map[1].second, "model-00002-of-00002.safetensors");
-  EXPECT_EQ(idx.shards, (std::vector<std::string>{"model-00001-of-00002.safetensors",
-                                                  "model-00002-of-00002.safetensors", "sub/x.safetensors"}));
+  EXPECT_EQ(strings(idx.tensors), (std::vector<std::string>{"a", "b", "c", "d"}));
+  EXPECT_EQ(strings(idx.shards), (std::vector<std::string>{"model-00001-of-00002.safetensors",
+                                                           "model-00002-of-00002.safetensors", "sub/x.safetensors"}));
+  EXPECT_EQ(idx.shard_of, (std::vector<uint32_t>{0, 1, 0, 2}));
+}
+
+// Random maps over a few shards: shards in first-seen order, each entry's
+// shard_of pointing at its own file.
+TEST(ShardIndex, NumbersTheShardsInFirstSeenOrder) {
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 200; ++round) {
+    const size_t n = rng() % 300, pool = 1 + rng() % 20;
+    std::string text = "{\"metadata\":{\"total_size\":1},\"weight_map\":{";
+    std::vector<std::string> files, first_seen;
+    for (size_t k = 0; k < n; ++k) {
+      std::string file = "model-" + std::to_string(rng() % pool) + ".safetensors";
+      if (std::find(first_seen.begin(), first_seen.end(), file) == first_seen.end()) first_seen.push_back(file);
+      files.push_back(file);
+      text += (k ? ",\"t" : "\"t") + std::to_string(k) + "\":\"" + file + "\"";
+    }
+    ShardIndex idx = parse_shard_index(text + "}}", "i.json");
+    ASSERT_EQ(idx.tensors.size(), n);
+    ASSERT_EQ(idx.shard_of.size(), n);
+    EXPECT_EQ(strings(idx.shards), first_seen);
+    for (size_t k = 0; k < n; ++k) {
+      EXPECT_EQ(idx.tensors[k], "t" + std::to_string(k));
+      ASSERT_LT(idx.shard_of[k], idx.shards.size());
+      EXPECT_EQ(idx.shards[idx.shard_of[k]], files[k]);
+    }
+  }
 }
 
 TEST(ShardIndex, RefusesDamagedIndexes) {
@@ -325,6 +361,9 @@ TEST(ShardIndex, RefusesDamagedIndexes) {
       {"{\"weight_map\":{\"a\":\"d/../../x\"}}", "leaves the index's directory"},
       {"{\"weight_map\":{\"a\":\"x\\u0000y\"}}", "NUL byte"},
       {"{\"weight_map\":{\"a\":\"x\",\"a\":\"y\"}}", "duplicate key 'a'"},
+      {"{\"weight_map\":{},\"weight_map\":{\"a\":\"y\"}}", "invalid JSON at byte 17: duplicate key 'weight_map'"},
+      {"{\"weight_map\":{\"a\":\"x\"},\"metadata\":{\"n\":1,\"n\":2}}", "duplicate key 'n'"},
+      {"{\"weight_map\":{\"a\":\"x\"}} x", "unexpected 'x' after the value"},
   };
   for (const auto& c : cases) {
     try {

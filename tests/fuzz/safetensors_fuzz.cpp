@@ -2,7 +2,8 @@
 // on any bytes, taken as a whole file. Invariants of an accepted file: the
 // tensors, in file order, tile the data section exactly (no gap, no overlap,
 // the last one ends at the end of the file), each holds its shape's bytes,
-// and the non-throwing entry point agrees with the throwing one.
+// each metadata key has its value, and the non-throwing entry point agrees with
+// the throwing one.
 #include <span>
 
 #include "fuzz_common.h"
@@ -19,6 +20,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::require(ok || !error.empty(), "a rejection without a message");
   if (!ok) return 0;
   fuzz::require(h.data_offset == 8 + h.header_bytes && h.data_offset <= size, "data offset");
+  fuzz::require(h.metadata_keys.size() == h.metadata_values.size(), "a metadata key without its value");
+  fuzz::require(h.has_metadata || h.metadata_keys.empty(), "metadata without \"__metadata__\"");
   uint64_t end = 0;
   for (const load::TensorEntry& t : h.tensors) {
     fuzz::require(t.begin == end, "tensors do not tile the data section");

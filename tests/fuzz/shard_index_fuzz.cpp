@@ -1,8 +1,10 @@
 // shard_index_fuzz.cpp — the shard index parser (model.safetensors.index.json,
 // src/load/safetensors.cpp) on any text. Invariants of an accepted index: no
-// shard name is empty, absolute or leaves the directory, every shard named by
-// the weight map is listed once, and no tensor appears twice.
+// shard name is empty, absolute or leaves the directory, the shards are
+// distinct and numbered in first-seen order, every tensor's shard_of points
+// at one of them, and no tensor appears twice.
 #include <set>
+#include <string>
 
 #include "fuzz_common.h"
 #include "load/safetensors.h"
@@ -12,15 +14,22 @@ using namespace ferry;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   load::ShardIndex idx;
   if (!fuzz::accepted([&] { idx = load::parse_shard_index(fuzz::text(data, size), "fuzz.json"); })) return 0;
-  std::set<std::string> tensors, shards(idx.shards.begin(), idx.shards.end());
-  fuzz::require(shards.size() == idx.shards.size(), "a shard listed twice");
-  for (const auto& [tensor, file] : idx.weight_map) {
-    fuzz::require(tensors.insert(tensor).second, "a tensor mapped twice");
-    fuzz::require(shards.count(file) == 1, "a mapped shard missing from the list");
+  fuzz::require(idx.shard_of.size() == idx.tensors.size(), "a tensor without its shard");
+  std::set<std::string> tensors, shards;
+  for (std::string_view file : idx.shards) {
+    fuzz::require(shards.emplace(file).second, "a shard listed twice");
     fuzz::require(!file.empty() && file.front() != '/', "an empty or absolute shard name");
-    fuzz::require(file != ".." && file.rfind("../", 0) != 0 && file.find("/../") == std::string::npos &&
-                      (file.size() < 3 || file.compare(file.size() - 3, 3, "/..") != 0),
+    const std::string f(file);
+    fuzz::require(f != ".." && f.rfind("../", 0) != 0 && f.find("/../") == std::string::npos &&
+                      (f.size() < 3 || f.compare(f.size() - 3, 3, "/..") != 0),
                   "a shard name leaving the directory");
   }
+  uint32_t seen = 0;  // shards numbered so far, in first-seen order
+  for (size_t k = 0; k < idx.tensors.size(); ++k) {
+    fuzz::require(tensors.emplace(idx.tensors[k]).second, "a tensor mapped twice");
+    fuzz::require(idx.shard_of[k] <= seen && idx.shard_of[k] < idx.shards.size(), "shards out of first-seen order");
+    if (idx.shard_of[k] == seen) ++seen;
+  }
+  fuzz::require(seen == idx.shards.size(), "a shard no tensor lies in");
   return 0;
 }
