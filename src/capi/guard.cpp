@@ -50,10 +50,12 @@ struct Quarantine {
 
 Quarantine& quarantined() {
   static Quarantine q;
-  static const bool held = (hold_across_fork(&q.mu), true);  // a forked child may destroy handles
-  (void)held;
   return q;
 }
+
+// A forked child may destroy handles: the lock is held across fork(),
+// registered at load (fork.h says why not on first use).
+[[maybe_unused]] const bool g_quarantine_held_across_fork = (hold_across_fork(&quarantined().mu), true);
 
 }  // namespace
 

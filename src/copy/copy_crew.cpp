@@ -53,37 +53,53 @@ CrewPlan plan_copy_crew(int numa_node, const Options& o) {
   return plan;
 }
 
+namespace {
+
+// The process's crews. Never destroyed: the threads run for the life of the
+// process, and crews left behind by fork() are leaked on purpose (see
+// copy_crew.h).
+struct Crews {
+  std::mutex mu;
+  std::map<int, Crew*> by_node;  // mu: requested node -> its crew (nodes served by the default crew map to it)
+  uint64_t generation = 0;       // mu: fork_generation() the crews belong to
+};
+
+Crews& crews() {
+  static auto* c = new Crews;
+  return *c;
+}
+
+// A forked child makes its own crews: the lock is held across fork(),
+// registered at load (fork.h says why not on first use).
+[[maybe_unused]] const bool g_crews_held_across_fork = (hold_across_fork(&crews().mu), true);
+
+// Forgets the crews of the parent (whose threads a forked child does not have).
+void adopt_generation_locked(Crews& c) {
+  if (c.generation == fork_generation()) return;
+  c.by_node.clear();
+  c.generation = fork_generation();
+}
+
+}  // namespace
+
 Crew& copy_crew(int numa_node) {
-  static std::mutex mu;  // guards crews and generation
-  static const bool held = (hold_across_fork(&mu), true);  // a forked child makes its own crews
-  (void)held;
-  // Requested node -> its crew (nodes served by the default crew map to it).
-  // Never destroyed: the threads run for the life of the process, and crews
-  // left behind by fork() are leaked on purpose (see copy_crew.h).
-  static auto* crews = new std::map<int, Crew*>();
-  static uint64_t generation = 0;
+  Crews& c = crews();
   if (numa_node < 0) numa_node = -1;
   {
-    std::lock_guard lock(mu);
-    if (generation != fork_generation()) {
-      crews->clear();
-      generation = fork_generation();
-    }
-    if (auto it = crews->find(numa_node); it != crews->end()) return *it->second;
+    std::lock_guard lock(c.mu);
+    adopt_generation_locked(c);
+    if (auto it = c.by_node.find(numa_node); it != c.by_node.end()) return *it->second;
   }
   // The options and the host's facts are read without the lock (system calls).
   CrewPlan plan = plan_copy_crew(numa_node);
   const int home = plan.numa_node;
   const ThreadAffinity affinity{std::move(plan.cpus), &os::bind_thread_to_cpus};
-  std::lock_guard lock(mu);
-  if (generation != fork_generation()) {  // a fork() between the two locks
-    crews->clear();
-    generation = fork_generation();
-  }
-  auto made = crews->find(home);
-  if (made == crews->end())  // the first crew of this node: its threads start here, once
-    made = crews->emplace(home, new Crew(plan.threads - 1, plan.spin_us, affinity)).first;
-  (*crews)[numa_node] = made->second;
+  std::lock_guard lock(c.mu);
+  adopt_generation_locked(c);  // a fork() between the two locks
+  auto made = c.by_node.find(home);
+  if (made == c.by_node.end())  // the first crew of this node: its threads start here, once
+    made = c.by_node.emplace(home, new Crew(plan.threads - 1, plan.spin_us, affinity)).first;
+  c.by_node[numa_node] = made->second;
   return *made->second;
 }
 

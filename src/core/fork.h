@@ -25,6 +25,11 @@
 // hold_across_fork(): the forking thread takes them all before fork() and
 // releases them in both processes after, so no child inherits one locked by
 // a thread that no longer exists (glibc does the same for malloc).
+// Register them at load, in a namespace-scope initializer, never on first use
+// in a function-local static: a thread inside such an initializer waits for
+// the registry, which the forking thread holds across fork(), so the child
+// inherits the static's guard "in progress" and its first call hangs for good
+// (seen as Fork.ForkWhileOtherThreadsUseThePool hanging in CI, 2026-11-24).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +47,7 @@ std::string forked_child_message(const std::string& what);
 
 // Locks `mu` around every later fork() (see above). The mutex must live for
 // the rest of the process (a static); a thread that holds it must not take
-// another registered mutex or fork.
+// another registered mutex or fork. Call it at load (see above).
 void hold_across_fork(std::mutex* mu);
 
 // Keeps `p` reachable and never destroys it: for an object's state whose

@@ -25,13 +25,12 @@ struct ExitGuard {
 
 // Never destroyed: daemon threads may use it during static destruction.
 ExitGuard& guard() {
-  static ExitGuard* g = [] {
-    auto* created = new ExitGuard;
-    hold_across_fork(&created->mu);
-    return created;
-  }();
+  static ExitGuard* g = new ExitGuard;
   return *g;
 }
+
+// Held across fork(), registered at load (fork.h says why not on first use).
+[[maybe_unused]] const bool g_guard_held_across_fork = (hold_across_fork(&guard().mu), true);
 
 // In a forked child, the parent's threads and its exit state are not ours.
 void adopt_generation_locked(ExitGuard& g) {

@@ -6,7 +6,11 @@
 // thread hung at exit, and a child creating its own pool died of SIGABRT.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -15,6 +19,8 @@
 #include <vector>
 
 #include "../common/child.h"
+#include "../common/fresh_process.h"
+#include "copy/copy_crew.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/fork.h"
@@ -204,6 +210,48 @@ TEST(Fork, ForkWhileOtherThreadsUseThePool) {
   const PoolStats s = pool.stats();
   EXPECT_EQ(s.kind[0].in_use.current + s.kind[1].in_use.current, 0u);
   EXPECT_EQ(s.allocations, s.frees);
+}
+
+// A thread's first call into ferry racing a fork() in another thread: the
+// child's own first call must not hang. Each try is a fresh process, since
+// first use happens once per process. Registering the fault state's and the
+// crews' locks on first use (in a function-local static) made this hang: the
+// thread inside that initializer waited for the fork registry, which the
+// forking thread held across fork(), and the child inherited the
+// initialization "in progress" (Fork.ForkWhileOtherThreadsUseThePool hung
+// that way in CI). They are registered at load now (core/fork.h).
+TEST(Fork, FirstUseRacingForkInAnotherThreadLeavesTheChildWorking) {
+  FERRYTEST_SKIP_IF_ASAN_FORK();
+  FERRYTEST_SKIP_IF_TSAN_CHILD_THREADS();
+  constexpr const char* kTry = "FERRYTEST_FIRST_USE_TRY";
+  if (std::getenv(kTry)) {  // the fresh process: one race
+    std::atomic<bool> go{false};
+    std::thread first([&] {
+      while (!go.load()) {
+      }
+      (void)fault_injected(FaultPoint::mmap);
+      (void)copy_crew();
+    });
+    go = true;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::alarm(10);  // a hang ends as SIGALRM
+      (void)fault_injected(FaultPoint::mmap);
+      (void)copy_crew();
+      ::_exit(0);
+    }
+    first.join();
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "the child " << (WIFSIGNALED(status) ? "hung (ended by signal " + std::to_string(WTERMSIG(status)) + ")"
+                                                 : "failed");
+    return;
+  }
+  for (int i = 0; i < 60; ++i) {
+    const auto [status, out] = ferrytest::run_test_fresh(kTry, std::to_string(i));
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "try " << i << ":\n" << out;
+  }
 }
 
 TEST(Fork, InheritedWorkerPoolIsAbandonedNotJoined) {

@@ -35,6 +35,7 @@
 
 #include "load/safetensors.h"
 #include "../common/child.h"  // FERRYTEST_ASAN, FERRYTEST_TSAN
+#include "../common/fresh_process.h"
 
 namespace ferry::load {
 namespace {
@@ -191,37 +192,6 @@ void measure(const Case& c) {
   EXPECT_LE(ratio, kBound) << c.name;
 }
 
-// This binary again, with only this test, measuring case `name`: its exit
-// status and what it wrote.
-std::pair<int, std::string> run_fresh(const char* name, const std::string& filter) {
-  char exe[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return {-1, "readlink /proc/self/exe failed"};
-  exe[n] = '\0';
-  int fds[2];
-  if (::pipe(fds) != 0) return {-1, "pipe failed"};
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(fds[1], 1);
-    ::dup2(fds[1], 2);
-    ::close(fds[0]);
-    ::close(fds[1]);
-    ::setenv(kCaseVariable, name, 1);
-    ::unsetenv("GTEST_OUTPUT");  // the report is this process's to write
-    ::execl(exe, exe, filter.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  std::string out;
-  char buf[4096];
-  for (ssize_t got; (got = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(got));
-  ::close(fds[0]);
-  int status = -1;
-  ::waitpid(pid, &status, 0);
-  return {status, out};
-}
-
 // Each case runs in a fresh process, this binary again: a forked child would
 // inherit this process's heap, whose free memory, reused and then kept
 // resident, would count as the parser's (seen: up to 5.5 x after the managed
@@ -234,10 +204,8 @@ TEST(SafetensorsMemory, PeakIsASmallMultipleOfTheHeader) {
       if (std::string_view(name) == c.name) return measure(c);
     FAIL() << "no case " << name;
   }
-  const ::testing::TestInfo* me = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string filter = std::string("--gtest_filter=") + me->test_suite_name() + "." + me->name();
   for (const Case& c : kCases) {
-    const auto [status, out] = run_fresh(c.name, filter);
+    const auto [status, out] = ferrytest::run_test_fresh(kCaseVariable, c.name);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << c.name << ":\n" << out;
     const size_t at = out.find(kReport);
     if (at != std::string::npos) std::printf("  %s", out.substr(at, out.find('\n', at) + 1 - at).c_str());
