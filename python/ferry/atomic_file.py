@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import stat
 
 from .errors import InvalidArgumentError, OSLayerError
 
@@ -54,6 +55,37 @@ def check_destination(path) -> str:
     if not os.path.isdir(parent):
         raise InvalidArgumentError(f"{path}: directory {parent} does not exist")
     return path
+
+
+def check_replaceable(path) -> str:
+    """check_destination(path) for a file replaced whole by a rename (AtomicFile): the
+    real path (a symbolic link is followed: the file it names is replaced, the link
+    stays) where a regular file or nothing is, in a directory this process may write.
+    Anything else there (a FIFO, a device, a socket, a directory) is refused with an
+    InvalidArgumentError naming it, never opened or replaced."""
+    path = os.path.realpath(check_destination(path))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise InvalidArgumentError(f"{path}: {e.strerror or e}") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise InvalidArgumentError(f"{path} is {_kind(mode)}, not a regular file (ferry writes a file whole "
+                                   "and renames it into place: give a regular file's path)")
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):  # a symbolic link into a directory that does not exist
+        raise InvalidArgumentError(f"{path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InvalidArgumentError(f"{path}: directory {directory} is not writable (a file in it is replaced "
+                                   "by renaming a new one over it)")
+    return path
+
+
+def _kind(mode: int) -> str:
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
 
 
 def _os_error(e: OSError, path: str, call: str) -> OSLayerError:
