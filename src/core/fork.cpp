@@ -24,6 +24,13 @@ std::vector<std::mutex*>& registry() {
   return *list;
 }
 
+// Functions run in every forked child (at_fork_in_child), guarded by registry_mu.
+using ChildCall = void (*)() noexcept;
+std::vector<ChildCall>& child_calls() {
+  static auto* list = new std::vector<ChildCall>;  // never destroyed: atfork runs until exit
+  return *list;
+}
+
 void prepare() noexcept {
   registry_mu().lock();
   for (std::mutex* mu : registry()) mu->lock();
@@ -38,6 +45,9 @@ void release() noexcept {
 void in_child() noexcept {
   g_generation.fetch_add(1, std::memory_order_relaxed);
   release();
+  // One thread, and the list changes only under registry_mu, which no thread
+  // held at fork(): reading it unlocked is safe here.
+  for (ChildCall call : child_calls()) call();
 }
 
 // Abandoned state: a lock-free list (a child may abandon while its only
@@ -70,6 +80,11 @@ std::string forked_child_message(const std::string& what) {
 void hold_across_fork(std::mutex* mu) {
   std::lock_guard lock(registry_mu());
   registry().push_back(mu);
+}
+
+void at_fork_in_child(void (*fn)() noexcept) {
+  std::lock_guard lock(registry_mu());
+  child_calls().push_back(fn);
 }
 
 void abandon_in_child(void* p) noexcept {

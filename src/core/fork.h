@@ -50,6 +50,12 @@ std::string forked_child_message(const std::string& what);
 // another registered mutex or fork. Call it at load (see above).
 void hold_across_fork(std::mutex* mu);
 
+// Calls fn in every forked child, inside fork() (a pthread_atfork child
+// handler), after the mutexes above are released and the generation has
+// moved, in the order of registration. The child has one thread then; fn
+// must not throw, start threads or call CUDA. Call it at load (see above).
+void at_fork_in_child(void (*fn)() noexcept);
+
 // Keeps `p` reachable and never destroys it: for an object's state whose
 // destruction would join threads or destroy condition variables of the
 // parent (called in a forked child only).

@@ -91,6 +91,8 @@ SmapsTotals parse_smaps(std::string_view text, uintptr_t begin, uintptr_t end) {
     if (key == "VmFlags") {
       t.advised_huge = t.advised_huge || has_flag(rest, "hg");
       t.advised_no_huge = t.advised_no_huge || has_flag(rest, "nh");
+      if (has_flag(rest, "dc")) ++t.dont_fork_mappings;
+      else if (has_flag(rest, "sh")) ++t.shared_mappings;
       continue;
     }
     uint64_t v = 0;

@@ -25,6 +25,11 @@ struct SmapsTotals {
   bool thp_eligible = false;       // at least one mapping, and all say THPeligible: 1
   bool advised_huge = false;       // some mapping has VmFlags "hg" (MADV_HUGEPAGE)
   bool advised_no_huge = false;    // some mapping has VmFlags "nh" (MADV_NOHUGEPAGE)
+  size_t dont_fork_mappings = 0;   // mappings with VmFlags "dc" (MADV_DONTFORK: not in a forked child)
+  size_t shared_mappings = 0;      // mappings with VmFlags "sh" (MAP_SHARED: a child shares the pages)
+  // Whether fork() copies none of the range's pages: every mapping is left
+  // out of the child or shared with it (os/dont_fork.h).
+  bool fork_copies_nothing() const { return mappings > 0 && dont_fork_mappings + shared_mappings >= mappings; }
 };
 
 // Sums the mappings of `smaps_text` that overlap [begin, end). Lines it does

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/thread_counts.h"
+#include "os/dont_fork.h"
 #include "os/memory.h"
 #include "os/sysfs.h"
 #include "pool/first_touch.h"
@@ -33,8 +34,9 @@ std::string errno_text(int err) { return std::string(std::strerror(err)) + " (er
 
 }  // namespace
 
-Arena::Arena(const PoolOptions& options)
+Arena::Arena(const PoolOptions& options, bool pinned)
     : memfd_(options.memfd),
+      pinned_(pinned),
       policy_(options.huge_pages),
       numa_node_(options.numa_node),
       touch_threads_(options.touch_threads > 0 ? options.touch_threads
@@ -131,6 +133,9 @@ int Arena::map(size_t bytes, size_t huge_page_bytes, Mapping* out, const char** 
 }
 
 void Arena::unmap(const Mapping& m, size_t bytes) const noexcept {
+  // Forgotten first: a fork between the two leaves the child neither the
+  // range nor a tombstone, at an address the parent is giving up anyway.
+  if (m.fd < 0 && pinned_) os::forget_hidden(reinterpret_cast<void*>(m.base));
   os::unmap(reinterpret_cast<void*>(m.base), bytes);
   if (m.fd >= 0) os::close_fd(m.fd);
 }
@@ -236,6 +241,8 @@ MappedChunk Arena::map_chunk(size_t bytes, PageKind kind) {
                 true);
   }
 
+  hide_from_fork(m, bytes);
+
   MappedChunk chunk;
   chunk.base = m.base;
   chunk.bytes = bytes;
@@ -243,6 +250,17 @@ MappedChunk Arena::map_chunk(size_t bytes, PageKind kind) {
   chunk.backing = backing;
   chunk.fd = m.fd;
   return chunk;
+}
+
+void Arena::hide_from_fork(const Mapping& m, size_t bytes) {
+  if (!pinned_ || m.fd >= 0 || refused(kDontFork)) return;
+  if (int err = os::hide_from_fork(reinterpret_cast<void*>(m.base), bytes))
+    fall_back(kDontFork,
+              transient(err) ? "madvise(MADV_DONTFORK) failed for a " + format_bytes(bytes) + " chunk (" +
+                                   errno_text(err) + "); a fork copies that chunk, the next one tries again"
+                             : std::string("madvise(MADV_DONTFORK) refused (") + std::strerror(err) +
+                                   "); every fork copies the pinned chunks into the child (use memfd=True)",
+              !transient(err));
 }
 
 MappedChunk Arena::reserve(size_t bytes, PageKind kind) {

@@ -10,6 +10,14 @@
 //   small:            small pages with MADV_NOHUGEPAGE
 // THP is MADV_HUGEPAGE on anonymous memory (enabled=always|madvise) or on a
 // memfd (shmem_enabled=always|within_size|advise|force).
+// Fork: a chunk that will be pinned (the pool has ChunkHooks) and is
+// private (anonymous, hugetlb included) is hidden from fork() with
+// MADV_DONTFORK, at mapping, before it is touched or pinned: the kernel would
+// copy every pinned page of it into each forked child (os/dont_fork.h says
+// what the child finds there instead). A memfd chunk is MAP_SHARED: a child
+// shares its pages, nothing is copied. Chunks of a pool without hooks are
+// ordinary copy-on-write memory, as malloc's.
+//
 // When the kernel refuses a choice (no hugetlb pool or no free pages, hugetlb
 // mmap failed, THP disabled in sysfs, madvise failed, mbind failed) the arena
 // takes the next one, REMEMBERS the refusal for its lifetime (mimalloc style:
@@ -46,8 +54,9 @@ struct MappedChunk {
 
 class Arena {
  public:
-  // Preconditions: options validated by the pool.
-  explicit Arena(const PoolOptions& options);
+  // Preconditions: options validated by the pool. pinned: the pool registers
+  // its chunks (ChunkHooks), so private chunks are hidden from fork().
+  explicit Arena(const PoolOptions& options, bool pinned = false);
 
   // Maps a chunk of `bytes` for `kind` and binds it to the NUMA node; its
   // pages are not touched yet (the pool touches them with FirstTouch, so that
@@ -82,7 +91,7 @@ class Arena {
   uint64_t fallbacks() const;
 
  private:
-  enum Feature { kHugetlb1G, kHugetlb2M, kThp, kNoHugeAdvice, kNumaBinding, kFeatureCount };
+  enum Feature { kHugetlb1G, kHugetlb2M, kThp, kNoHugeAdvice, kNumaBinding, kDontFork, kFeatureCount };
 
   struct Mapping {
     uintptr_t base = 0;
@@ -100,8 +109,11 @@ class Arena {
   // huge_page_bytes. 0 or an errno; *call names the call that failed.
   int map(size_t bytes, size_t huge_page_bytes, Mapping* out, const char** call) const;
   void unmap(const Mapping& m, size_t bytes) const noexcept;
+  // MADV_DONTFORK for a pinned pool's private chunk (see above).
+  void hide_from_fork(const Mapping& m, size_t bytes);
 
   const bool memfd_;
+  const bool pinned_;
   const HugePolicy policy_;
   const int numa_node_;
   const int touch_threads_;

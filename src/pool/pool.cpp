@@ -106,7 +106,7 @@ Pool::Impl::Impl(PoolOptions o, std::shared_ptr<ChunkHooks> h)
       hooks(std::move(h)),
       target_kind(resolve_kind(o.target_kind, o.chunk_bytes)),
       target_chunk_bytes(round_up(options.target_bytes, kChunkGranule)),
-      arena(options) {}
+      arena(options, hooks != nullptr) {}
 
 PageKind Pool::Impl::kind_for(HugeWant want, size_t size) const {
   if (want == HugeWant::automatic && options.target_bytes > 0 && size < kChunkGranule) return target_kind;

@@ -47,7 +47,7 @@ const char* kSample =
     "Shared_Hugetlb:        0 kB\n"
     "Private_Hugetlb:    4096 kB\n"
     "THPeligible:    0\n"
-    "VmFlags: rd wr mr mw me de ht sd \n"
+    "VmFlags: rd wr mr mw me dc de ht sd \n"
     "7f0020000000-7f0020001000 rw-p 00000000 00:00 0 \n"
     "Size:                  4 kB\n"
     "Rss:                   4 kB\n"
@@ -92,6 +92,23 @@ TEST(Smaps, ParsesSampleText) {
     EXPECT_EQ(t.advised_huge, c.hg) << c.name;
     EXPECT_EQ(t.advised_no_huge, c.nh) << c.name;
   }
+}
+
+TEST(Smaps, TellsWhatForkCopies) {
+  const os::SmapsTotals thp = os::parse_smaps(kSample, 0x7f0000000000, 0x7f0004000000);
+  EXPECT_EQ(thp.dont_fork_mappings + thp.shared_mappings, 0u);
+  EXPECT_FALSE(thp.fork_copies_nothing()) << "private memory without dc is copied (or shared copy-on-write)";
+  const os::SmapsTotals memfd = os::parse_smaps(kSample, 0x7f0004000000, 0x7f0004200000);
+  EXPECT_EQ(memfd.shared_mappings, 1u);
+  EXPECT_TRUE(memfd.fork_copies_nothing());
+  const os::SmapsTotals hidden = os::parse_smaps(kSample, 0x7f0010000000, 0x7f0010400000);
+  EXPECT_EQ(hidden.dont_fork_mappings, 1u);
+  EXPECT_TRUE(hidden.fork_copies_nothing());
+  const os::SmapsTotals both = os::parse_smaps(kSample, 0x7f0004000000, 0x7f0010400000);
+  EXPECT_EQ(both.mappings, 2u);
+  EXPECT_TRUE(both.fork_copies_nothing());
+  EXPECT_FALSE(os::parse_smaps(kSample, 0x7f0000000000, 0x7f0010400000).fork_copies_nothing());
+  EXPECT_FALSE(os::parse_smaps(kSample, 0x7f0005000000, 0x7f0006000000).fork_copies_nothing()) << "no mapping";
 }
 
 TEST(Smaps, SurvivesGarbageAndCrLf) {
