@@ -99,6 +99,17 @@ def default_loader(device: int = 0) -> Loader:
         return loader
 
 
+def _forget_after_fork() -> None:
+    """In a forked child the parent's loaders (their threads, pinned ring and
+    CUDA state) are not usable: forget them, so a load there makes its own."""
+    global _default_lock
+    _default_lock = threading.Lock()
+    _default_loaders.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def release_default_loaders() -> None:
     """Drop the default loaders: their pinned staging goes back to the OS
     (once no load is running); the next load creates a new one."""

@@ -2,6 +2,7 @@
 #include "cuda/cuda_check.h"
 
 #include "core/error.h"
+#include "core/fork.h"
 
 namespace ferry::cuda {
 
@@ -29,6 +30,13 @@ void check(cudaError_t err, const char* call) {
     throw NoDevice(std::string(call) + ": no usable CUDA device; " + describe(err), err);
   if (err == cudaErrorMemoryAllocation)
     throw OutOfMemory(std::string(call) + ": out of memory; " + describe(err));
+  // CUDA cannot be used in a child forked after its parent initialized CUDA:
+  // every call there fails this way; say so instead of a bare code.
+  if (err == cudaErrorInitializationError && fork_generation() > 0)
+    throw NotSupported(std::string(call) + " failed: " + describe(err) +
+                       ". This process was forked from one that had initialized CUDA, and CUDA cannot "
+                       "be used in such a child: start it with the 'spawn' or 'forkserver' method "
+                       "(multiprocessing.get_context('spawn'), DataLoader(multiprocessing_context='spawn'))");
   throw CudaError(std::string(call) + " failed: " + describe(err), err);
 }
 

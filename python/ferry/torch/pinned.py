@@ -15,6 +15,7 @@ its final dtype and shape (``_ferry.pool_tensor``): about the cost of
 
 from __future__ import annotations
 
+import os
 import threading
 
 from .. import _args, _ferry
@@ -35,6 +36,18 @@ def default_pinned_pool(device: int = 0) -> PinnedPool:
         if pool is None:
             pool = _default_pools[device] = PinnedPool(device=device)
         return pool
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: the parent's pools are not the child's (their memory
+    is not mapped here: core/fork.h, os/dont_fork.h), so the next use makes a
+    new one, and the lock a parent's thread may have held is replaced."""
+    global _lock
+    _lock = threading.Lock()
+    _default_pools.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _fill_dlpack_table(torch) -> None:
