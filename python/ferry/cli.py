@@ -49,7 +49,11 @@ def cmd_bench(args) -> int:
     if unknown or not keys:
         raise InvalidArgumentError(f"unknown bench suite '{unknown[0] if unknown else args.suite}' "
                                    f"(suites: {', '.join(found)})")
-    rest = list(args.rest) + (["--json", args.json] if args.json else [])
+    if args.json is not None:
+        from .bench.report import check_json_path
+
+        check_json_path(args.json)  # before the first suite measures: InvalidArgumentError, exit status 2
+    rest = list(args.rest) + (["--json", args.json] if args.json is not None else [])
     # Each suite merges its records into the file (bench/report.py write_json).
     return max(found[k].main(rest) for k in keys)
 

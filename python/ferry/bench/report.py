@@ -2,7 +2,10 @@
 
 The JSON file: {"header": machine facts, "suites": {key: {"time", "waived"}},
 "records": [records.py's records of every suite in the file], and where a
-suite keeps raw rows for its own scripts "details": {key: ...}}.
+suite keeps raw rows for its own scripts "details": {key: ...}}. `--json FILE` is
+checked before a suite measures (check_json_path) and replaced atomically: a path
+that is not a regular file, or a file that is not a ferry bench file, is refused
+and left as it is.
 """
 
 from __future__ import annotations
@@ -10,9 +13,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import stat
 import sys
 import time
 
+from ..atomic_file import AtomicFile, check_replaceable
+from ..errors import InvalidArgumentError, OSLayerError
 from .records import is_record
 
 
@@ -61,6 +67,25 @@ def progress(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
+# A records file of every suite is a few MB at most: the old file is read up to this
+# (a --json FILE that never ends, such as a device, is refused before it is read).
+MAX_RECORDS_FILE_BYTES = 64 << 20
+
+
+def check_json_path(path) -> str:
+    """The absolute path `--json path` writes, checked before a suite measures: a new
+    file in a writable directory, an empty file, or a file an earlier `ferry bench
+    --json` wrote; else InvalidArgumentError saying why (a directory, a FIFO, a
+    device, a missing directory, a file over MAX_RECORDS_FILE_BYTES or one that is not
+    a ferry bench file: such files are left as they are)."""
+    try:
+        dest = check_replaceable(path)
+        _read_records_file(dest)
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"--json '{path}': {e}") from None
+    return dest
+
+
 def write_json(path: str | None, suite: str, records: list[dict], waived: str | None = None,
                details: dict | None = None) -> None:
     """Writes `suite`'s records (records.py) to `path` under the machine's header.
@@ -68,45 +93,119 @@ def write_json(path: str | None, suite: str, records: list[dict], waived: str | 
     A file that holds records of other suites, written on this host, keeps
     them: this suite's earlier records are replaced, the header refreshed
     (`ferry bench --json FILE a,b` and runs one after another fill one file).
-    Any other file at `path` is replaced. waived: why the suite did not run.
-    details: the suite's raw rows for its own scripts (file["details"][suite]);
-    every figure still goes into a record.
+    A ferry bench file of another host or of an earlier shape is replaced; any
+    other file, or a path check_json_path refuses, raises InvalidArgumentError
+    and is left as it is. The file is replaced atomically (a temporary file in
+    its directory, fsynced, renamed over it): a full disk or a crash leaves the
+    earlier file whole (OSLayerError names the call that failed). waived: why the
+    suite did not run. details: the suite's raw rows for its own scripts
+    (file["details"][suite]); every figure still goes into a record.
     """
-    if not path:
+    if path is None:
         return
     bad = [r for r in records if not is_record(r)] if isinstance(records, list) else [records]
     if bad:
         raise TypeError(f"bench {suite}: write_json takes a list of records (ferry/bench/records.py), "
                         f"got {str(bad[0])[:120]}")
+    dest = check_json_path(path)
     head = header()
     kept, suites, extra = [], {}, {}
-    old = _read_records_file(path)
-    if old is not None and (old["header"].get("host") or {}).get("name") == head["host"]["name"]:
-        kept = [r for r in old["records"] if r.get("suite") != suite]
+    old = _read_records_file(dest)
+    if old is not None and _is_records(old) and _host_name(old) == head["host"]["name"]:
+        kept = [r for r in old["records"] if isinstance(r, dict) and r.get("suite") != suite]
         suites = {k: v for k, v in old["suites"].items() if k != suite}
-        extra = {k: v for k, v in (old.get("details") or {}).items() if k != suite}
-    elif old is None and os.path.exists(path):
-        progress(f"replacing {path} (not a ferry bench records file of this host)")
+        details_before = old.get("details")
+        extra = {k: v for k, v in details_before.items() if k != suite} if isinstance(details_before, dict) else {}
+    elif old is not None:
+        progress(f"replacing {dest} (a ferry bench file of another host or an earlier version)")
     suites[suite] = {"time": head["time"], "waived": waived}
     doc = {"header": head, "suites": suites, "records": kept + list(records)}
     if details is not None:
         extra[suite] = details
     if extra:
         doc["details"] = extra
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=2)
-    progress(f"wrote {path} ({len(records)} records of {suite}"
+    _replace(dest, json.dumps(doc, indent=2).encode())
+    progress(f"wrote {dest} ({len(records)} records of {suite}"
              + (f", {len(kept)} of {', '.join(k for k in suites if k != suite)} kept)" if kept else ")"))
 
 
-def _read_records_file(path: str) -> dict | None:
-    """The file at path if it is one write_json wrote, else None."""
+def _replace(path: str, data: bytes) -> None:
+    """data becomes the file at path whole, or path keeps what it held (AtomicFile)."""
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = None
+    try:
+        out = AtomicFile(path, direct=False)
+        try:
+            if mode is not None:
+                os.fchmod(out.fd, mode)  # the new file keeps the old one's permissions
+            out.pwrite(data, 0)
+        except BaseException:
+            out.abort()
+            raise
+        out.commit(len(data))
+    except OSError as e:
+        raise OSLayerError(e.errno, f"cannot write the bench records to {path} ({e.strerror or e}); "
+                                    f"{path} is as it was before this run") from e
+
+
+def _read_records_file(path: str) -> dict | None:
+    """The JSON object at path when an earlier `ferry bench --json` wrote it (a dict
+    with a "header"), None when there is nothing (no file, or an empty one); else
+    InvalidArgumentError. Reads at most MAX_RECORDS_FILE_BYTES; never waits on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
         return None
-    if (isinstance(data, dict) and isinstance(data.get("records"), list) and isinstance(data.get("suites"), dict)
-            and isinstance(data.get("header"), dict)):
-        return data
-    return None
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # replaced since check_replaceable looked
+            raise InvalidArgumentError(f"{path} is not a regular file")
+        if st.st_size > MAX_RECORDS_FILE_BYTES:
+            raise InvalidArgumentError(f"{path} holds {st.st_size} bytes, more than the "
+                                       f"{MAX_RECORDS_FILE_BYTES >> 20} MiB a bench records file may have "
+                                       "(give another file)")
+        chunks, left = [], MAX_RECORDS_FILE_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot read {path}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    text = b"".join(chunks)
+    if left <= 0:
+        raise InvalidArgumentError(f"{path} holds more than the {MAX_RECORDS_FILE_BYTES >> 20} MiB a bench "
+                                   "records file may have (give another file)")
+    if not text.strip():
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise InvalidArgumentError(f"{path} is not a ferry bench records file ({_short(e)}): it is left as "
+                                   "it is (give another file, or remove it)") from None
+    if not isinstance(data, dict) or not isinstance(data.get("header"), dict):
+        raise InvalidArgumentError(f"{path} is JSON but not a ferry bench records file (no \"header\"): it is "
+                                   "left as it is (give another file, or remove it)")
+    return data
+
+
+def _is_records(data: dict) -> bool:
+    """The shape write_json writes (not an earlier version's)."""
+    return isinstance(data.get("records"), list) and isinstance(data.get("suites"), dict)
+
+
+def _host_name(data: dict):
+    host = data["header"].get("host")
+    return host.get("name") if isinstance(host, dict) else None
+
+
+def _short(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text if len(text) <= 100 else text[:97] + "..."

@@ -28,8 +28,9 @@ option a checking `type=`, such as `size_list` or `int_at_least(1)`, so that a t
 refused on any machine, before the waiver), asks `waived()`, and prints "ferry bench copy: waived: <why>" (exit status 0) instead of
 running where the machine cannot; `run()` may also raise `Waived(why)` when it
 learns so late (e.g. from a probe process). A waived suite with --json records
-why in the file (no records). Register the module in bench/__init__.py's
-SUITE_MODULES: `ferry bench --help` then lists it.
+why in the file (no records). `--json FILE` is checked first (report.check_json_path:
+exit status 2 with the reason, before anything is measured). Register the module in
+bench/__init__.py's SUITE_MODULES: `ferry bench --help` then lists it.
 
 Results: every suite writes the same JSON, a list of records, one per figure
 (nvbandwidth's shape; bench/records.py builds them, report.write_json writes
@@ -170,6 +171,15 @@ class Suite:
 
     def main(self, argv: list[str] | None = None) -> int:
         args = self.parser().parse_args(argv)
+        if args.json is not None:  # before measuring, not after: a bad FILE must not cost the results
+            from ..errors import InvalidArgumentError
+            from .report import check_json_path
+
+            try:
+                check_json_path(args.json)
+            except InvalidArgumentError as e:
+                print(f"ferry bench {self.key}: error: {e}", file=sys.stderr)
+                return 2
         try:
             why = self.waived(args)
             if why is None:
@@ -177,7 +187,7 @@ class Suite:
         except Waived as e:
             why = str(e)
         print(f"ferry bench {self.key}: waived: {why}")
-        if args.json:
+        if args.json is not None:
             from .report import write_json
 
             write_json(args.json, self.key, [], waived=why)
