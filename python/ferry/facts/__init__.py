@@ -12,7 +12,8 @@ host: kernel, os, virtualization {kind, hypervisor, evidence, container}, cpu {m
   evidence, cmdline}, process {cpus_allowed, mems_allowed}, kernel_modules
   {loadable, evidence}, gdrcopy {gdrdrv, libgdrapi, available, reason},
   copy_engine {workers_option, crew_threads, crew_numa_node, profile {path, named,
-  present}}, notes.
+  present}}, torch_alloc_conf {variable, value, shadowed, pinned_use_host_register,
+  error}, notes.
 copy_engine: what ferry's copy engine would use in this process, as the engine
   decides it (copy_engine.py; no CUDA needed). workers_option: FERRY_COPY_WORKERS
   as the engine parsed it (0 when unset: one thread per CPU). crew_threads:
@@ -24,6 +25,12 @@ copy_engine: what ferry's copy engine would use in this process, as the engine
   False for nothing there, so the built-in defaults, None when unknown). All four
   are None, with a note, when the engine refuses the FERRY_* variables; copy_engine
   is None when collect() is not given the native module.
+torch_alloc_conf: PyTorch's allocator settings in this process's environment, read
+  as PyTorch's CUDA allocator reads them (torch_alloc.py): variable
+  (PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF, else None) and its value;
+  shadowed: the other one when both are set; pinned_use_host_register: whether
+  PyTorch's pinned memory is malloc + cudaHostRegister (memory that every fork()
+  copies) rather than cudaHostAlloc, None with `error` when PyTorch refuses the text.
 cuda: None without a driver, else {driver_version, runtime_version, device_count}.
 gpus: one entry per device of cuda_info, see gpu.gpu_facts.
 

@@ -1,5 +1,6 @@
 """Readers of the host's facts: kernel, OS, virtualization, CPUs, NUMA, memory, THP,
-hugetlb pools, memlock limit, IOMMU, process affinity and GDRCopy availability.
+hugetlb pools, memlock limit, IOMMU, process affinity, GDRCopy availability and
+PyTorch's allocator settings in the environment (torch_alloc.py).
 
 Each reader looks at the real machine through the pure parsers in parsers.py. A file
 that is missing or unreadable gives None for its fact (and, where it helps, a line
@@ -14,6 +15,7 @@ import os
 import resource
 
 from . import parsers
+from .torch_alloc import collect_torch_alloc_conf
 
 SYS_THP = "/sys/kernel/mm/transparent_hugepage"
 SYS_HUGEPAGES = "/sys/kernel/mm/hugepages"
@@ -430,5 +432,6 @@ def collect_host() -> dict:
             virt["kind"],
             modules,
         ),
+        "torch_alloc_conf": _safely(notes, "PyTorch's allocator settings", None, collect_torch_alloc_conf, os.environ),
         "notes": notes,
     }

@@ -10,7 +10,8 @@ expanded beyond MAX_CPU_ID, no number has more than MAX_DIGITS digits.
 
 One file per format family: integers.py, memory.py (THP, meminfo, hugetlb), cpus.py
 (cpuinfo, cpulists, /proc/self/status), pcie.py, limits.py, kernel.py (os-release,
-the command line, the IOMMU), cuda.py, virtualization.py; this package names them all.
+the command line, the IOMMU), cuda.py, virtualization.py, torch_alloc.py (PyTorch's
+allocator settings, strict: it raises where PyTorch does); this package names them all.
 """
 
 from __future__ import annotations
@@ -26,18 +27,26 @@ from .limits import memlock_from_limits, parse_limits, rlimit_bytes
 from .memory import hugepages_dir_size, parse_meminfo, parse_thp_setting, thp_setting
 from .pcie import (PCIE_ENCODING, PCIE_GT_PER_S, link_gbps, normalize_pci_bus_id, nvidia_bar1_region,
                    parse_numa_node, parse_pci_resource, pcie_link_width, pcie_speed_to_gen)
+from .torch_alloc import (ALLOC_CONF_VARIABLES, PINNED_REGISTER_KEYS, alloc_conf_entries, alloc_conf_tokens,
+                          alloc_conf_variable, alloc_conf_without, pinned_use_host_register)
 from .virtualization import (GVISOR_VERSION_STAMP, acpi_oem_id, classify_virtualization,
                              clocksource_hypervisor, container_evidence, dmi_hypervisor, firecracker_evidence,
                              gvisor_evidence)
 
 __all__ = [
+    "ALLOC_CONF_VARIABLES",
     "GVISOR_VERSION_STAMP",
     "IOMMU_CMDLINE_KEYS",
     "MAX_CPU_ID",
     "MAX_DIGITS",
     "PCIE_ENCODING",
     "PCIE_GT_PER_S",
+    "PINNED_REGISTER_KEYS",
     "acpi_oem_id",
+    "alloc_conf_entries",
+    "alloc_conf_tokens",
+    "alloc_conf_variable",
+    "alloc_conf_without",
     "classify_virtualization",
     "clocksource_hypervisor",
     "compact_cpulist",
@@ -71,6 +80,7 @@ __all__ = [
     "parse_thp_setting",
     "pcie_link_width",
     "pcie_speed_to_gen",
+    "pinned_use_host_register",
     "rlimit_bytes",
     "status_cpus_allowed",
     "status_mems_allowed",
