@@ -40,6 +40,8 @@ def good_facts():
             "copy_engine": {"workers_option": 0, "crew_threads": 16, "crew_numa_node": 0,
                             "profile": {"path": "/home/u/.cache/ferry/profile.txt", "named": False,
                                         "present": False}},
+            "torch_alloc_conf": {"variable": None, "value": None, "shadowed": [],
+                                 "pinned_use_host_register": False, "error": None},
         },
         "cuda": {"driver_version": "13.0", "runtime_version": "13.0", "device_count": 1},
         "gpus": [
@@ -155,6 +157,9 @@ BAD = {
     "nixl-ucx-slow-settings": ("warning", _set(("m", "nixl"), {"installed": True, "warnings": [
         {"setting": "UCX_TLS=sm,self", "problem": "no CUDA transport on a GPU machine",
          "fix": "unset UCX_TLS or add cuda_copy,cuda_ipc"}]})),
+    "torch-pinned-register-fork": ("warning", _set(("f", "host", "torch_alloc_conf"), {
+        "variable": "PYTORCH_CUDA_ALLOC_CONF", "value": "pinned_use_cuda_host_register:True",
+        "shadowed": [], "pinned_use_host_register": True, "error": None})),
 }
 
 

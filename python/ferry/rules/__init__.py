@@ -37,7 +37,7 @@ from .gpu_checks import (_check_bar1_small, _check_gdrdrv_absent, _check_gpu_bel
 from .host_checks import (_check_gvisor_shmem_thp, _check_hugetlb_not_reserved, _check_iommu_translated,
                           _check_memlock_low, _check_memory_low_for_pool, _check_nixl_ucx_slow_settings,
                           _check_numa_mismatch, _check_small_crew_uncalibrated, _check_thp_defrag_never,
-                          _check_thp_disabled, _check_vm_first_touch_costly)
+                          _check_thp_disabled, _check_torch_pinned_register, _check_vm_first_touch_costly)
 from .inputs import _sysfs_choice  # noqa: F401 - as above (the tests use it)
 from .inputs import parse_cpulist
 from .model import _SEVERITY_RANK, SEVERITIES, Finding, Rule, Verdict
@@ -115,6 +115,11 @@ RULES: tuple[Rule, ...] = (
          "a GPU machine whose copy crew has at most 4 threads and no machine profile is in use (info: the "
          "figures are the H200's; warning at 1-2 threads, where both directions lost, by up to 4x)",
          _check_small_crew_uncalibrated),
+    Rule("torch-pinned-register-fork", "warning",
+         "PyTorch pins by cudaHostRegister: every fork() copies its pinned memory into the child",
+         "PYTORCH_CUDA_ALLOC_CONF (else PYTORCH_ALLOC_CONF) sets pinned_use_cuda_host_register:True, which "
+         "makes PyTorch's pinned memory anonymous registered memory that the kernel copies at every fork",
+         _check_torch_pinned_register),
 )
 
 
