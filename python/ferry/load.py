@@ -146,7 +146,7 @@ def _read_index_text(path) -> tuple[str, str]:
     """(text, name) of a shard index file. Only a regular file of at most
     MAX_INDEX_BYTES is read: a FIFO, a device or a directory is refused at once
     (O_NONBLOCK: opening a FIFO does not wait for a writer)."""
-    name = os.fsdecode(_checked_path(path))
+    name = _checked_path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
@@ -183,17 +183,24 @@ def read_shard_index(path) -> tuple[list, list, list]:
 
 
 def read_catalog(files, index_tensors=(), index_files=()) -> dict:
-    """Every tensor of safetensors `files` as columns, in file order:
-    {names, file (index into files), dtype (safetensors name), shape (tuple),
-    offset (of the first byte, from the file's start), nbytes}. Checked: each
-    header strictly, a tensor in two files, and an index's weight_map
-    (index_tensors[k] is in files[index_files[k]]); InvalidArgumentError names
-    the files and the tensor."""
-    return _ferry.read_catalog([os.fspath(f) for f in files], list(index_tensors), list(index_files))
+    """Every tensor of safetensors `files` (a path, or a list of paths: str, bytes or
+    os.PathLike) as columns, in file order: {names, file (index into files), dtype
+    (safetensors name), shape (tuple), offset (of the first byte, from the file's
+    start), nbytes}. Checked: each header strictly, a tensor in two files, and an
+    index's weight_map (index_tensors[k] is in files[index_files[k]]);
+    InvalidArgumentError names the files and the tensor, or the argument that is
+    not a path."""
+    if isinstance(files, (str, bytes, os.PathLike)):
+        files = [files]  # one file, not its name's characters
+    paths = [_checked_path(f, f"files[{i}]") for i, f in
+             enumerate(_args.items(files, "files", "a path or a list of paths"))]
+    return _ferry.read_catalog(paths, _args.items(index_tensors, "index_tensors", "a list of tensor names"),
+                               _args.items(index_files, "index_files", "a list of indexes into files"))
 
 
-def _checked_path(path):
+def _checked_path(path, name: str = "path") -> str:
+    """path (str, bytes or os.PathLike) as a str (os.fsdecode), or InvalidArgumentError."""
     try:
-        return os.fspath(path)
+        return os.fsdecode(os.fspath(path))
     except TypeError:
-        raise InvalidArgumentError(f"path={_args.quote(path)}: expected a path (str, bytes or os.PathLike)") from None
+        raise InvalidArgumentError(f"{name}={_args.quote(path)}: expected a path (str, bytes or os.PathLike)") from None

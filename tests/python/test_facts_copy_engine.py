@@ -97,19 +97,19 @@ def test_calibrate_without_a_place_for_the_profile_refuses_before_measuring(here
 def test_profile_absent_then_present_in_a_real_cache_directory(here, tmp_path):
     path = tmp_path / "cache" / "ferry" / "profile.txt"
     engine = lambda: facts.collect(None, _ferry)["host"]["copy_engine"]  # noqa: E731
-    assert engine()["profile"] == {"path": str(path), "named": False, "present": False}
+    assert engine()["profile"] == {"path": str(path), "named": False, "present": False, "problem": None}
     path.parent.mkdir(parents=True)
     path.write_text("cuda_below_bytes_h2d = 8388608\n")
-    assert engine()["profile"] == {"path": str(path), "named": False, "present": True}
+    assert engine()["profile"] == {"path": str(path), "named": False, "present": True, "problem": None}
     path.unlink()
     path.mkdir()  # the engine refuses a directory: neither a profile nor "none"
-    assert engine()["profile"]["present"] is None
+    assert engine()["profile"]["present"] is None and engine()["profile"]["problem"] == "a directory, not a profile"
 
 
 def test_profile_named_by_ferry_profile(env, tmp_path):
     named = tmp_path / "named.txt"
     env.setenv("FERRY_PROFILE", str(named))
-    assert engine_facts()["profile"] == {"path": str(named), "named": True, "present": False}
+    assert engine_facts()["profile"] == {"path": str(named), "named": True, "present": False, "problem": None}
     named.write_text("hybrid_pinned_share_d2h = 0.7\n")
     assert engine_facts()["profile"]["present"] is True
 

@@ -210,6 +210,8 @@ def _copy_engine_text(engine: dict) -> str:
     profile = as_dict(engine.get("profile"))
     state = {True: "present", False: "missing: the engine refuses to copy" if profile.get("named")
              else "absent: built-in defaults"}.get(profile.get("present"), "unknown")
+    if profile.get("present") is None and profile.get("problem"):
+        state = f"unusable: {profile['problem']}; the engine refuses to copy"
     if not profile:
         where = "unknown"
     elif profile.get("path") is None:

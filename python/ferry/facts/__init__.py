@@ -12,7 +12,7 @@ host: kernel, os, virtualization {kind, hypervisor, evidence, container}, cpu {m
   evidence, cmdline}, process {cpus_allowed, mems_allowed}, kernel_modules
   {loadable, evidence}, gdrcopy {gdrdrv, libgdrapi, available, reason},
   copy_engine {workers_option, crew_threads, crew_numa_node, profile {path, named,
-  present}}, torch_alloc_conf {variable, value, shadowed, pinned_use_host_register,
+  present, problem}}, torch_alloc_conf {variable, value, shadowed, pinned_use_host_register,
   error}, notes.
 copy_engine: what ferry's copy engine would use in this process, as the engine
   decides it (copy_engine.py; no CUDA needed). workers_option: FERRY_COPY_WORKERS
@@ -21,8 +21,9 @@ copy_engine: what ferry's copy engine would use in this process, as the engine
   GPU facts), counting the calling thread, as engine.stats()["crew_threads"];
   crew_numa_node: the node that crew is bound to (None: not bound). profile: the
   machine profile file (path: None when FERRY_PROFILE, XDG_CACHE_HOME and HOME
-  are all unset; named: FERRY_PROFILE named it; present: True for a regular file,
-  False for nothing there, so the built-in defaults, None when unknown). All four
+  are all unset; named: FERRY_PROFILE named it; present: True for a file the
+  engine reads as a profile, False for nothing there, so the built-in defaults,
+  None for a file the engine refuses, with `problem` saying why). All four
   are None, with a note, when the engine refuses the FERRY_* variables; copy_engine
   is None when collect() is not given the native module.
 torch_alloc_conf: PyTorch's allocator settings in this process's environment, read

@@ -24,23 +24,64 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 
 
 # --- the machine profile ------------------------------------------------------------
 
+# The engine reads at most this much of a profile (src/copy/profile_file.cpp,
+# kMaxProfileBytes): a bigger file is refused, not read.
+PROFILE_MAX_BYTES = 64 << 10
+_PROFILE_KEY = re.compile(r"[a-z][a-z0-9_]*")  # the form of every key the engine knows
 
-def profile_present(path: str | None) -> bool | None:
-    """True when `path` is a regular file, False when nothing is there (the engine
-    then uses its built-in defaults), None when it cannot tell or something else is
-    there (the engine refuses a directory, a FIFO or an unreadable file)."""
+
+def profile_state(path: str | None) -> dict:
+    """{"present", "problem"} of the profile file at `path`: present True for a file
+    the engine can read as a profile, False for nothing there (the built-in
+    defaults, or a refusal where FERRY_PROFILE named it), None for something the
+    engine refuses to use, with `problem` saying why: not a regular file, unreadable,
+    over PROFILE_MAX_BYTES, or a line that is not `key = value` (the engine's words,
+    src/copy/profile_file.cpp and strategy.cpp; a line is never quoted: the file may
+    be anyone's). Which keys and values are allowed is the engine's to say when it
+    first copies (ferry.engine(d) names the line); this catches a file that is no
+    profile at all (FERRY_PROFILE=/etc/passwd, a binary, a stray JSON)."""
     if path is None:
-        return False
+        return {"present": False, "problem": None}
     try:
-        mode = os.stat(path).st_mode
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)  # a FIFO: no wait
     except OSError as exc:
-        return False if exc.errno in (errno.ENOENT, errno.ENOTDIR) else None
-    return True if stat.S_ISREG(mode) else None
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return {"present": False, "problem": None}
+        return {"present": None, "problem": f"cannot read the profile: {exc.strerror or exc}"}
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            return {"present": None, "problem": "a directory, not a profile"}
+        if not stat.S_ISREG(mode):
+            return {"present": None, "problem": "not a regular file"}
+        text = os.read(fd, PROFILE_MAX_BYTES + 1)
+    except OSError as exc:
+        return {"present": None, "problem": f"cannot read the profile: {exc.strerror or exc}"}
+    finally:
+        os.close(fd)
+    if len(text) > PROFILE_MAX_BYTES:
+        return {"present": None, "problem": f"larger than {PROFILE_MAX_BYTES >> 10} KiB, not a profile"}
+    problem = _profile_form_problem(text.decode("latin-1"))
+    return {"present": True if problem is None else None, "problem": problem}
+
+
+def _profile_form_problem(text: str) -> str | None:
+    """The first line that is not blank, a `#` comment or `key = value`, or None."""
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.split("#", 1)[0]
+        if not line.strip(" \t\r"):
+            continue
+        if "=" not in line:
+            return f"profile line {number}: expected key = value (is this a ferry profile?)"
+        if not _PROFILE_KEY.fullmatch(line.split("=", 1)[0].strip(" \t\r")):
+            return f"profile line {number}: not a profile key (is this a ferry profile?)"
+    return None
 
 
 # --- the crew of copy threads -----------------------------------------------------------
@@ -48,7 +89,7 @@ def profile_present(path: str | None) -> bool | None:
 
 def collect_copy_engine(gpus: list[dict], notes: list[str], engine) -> dict:
     """{"workers_option", "crew_threads", "crew_numa_node", "profile": {"path",
-    "named", "present"}} for this process (facts/__init__.py describes them), from
+    "named", "present", "problem"}} for this process (facts/__init__.py describes them), from
     `engine`: the native module (ferry._ferry) or anything with its
     plan_copy_crew(node) and profile_file_path(); all None, with a note, when the
     engine refuses the FERRY_* variables."""
@@ -62,7 +103,7 @@ def collect_copy_engine(gpus: list[dict], notes: list[str], engine) -> dict:
     smallest = min(crews, key=lambda c: c["threads"])
     return {"workers_option": smallest["workers"], "crew_threads": smallest["threads"],
             "crew_numa_node": smallest["numa_node"],
-            "profile": {"path": path, "named": named, "present": profile_present(path)}}
+            "profile": {"path": path, "named": named, **profile_state(path)}}
 
 
 def _gpu_node(gpu: object) -> int:

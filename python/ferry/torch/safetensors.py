@@ -22,8 +22,10 @@ import os
 import threading
 import traceback
 
-from ..errors import InvalidArgumentError
+from .. import _ferry
+from ..errors import InvalidArgumentError, NoDeviceError
 from ..load import Loader, default_loader, read_catalog, read_shard_index
+from ..measure import gpu_absent_reason
 from ._torch import torch_module as _torch
 
 # safetensors dtype -> name of the torch dtype (absent: PyTorch has none)
@@ -230,6 +232,10 @@ def _device(torch, device, out):
         raise InvalidArgumentError(
             f"device={device!r}: load_safetensors loads to CUDA devices (for the CPU: safetensors.torch.load_file)"
         )
+    absent = gpu_absent_reason(_ferry.cuda_info())  # ferry's check, before torch.cuda is touched
+    if absent is not None:
+        raise NoDeviceError(f"load_safetensors(device={device!r}): {absent}; it loads to a CUDA device "
+                            "(for the CPU: safetensors.torch.load_file)")
     if out is not None and dev.index is None:
         devices = {t.device for t in out.values() if isinstance(t, torch.Tensor) and t.is_cuda}
         if len(devices) == 1:
