@@ -103,18 +103,22 @@ def test_a_file_over_the_cap_is_refused_unread(tmp_path):
     assert path.stat().st_size == size
 
 
-def test_an_empty_file_and_a_symlink_take_the_records(tmp_path):
-    """What is allowed still works: an empty file (mktemp's) is filled; through a
-    symbolic link the file it names is replaced and the link stays."""
+def test_an_empty_file_takes_the_records(tmp_path):
+    """mktemp's empty file is filled, not refused."""
     empty = tmp_path / "empty.json"
     empty.write_bytes(b"")
     rc, out, err, _ = bench(empty)
     assert rc == 0, err
     assert set(json.loads(empty.read_text())["suites"]) == {"blocks"}
+
+
+def test_through_a_symbolic_link_the_file_it_names_takes_the_records(tmp_path):
+    """The rule for every file ferry writes (atomic_file.check_replaceable): a link is
+    followed, as open() does; the file it names is replaced, the link stays."""
     target = tmp_path / "real.json"
-    link = tmp_path / "link.json"
     first = some_records("pool")
     write_json(str(target), "pool", first)
+    link = tmp_path / "link.json"
     link.symlink_to(target)
     rc, out, err, _ = bench(link)
     assert rc == 0, err

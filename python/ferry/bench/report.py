@@ -73,16 +73,20 @@ MAX_RECORDS_FILE_BYTES = 64 << 20
 
 
 def check_json_path(path) -> str:
-    """The absolute path `--json path` writes, checked before a suite measures: a new
-    file in a writable directory, an empty file, or a file an earlier `ferry bench
-    --json` wrote; else InvalidArgumentError saying why (a directory, a FIFO, a
-    device, a missing directory, a file over MAX_RECORDS_FILE_BYTES or one that is not
-    a ferry bench file: such files are left as they are)."""
+    """The absolute path `--json path` writes, checked before a suite measures: where
+    atomic_file.check_replaceable allows a file (nothing there, or a regular file; no
+    FIFO, device or directory; a symbolic link is followed), and there nothing, an
+    empty file or a file an earlier `ferry bench --json` wrote; else
+    InvalidArgumentError saying why
+    (OSLayerError for a directory this process cannot write), and whatever is there
+    is left as it is (a file over MAX_RECORDS_FILE_BYTES is not read)."""
     try:
-        dest = check_replaceable(path)
+        dest = check_replaceable(path)  # the rule for every file ferry writes
         _read_records_file(dest)
     except InvalidArgumentError as e:
         raise InvalidArgumentError(f"--json '{path}': {e}") from None
+    except OSLayerError as e:  # a directory this process cannot write
+        raise OSLayerError(e.errno, f"--json '{path}': {e.strerror or e}") from None
     return dest
 
 
