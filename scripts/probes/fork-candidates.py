@@ -127,7 +127,8 @@ def main() -> int:
                                capture_output=True, text=True, timeout=300)
             lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
             if r.returncode != 0 or not lines:
-                print(f"{case:14} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+                print(f"{case:14} failed (exit {r.returncode}):")
+                print("  " + "\n  ".join((r.stderr or r.stdout).strip().splitlines()[-6:]))
                 continue
             rec = json.loads(lines[-1])
             rec["label"] = args.label
