@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -130,11 +131,13 @@ def _private_dirty(text: str) -> int | None:
 
 
 def fork_figures(repeat: int) -> dict:
-    """{"fork_s": [...], "child_private_dirty_bytes": [...]}: os.fork() `repeat` times."""
+    """{"fork_s": [...], "child_private_dirty_bytes": [...], "parent_private_dirty_bytes"}:
+    os.fork() `repeat` times."""
     import gc
     import warnings
 
     times, dirty = [], []
+    parent = _private_dirty(_read("/proc/self/smaps_rollup"))  # also imports the parser before any fork
     gc.collect()
     gc.disable()  # no collection inside a timed fork
     with warnings.catch_warnings():
@@ -155,7 +158,7 @@ def fork_figures(repeat: int) -> dict:
             os.waitpid(pid, 0)
             dirty.append(int(answer) if answer.isdigit() else None)
     gc.enable()
-    return {"fork_s": times, "child_private_dirty_bytes": dirty}
+    return {"fork_s": times, "child_private_dirty_bytes": dirty, "parent_private_dirty_bytes": parent}
 
 
 def first_batch_times(loader: str, workers: int, repeat: int) -> list[float]:
@@ -226,8 +229,9 @@ def available_bytes() -> int | None:
 
 
 def median(xs: list) -> float | None:
-    xs = sorted(x for x in xs if x is not None)
-    return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
+    """The median of the figures that are there, None for none."""
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def measure_forks(holders: list[str], sizes: list[int], repeat: int) -> list[dict]:
