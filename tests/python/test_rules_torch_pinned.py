@@ -171,7 +171,7 @@ def test_fires_with_the_figures_and_a_fix_that_keeps_the_other_settings():
     assert hit.severity == "warning"
     joined = " ".join(hit.evidence)
     assert f"PYTORCH_CUDA_ALLOC_CONF={text!r}" in joined
-    assert "614 ms" in joined and "2049 MB" in joined and "13 ms and 1 MB" in joined
+    assert "614 ms" in joined and "2049 MiB" in joined and "13 ms and 1 MiB" in joined
     assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`" in hit.fix
     assert "persistent_workers=True" in hit.fix and "ferry.torch.empty_pinned" in hit.fix
     assert RULE in format_findings([hit])

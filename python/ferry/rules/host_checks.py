@@ -362,8 +362,8 @@ def _check_torch_pinned_register(facts: dict, m: dict) -> Optional[Verdict]:
                     "takes time in proportion to the pinned bytes, and each child (every DataLoader worker, "
                     "at every epoch unless persistent_workers) holds a private copy of them")
     evidence.append("measured on the H100 machine (PyTorch 2.11, a fresh process each): with 2 GiB pinned "
-                    "held, os.fork() took 614 ms and the child had 2049 MB private (Private_Dirty); with PyTorch's "
-                    "default (cudaHostAlloc) 13 ms and 1 MB. `ferry bench fork` measures it on this machine")
+                    "held, os.fork() took 614 ms and the child had 2049 MiB private (Private_Dirty); with PyTorch's "
+                    "default (cudaHostAlloc) 13 ms and 1 MiB. `ferry bench fork` measures it on this machine")
     rest = alloc_conf_without(value) if value is not None else ""
     drop = f"`export {variable}={shlex.quote(rest)}`" if rest else f"`unset {variable}`"
     fix = (f"drop pinned_use_cuda_host_register (and pinned_num_register_threads) from {variable}: {drop}; "
