@@ -9,6 +9,8 @@
 - ``safetensors``: checkpoints to the GPU by ferry's loader (``load_safetensors``);
 - ``save``: state dicts to safetensors files (``save_safetensors``);
 - ``snapshots``: asynchronous checkpoints (``snapshot``, ``Snapshot.save``);
+- ``offload``: activations saved for backward kept in pinned memory
+  (``offload_activations``);
 - ``data``: ``DataLoader``, PyTorch's DataLoader with workers that collate
   straight into shared pinned memory (imported on first use: it subclasses
   PyTorch's class, and ``import ferry.torch`` does not import PyTorch).
@@ -26,6 +28,7 @@ from .allocators import (  # noqa: F401
     mem_pool,
     use_allocator,
 )
+from .offload import ActivationOffload, offload_activations  # noqa: F401
 from .pinned import default_pinned_pool, empty_pinned  # noqa: F401
 from .safetensors import load_safetensors  # noqa: F401
 from .save import save_safetensors  # noqa: F401

@@ -1,0 +1,405 @@
+"""Activation offload: ``offload_activations``, the tensors autograd saves in forward
+kept in ferry pinned memory until backward needs them.
+
+    offload = ferry.torch.offload_activations()          # made once, used every step
+    for batch in loader:
+        with offload:
+            loss = model(batch).loss
+            loss.backward()
+        opt.step(); opt.zero_grad()
+
+How (``torch.autograd.graph.saved_tensors_hooks``):
+
+- pack (forward): a saved CUDA tensor's bytes go to an exact-size allocation of one
+  ferry pinned pool per device (recycled across steps: host memory does not grow, no
+  power-of-two rounding), copied on a side stream that first waits for the work
+  queued so far on the tensor's stream; ``record_stream`` keeps the tensor's GPU block
+  from being reused before that copy is done, and the tensor itself is not kept, so
+  its GPU memory is freed as soon as the copy completes and nothing else holds it.
+- unpack (backward): the tensor comes back on a second side stream into memory of that
+  stream, and the compute stream waits for it with an event. Backward asks for saved
+  tensors roughly in reverse order, so each unpack also prefetches the tensors packed
+  before it, up to ``prefetch_bytes`` ahead, so most unpacks find theirs in flight or
+  done. The bytes, dtype, shape, strides and conj/neg bits come back exactly: gradients
+  are bit-equal to a step without offload.
+- host memory returns to the pool when autograd drops the saved tensor (after its
+  node ran in backward, or with the graph), never while a copy may still touch it.
+
+What stays where it is: tensors on the CPU; leaves (parameters, buffers, inputs) and
+views of leaves (their memory is held elsewhere: offloading them frees nothing);
+tensors under ``min_bytes``; tensors whose elements are not one dense block (a
+strided slice: copying it would change its layout); and, under a budget, everything
+past it. The same tensor saved twice is copied once.
+
+Budget: ``max_bytes=N`` offloads, in the order forward saves them (the earliest
+layers first: backward needs them last, so their return hides best), until N bytes
+this step. ``max_overhead=f`` (e.g. 0.1): the first step under this object offloads
+nothing and times forward and backward on the GPU; later steps offload what the link
+can move while compute runs, plus what ``f`` of the step time allows (rates of ferry
+pinned copies measured once per device). Default: every eligible tensor.
+
+Errors: an exception inside the ``with`` leaves no copy running and no pinned memory
+held once the saved tensors are gone (their graph freed). Threads: pack runs on the
+forward thread, unpack on autograd's thread of the tensor's device; ``_lock`` guards
+the step's bookkeeping and no CUDA call is made under it.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+
+from .. import _args
+from ..errors import InvalidArgumentError
+from ._torch import torch_module as _torch
+from .pinned import default_pinned_pool, empty_pinned
+
+MIN_BYTES = 1 << 20  # smaller tensors stay: per-tensor costs (~30 us) beat their DMA time
+PREFETCH_BYTES = 512 << 20  # how far backward's prefetch runs ahead of the unpacks
+ALIGN = 512  # the caching allocator's block alignment: a fetched tensor keeps ptr % ALIGN
+# max_overhead: the share of forward (backward) compute a stream of copies overlaps;
+# the rest of the step's copies must fit in the overhead allowed.
+OVERLAP = 0.7
+
+
+class OffloadStats:
+    """What one object did, summed over its steps; ``last_step_*`` for the last one."""
+
+    __slots__ = ("steps", "offloaded_bytes", "offloaded_tensors", "kept_tensors", "kept_bytes", "deduplicated",
+                 "fetched_on_demand", "prefetched", "last_step_offloaded_bytes", "budget_bytes", "calibration")
+
+    def __init__(self):
+        self.steps = self.offloaded_bytes = self.offloaded_tensors = self.kept_tensors = self.kept_bytes = 0
+        self.deduplicated = self.fetched_on_demand = self.prefetched = self.last_step_offloaded_bytes = 0
+        self.budget_bytes = None  # None: no budget
+        self.calibration = None  # max_overhead: {forward_s, backward_s, eligible_bytes, d2h/h2d GB/s}
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class _Lane:
+    """Per device: the two side streams and the pinned pool."""
+
+    def __init__(self, torch, device):
+        self.device = device
+        self.d2h = torch.cuda.Stream(device)
+        self.h2d = torch.cuda.Stream(device)
+        self.pool = None  # the process's pinned pool for the device, on first use
+
+
+class _Step:
+    """One step's saved tensors, in pack order (for backward's prefetch). Guarded by
+    ActivationOffload._lock."""
+
+    __slots__ = ("order", "seen", "cursor", "inflight", "bytes")
+
+    def __init__(self):
+        self.order: list = []  # weakrefs to _Saved, in pack order
+        self.seen: dict = {}  # dedup key -> weakref to _Saved
+        self.cursor = None  # the next index backward's prefetch looks at
+        self.inflight = 0  # prefetched bytes not yet unpacked
+        self.bytes = 0  # offloaded this step
+
+
+class _Saved:
+    """A saved tensor in pinned memory: what pack returns and unpack gets."""
+
+    __slots__ = ("device", "dtype", "size", "stride", "conj", "neg", "nbytes", "offset", "host", "written",
+                 "fetched", "gpu", "index", "step", "owner", "__weakref__")
+
+    def __del__(self):
+        owner = self.owner
+        if owner is not None and self.host is not None:  # a copy may still touch it: free it once done
+            owner._retire(self.host, self.fetched or self.written)
+
+
+class ActivationOffload:
+    """A reusable context manager: ``with offload:`` around each training step's
+    forward and backward. See the module's docstring; ``stats`` says what it did."""
+
+    def __init__(self, *, max_bytes: int | None = None, max_overhead: float | None = None,
+                 min_bytes: int = MIN_BYTES, prefetch_bytes: int = PREFETCH_BYTES):
+        if max_bytes is not None and max_overhead is not None:
+            raise InvalidArgumentError("offload_activations: give max_bytes or max_overhead, not both")
+        self.max_bytes = None if max_bytes is None else _args.size(max_bytes, "max_bytes")
+        if max_overhead is not None:
+            if isinstance(max_overhead, bool) or not isinstance(max_overhead, (int, float)) or \
+                    not 0 <= max_overhead <= 10:
+                raise InvalidArgumentError(
+                    f"offload_activations: max_overhead must be a fraction of the step from 0 to 10, "
+                    f"not {max_overhead!r}")
+        self.max_overhead = max_overhead
+        self.min_bytes = _args.size(min_bytes, "min_bytes")
+        self.prefetch_bytes = _args.size(prefetch_bytes, "prefetch_bytes")
+        self.stats = OffloadStats()
+        self._torch = None
+        self._lanes: dict[int, _Lane] = {}
+        self._lock = threading.Lock()
+        self._retiring: collections.deque = collections.deque()  # (event or None, host tensor)
+        self._hooks = None
+        self._budget = self.max_bytes
+        self._timing = None  # calibration events of the step being timed
+        self._new_step()
+
+    # ---- the context ---------------------------------------------------
+
+    def __enter__(self):
+        if self._hooks is not None:
+            raise InvalidArgumentError("offload_activations: this object is already in use (one step at a time)")
+        torch = self._torch = self._torch or _torch()
+        self._finish_calibration()
+        self._new_step()
+        self.stats.steps += 1
+        if self.max_overhead is not None and self.stats.calibration is None and torch.cuda.is_available():
+            self._timing = {"events": []}  # this step offloads nothing and is timed
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        hooks, self._hooks = self._hooks, None
+        hooks.__exit__(exc_type, exc, tb)
+        if exc_type is not None:  # no copy of an abandoned step may run on
+            for lane in list(self._lanes.values()):
+                lane.d2h.synchronize()
+                lane.h2d.synchronize()
+        self._reap()
+        return False
+
+    def _new_step(self):
+        self._step = _Step()  # a step still in backward keeps its own (each _Saved holds it)
+        self.stats.last_step_offloaded_bytes = 0
+
+    # ---- pack (forward) --------------------------------------------------
+
+    def _eligible(self, t) -> bool:
+        """Whether offloading t frees GPU memory and keeps it exact (budget aside)."""
+        if not t.is_cuda or t.layout != self._torch.strided or t.is_leaf:
+            return False
+        base = t._base  # a view of a parameter or input: its memory is held anyway
+        if base is not None and base.is_leaf:
+            return False
+        return t.numel() * t.element_size() >= self.min_bytes and t.is_non_overlapping_and_dense()
+
+    def _pack(self, t):
+        nbytes = t.numel() * t.element_size()
+        eligible = self._eligible(t)
+        if self._timing is not None:  # the calibration step offloads nothing
+            self._time_mark(t.device)
+            if eligible:
+                self._timing.setdefault("eligible", []).append(nbytes)
+            eligible = False
+        step = self._step
+        if eligible and self._budget is not None and step.bytes + nbytes > self._budget:
+            eligible = False
+        if not eligible:
+            self.stats.kept_tensors += 1
+            self.stats.kept_bytes += nbytes if t.is_cuda else 0
+            return t
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype,
+               t._version)
+        with self._lock:
+            ref = step.seen.get(key)
+        saved = ref() if ref is not None else None
+        if saved is not None:
+            self.stats.deduplicated += 1
+            return saved
+        saved = self._copy_out(t)
+        saved.step = step
+        with self._lock:
+            saved.index = len(step.order)
+            step.order.append(weakref.ref(saved))
+            step.seen[key] = weakref.ref(saved)
+            step.bytes += saved.nbytes
+        self.stats.offloaded_tensors += 1
+        self.stats.offloaded_bytes += saved.nbytes
+        self.stats.last_step_offloaded_bytes += saved.nbytes
+        self._reap()
+        return saved
+
+    def _copy_out(self, t) -> _Saved:
+        torch = self._torch
+        lane = self._lane(t.device)
+        s = _Saved()
+        s.device, s.dtype, s.size, s.stride = t.device, t.dtype, tuple(t.shape), tuple(t.stride())
+        s.conj, s.neg = t.is_conj(), t.is_neg()
+        s.nbytes = t.numel() * t.element_size()
+        s.offset = t.data_ptr() % ALIGN
+        s.fetched = s.gpu = s.step = None
+        s.owner = None
+        src = _raw_bytes(torch, t)
+        s.host = empty_pinned((s.nbytes,), torch.uint8, lane.pool)
+        with torch.cuda.stream(lane.d2h):
+            lane.d2h.wait_stream(torch.cuda.current_stream(t.device))
+            s.host.copy_(src, non_blocking=True)
+            s.written = torch.cuda.Event()
+            s.written.record(lane.d2h)
+        t.record_stream(lane.d2h)  # the block is not reused before the copy read it
+        s.owner = self
+        return s
+
+    # ---- unpack (backward) -----------------------------------------------
+
+    def _unpack(self, saved):
+        if not isinstance(saved, _Saved):
+            if self._timing is not None and isinstance(saved, self._torch.Tensor) and saved.is_cuda:
+                self._time_mark(saved.device, backward=True)
+            return saved
+        torch = self._torch
+        if self._timing is not None:
+            self._time_mark(saved.device, backward=True)
+        self._reap()
+        if saved.gpu is None:
+            self.stats.fetched_on_demand += 1
+            self._fetch(saved)
+        else:
+            with self._lock:
+                saved.step.inflight -= saved.nbytes
+        self._prefetch_before(saved.step, saved.index)
+        buf, saved.gpu = saved.gpu, None
+        stream = torch.cuda.current_stream(saved.device)
+        stream.wait_event(saved.fetched)
+        buf.record_stream(stream)  # used here: not reused before this stream is done with it
+        out = buf[saved.offset:saved.offset + saved.nbytes].view(saved.dtype).as_strided(saved.size, saved.stride)
+        if saved.conj:
+            out = out.conj()
+        if saved.neg:
+            out = out._neg_view()
+        return out
+
+    def _fetch(self, saved: _Saved) -> None:
+        torch = self._torch
+        lane = self._lane(saved.device)
+        with torch.cuda.stream(lane.h2d):  # memory of the h2d stream: no wait for compute
+            lane.h2d.wait_event(saved.written)
+            buf = torch.empty(saved.offset + saved.nbytes, dtype=torch.uint8, device=saved.device)
+            buf[saved.offset:].copy_(saved.host, non_blocking=True)
+            fetched = torch.cuda.Event()
+            fetched.record(lane.h2d)
+        saved.gpu, saved.fetched = buf, fetched
+
+    def _prefetch_before(self, step: _Step, index: int) -> None:
+        """Fetch the tensors packed before `index`, newest first, up to prefetch_bytes ahead."""
+        while True:
+            with self._lock:
+                if step.cursor is None or step.cursor >= index:
+                    step.cursor = index - 1
+                if step.cursor < 0 or step.inflight >= self.prefetch_bytes:
+                    return
+                ref = step.order[step.cursor]
+                step.cursor -= 1
+                saved = ref()
+                if saved is None or saved.gpu is not None:
+                    continue
+                step.inflight += saved.nbytes
+            self._fetch(saved)
+            self.stats.prefetched += 1
+
+    # ---- memory and streams ------------------------------------------------
+
+    def _lane(self, device) -> _Lane:
+        index = device.index if device.index is not None else self._torch.cuda.current_device()
+        lane = self._lanes.get(index)
+        if lane is None:
+            lane = _Lane(self._torch, index)
+            lane.pool = default_pinned_pool(index)
+            with self._lock:
+                lane = self._lanes.setdefault(index, lane)
+        return lane
+
+    def _retire(self, host, event) -> None:
+        self._retiring.append((event, host))
+
+    def _reap(self) -> None:
+        """Free the host buffers whose last copy is done (oldest first)."""
+        while self._retiring:
+            event, _host = self._retiring[0]
+            if event is not None and not event.query():
+                return
+            self._retiring.popleft()
+
+    # ---- max_overhead: timing one step -----------------------------------
+
+    def _time_mark(self, device, backward: bool = False) -> None:
+        torch = self._torch
+        timing = self._timing
+        if "device" not in timing:
+            timing["device"] = device
+        if device != timing["device"]:
+            return
+        e = torch.cuda.Event(enable_timing=True)
+        e.record(torch.cuda.current_stream(device))
+        key = "backward" if backward else "forward"
+        marks = timing.setdefault(key, [])
+        if len(marks) < 2:
+            marks.append(e)
+        else:
+            marks[1] = e
+
+    def _finish_calibration(self) -> None:
+        timing, self._timing = self._timing, None
+        if timing is None or "forward" not in timing or "backward" not in timing:
+            return
+        f0, b = timing["forward"][0], timing["backward"]
+        b[-1].synchronize()
+        forward_s = f0.elapsed_time(b[0]) / 1e3
+        backward_s = b[0].elapsed_time(b[-1]) / 1e3
+        d2h, h2d = _pinned_rates(self._torch, timing["device"])
+        overhead_s = self.max_overhead * (forward_s + backward_s)
+        budget = min(d2h * (OVERLAP * forward_s + overhead_s / 2), h2d * (OVERLAP * backward_s + overhead_s / 2))
+        self._budget = int(budget)
+        self.stats.budget_bytes = self._budget
+        self.stats.calibration = {"forward_s": forward_s, "backward_s": backward_s,
+                                  "eligible_bytes": sum(timing.get("eligible", [])),
+                                  "d2h_gbps": d2h / 1e9, "h2d_gbps": h2d / 1e9}
+
+
+def _raw_bytes(torch, t):
+    """The bytes of a dense tensor (any stride order) as a flat uint8 tensor."""
+    flat = torch.empty(0, dtype=t.dtype, device=t.device)
+    flat.set_(t.untyped_storage(), t.storage_offset(), (t.numel(),), (1,))
+    if flat.is_conj():  # pragma: no cover - set_ makes a plain tensor
+        flat = flat.resolve_conj()
+    return flat.view(torch.uint8)
+
+
+_rates: dict = {}
+
+
+def _pinned_rates(torch, device) -> tuple[float, float]:
+    """Bytes/s of ferry pinned copies device->host and host->device (64 MiB, best of 3)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _rates:
+        n = 64 << 20
+        host = empty_pinned((n,), torch.uint8, default_pinned_pool(index))
+        dev = torch.empty(n, dtype=torch.uint8, device=device)
+        out = []
+        for dst, src in ((host, dev), (dev, host)):
+            best = None
+            for _ in range(3):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                dst.copy_(src, non_blocking=True)
+                b.record()
+                b.synchronize()
+                s = a.elapsed_time(b) / 1e3
+                best = s if best is None else min(best, s)
+            out.append(n / best)
+        _rates[index] = (out[0], out[1])
+    return _rates[index]
+
+
+def offload_activations(*, max_bytes: int | None = None, max_overhead: float | None = None,
+                        min_bytes: int = MIN_BYTES, prefetch_bytes: int = PREFETCH_BYTES) -> ActivationOffload:
+    """A context manager that keeps the tensors autograd saves in ferry pinned memory
+    (see the module's docstring). Make it once and enter it every step:
+    ``max_overhead`` learns from the first step, and its stats add up.
+
+    max_bytes: offload at most this many bytes a step (earliest saved first);
+    max_overhead: offload what keeps the step within this fraction over no offload;
+    min_bytes: tensors smaller than this stay on the GPU (default 1 MiB);
+    prefetch_bytes: how far backward's prefetch runs ahead (default 512 MiB of GPU memory)."""
+    return ActivationOffload(max_bytes=max_bytes, max_overhead=max_overhead, min_bytes=min_bytes,
+                             prefetch_bytes=prefetch_bytes)
