@@ -279,3 +279,12 @@ def test_a_transformers_llama_step_is_bit_equal(gpu):
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(LLAMA)], capture_output=True, text=True,
                        timeout=300, env={**__import__("os").environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
     assert r.returncode == 0 and "llama ok" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+def test_dense_means_one_block_in_some_stride_order():
+    from ferry.torch.offload import _dense
+
+    x = torch.randn(4, 5, 6)
+    assert _dense(x) and _dense(x.transpose(0, 2)) and _dense(x.permute(1, 2, 0)) and _dense(torch.randn(4, 1, 6))
+    assert not _dense(x[:, 1:3]) and not _dense(x[::2]) and not _dense(x[..., :3])
+    assert not _dense(torch.randn(3, 1).expand(3, 4)) and not _dense(torch.empty(0))

@@ -181,7 +181,7 @@ class ActivationOffload:
         base = t._base  # a view of a parameter or input: its memory is held anyway
         if base is not None and base.is_leaf:
             return False
-        return t.numel() * t.element_size() >= self.min_bytes and t.is_non_overlapping_and_dense()
+        return t.numel() * t.element_size() >= self.min_bytes and _dense(t)
 
     def _pack(self, t):
         nbytes = t.numel() * t.element_size()
@@ -354,6 +354,19 @@ class ActivationOffload:
         self.stats.calibration = {"forward_s": forward_s, "backward_s": backward_s,
                                   "eligible_bytes": sum(timing.get("eligible", [])),
                                   "d2h_gbps": d2h / 1e9, "h2d_gbps": h2d / 1e9}
+
+
+def _dense(t) -> bool:
+    """Whether t's elements fill one block of memory exactly, in some stride order
+    (PyTorch's is_non_overlapping_and_dense, which Python does not expose)."""
+    if t.numel() == 0:
+        return False
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _raw_bytes(torch, t):
