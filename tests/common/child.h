@@ -49,7 +49,8 @@
   do {                                                                                             \
     if (FERRYTEST_ASAN)                                                                            \
       GTEST_SKIP() << "AddressSanitizer's allocator is not fork-safe (a child of a threaded process " \
-                      "can hang in malloc); the plain and TSan builds run this case";              \
+                      "can hang in malloc); the plain build runs this case (and the TSan build, "  \
+                      "unless it skips it too: FERRYTEST_SKIP_IF_TSAN_CHILD_THREADS)";            \
   } while (0)
 
 // ThreadSanitizer refuses to start threads in the child of a threaded process

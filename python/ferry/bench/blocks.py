@@ -4,8 +4,8 @@ The KV-cache offload pattern: N blocks of B bytes, scattered on both sides
 (host blocks in order, device blocks shuffled), pinned pool <-> device, both
 directions. Compared in one run: ferry's batch as it chooses (`auto`), forced
 through the copy engines (`direct`: cudaMemcpyBatchAsync) and through its SM
-copy kernel (`sm`), and a loop of cudaMemcpyAsync + one stream synchronize. GB/s = total bytes / median
-time of a batch.
+copy kernel (`sm`), and a loop of cudaMemcpyAsync + one stream synchronize.
+GB/s = total bytes / median time of a batch.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ pages, THP, memfd), in one run: ferry (auto and each strategy), cudaMemcpy on th
 same pageable buffer (CUDA's pageable path), cudaMemcpyAsync on pinned memory
 (the link's practical ceiling), ferry on that pinned buffer and on the pageable
 buffer once registered (first backing only: registered copies must match
-pinned ones), and torch's `.to()` / `.copy_()` where torch is present. Bandwidth is the median of the timed repeats (GB/s = 1e9 bytes/s), also
-as a share of the link's theoretical limit. Host buffers are fresh mmaps: no
+pinned ones), and torch's `.to()` / `.copy_()` where torch is present.
+Bandwidth is the median of the timed repeats (GB/s = 1e9 bytes/s), also as a
+share of the link's theoretical limit. Host buffers are fresh mmaps: no
 registration is reused between sizes (a one-shot copy).
 
 The first table is the sweep a PyTorch user sees, timed from Python per call
@@ -39,7 +40,7 @@ from .. import _ferry
 from ..units import GiB, KiB, MiB, link_limit, parse_size_list
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite, Waived, choices_list, int_at_least, size_list, size_list_or_none
+from .suite import Suite, Waived, choices_list, int_at_least, missing_module, size_list, size_list_or_none
 
 
 def _torch_with_cuda() -> bool:
@@ -510,7 +511,7 @@ class CopySuite(Suite):
             print_sweep(results["sweep"])
         if args.gpus:
             if not have_torch:
-                raise Waived("--gpus needs PyTorch with CUDA")
+                raise Waived(f"--gpus {missing_module('torch') or 'needs PyTorch with CUDA (and no --no-torch)'}")
             if args.gpus == "all":
                 devices = list(range(len(_ferry.cuda_info()["devices"])))
             else:

@@ -1,5 +1,7 @@
-"""ferry bench dataloader — batches from worker processes to the GPU, the way a
-training loop takes them:
+"""`ferry bench dataloader`: batches from worker processes to the GPU, the way a
+training loop takes them.
+
+The loaders:
 
   torch                 torch.utils.data.DataLoader(pin_memory=False), then .to(device, non_blocking=True)
   torch pin_memory      the same with pin_memory=True (PyTorch's pin thread)
@@ -22,7 +24,7 @@ import subprocess
 import sys
 
 from .report import progress, table, write_json
-from .suite import Suite
+from .suite import Suite, missing_module
 
 DEFAULT_BATCHES = "uint8:256x3x224x224,float32:64x3x224x224,uint8:26x3x224x224"
 LOADERS = ("torch", "torch pin_memory", "ferry")
@@ -44,6 +46,14 @@ def parse_batches(text: str) -> list[tuple[str, tuple[int, ...]]]:
             raise InvalidArgumentError(f"--batches: bad batch {part!r} (expected e.g. uint8:256x3x224x224)")
         out.append((dtype, shape))
     return out
+
+
+def default_workers(cpus: int) -> str:
+    """The worker counts measured unless --workers says: min(8, CPUs) and min(14,
+    CPUs - 2) (the main process and PyTorch's pin thread keep two): 8,14 on the
+    16-CPU H200 machine the figures come from, 2 on a 2-CPU one."""
+    counts = {min(8, cpus), min(14, cpus - 2)}
+    return ",".join(str(n) for n in sorted(n for n in counts if n >= 1))
 
 
 def parse_workers(text: str) -> list[int]:
@@ -153,7 +163,12 @@ class DataLoaderSuite(Suite):
     def add_arguments(self, p):
         p.add_argument("--batches", default=DEFAULT_BATCHES,
                        help=f"dtype:shape of each batch (default {DEFAULT_BATCHES})")
-        p.add_argument("--workers", default="8,14", help="worker counts (default 8,14)")
+        from ..measure import usable_cpus
+
+        cpus = usable_cpus()
+        p.add_argument("--workers", default=default_workers(cpus),
+                       help=f"worker counts (default: {default_workers(cpus)}, from the {cpus} CPUs this "
+                            "process may use: min(8, CPUs) and min(14, CPUs - 2))")
         p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per case (default 3)")
         p.add_argument("--prefetch", type=int, default=2, help="prefetch_factor (default 2, PyTorch's)")
         p.add_argument("--loaders", default=",".join(LOADERS),
@@ -174,10 +189,11 @@ class DataLoaderSuite(Suite):
 
     def waived(self, args):
         self.check_arguments(args)  # a typo is caught on any machine
-        try:
-            import torch
-        except ImportError:
-            return "needs PyTorch"
+        why = missing_module("torch")
+        if why:
+            return why
+        import torch
+
         if not torch.cuda.is_available():
             return "needs a CUDA device (torch.cuda.is_available() is False)"
         return None

@@ -5,23 +5,23 @@ Writes a test checkpoint (--preset dense: 12 layers of bf16 4096x4096 q/k/v/o,
 11008x4096 gate/up and 4096x11008 down matrices and two 4096-element norms,
 4.86 GB in 108 tensors; --preset moe: 12 layers of 64 experts, 2,388 tensors
 of 2 MiB and less in bf16 and f32, 5.24 GB in 8 shards), then loads it with:
-ferry (``ferry.torch.load_safetensors``), safetensors
-``load_file(device="cuda")``, ``load_file`` + ``.to("cuda")`` per tensor,
-``load_file`` + ``ferry.torch.to_device`` per tensor and on the whole dict,
-and, where installed, fastsafetensors (``fastsafe_open(..., nogds=True)``),
-InstantTensor (``safe_open`` with its default, BUFFERED and MMAP backends),
-runai-model-streamer (``SafetensorsStreamer``) and tensorizer (its own
-format, written from the reference first; ``num_readers`` 16); a peer that
+ferry (`ferry.torch.load_safetensors`), safetensors
+`load_file(device="cuda")`, `load_file` + `.to("cuda")` per tensor,
+`load_file` + `ferry.torch.to_device` per tensor and on the whole dict,
+and, where installed, fastsafetensors (`fastsafe_open(..., nogds=True)`),
+InstantTensor (`safe_open` with its default, BUFFERED and MMAP backends),
+runai-model-streamer (`SafetensorsStreamer`) and tensorizer (its own
+format, written from the reference first; `num_readers` 16); a peer that
 is not installed is reported as such. Page cache warm (median of --repeats),
 then, where this process may drop the page cache (root), cold: the file's
 sequential read rate (one thread, 16 MiB reads, like dd) and a parallel
 O_DIRECT read are measured in the same run, then each path once after
-``echo 3 > /proc/sys/vm/drop_caches``. Every load is compared bit for bit with
+`echo 3 > /proc/sys/vm/drop_caches`. Every load is compared bit for bit with
 safetensors' own CPU load. "host MB" is the peak anonymous memory (RssAnon)
 the load added, sampled every 5 ms. --transformers also times a
-transformers model: ``from_pretrained`` beside ``from_config`` +
-``load_safetensors(files, out=model.state_dict())``. --json writes records
-{suite, case, params, metric, value, unit, baseline, ratio} (``records``),
+transformers model: `from_pretrained` beside `from_config` +
+`load_safetensors(files, out=model.state_dict())`. --json writes records
+{suite, case, params, metric, value, unit, baseline, ratio} (`records`),
 with the run's details beside them.
 """
 

@@ -1,4 +1,4 @@
-"""ferry bench nixl — NIXL transfers between a ferry pool and another process's GPU.
+"""`ferry bench nixl`: NIXL transfers between a ferry pool and another process's GPU.
 
 Two fresh processes per setting, on this machine: A holds a ferry PinnedPool
 (blocks in order), B holds GPU memory (cudaMalloc; --memory host: a ferry Pool

@@ -1,27 +1,28 @@
 """`ferry bench save`: a state dict on the GPU to a durable file, ferry beside the
 ways people checkpoint today, in one run.
 
-State dicts (on GPU 0, random): "transformer", 12 layers of bf16 4096x4096
-q/k/v/o, 11008x4096 gate/up, 4096x11008 down and two 4096-element norms (4.86
-GB); "moe", 8 layers of 16 experts (bf16 1408x2048 gate/up/down), bf16
-attention, fp32 routers and norms (~2.4 GB, ~450 tensors). --scale multiplies
-the layer counts.
+State dicts (random, on GPU 0; --device cpu: in host memory): "transformer",
+12 layers of bf16 4096x4096 q/k/v/o, 11008x4096 gate/up, 4096x11008 down and
+two 4096-element norms (4.86 GB); "moe", 8 layers of 16 experts (bf16
+1408x2048 gate/up/down), bf16 attention, fp32 routers and norms (~2.4 GB, ~450
+tensors). --scale multiplies the layer counts.
 
-Savers: ``torch.save``; safetensors ``save_file`` from the GPU, and from a CPU
-copy made beforehand (not timed); ``torch.distributed.checkpoint.save`` and
-``async_save`` (one process, a gloo group of one) where this PyTorch has them;
-ferry ``save_safetensors``; ferry ``snapshot`` + ``Snapshot.save`` (the
-snapshot reused: ``into=``), and the same with ``non_blocking=True`` (its
-"blocked s" is the time to queue the copy; the copy itself runs on the
-stream before the next step's work). Each file is fsynced before its time stops (the
-savers that do not fsync get an fsync, counted).
+Savers: `torch.save`; safetensors `save_file` from the GPU (the baseline), and
+from a CPU copy made beforehand (not timed; with --device cpu one `save_file`,
+the baseline); `torch.distributed.checkpoint.save` and `async_save` (one
+process, a gloo group of one) where this PyTorch has them; ferry
+`save_safetensors`; ferry `snapshot` + `Snapshot.save` (the snapshot reused:
+`into=`), and the same with `non_blocking=True` (its "blocked s" is the time to
+queue the copy; the copy itself runs on the stream before the next step's
+work). Each file is fsynced before its time stops (the savers that do not
+fsync get an fsync, counted).
 
 Columns: "blocked s", the time the caller (training) is blocked: the whole
-save, or until ``async_save`` / ``snapshot`` return; "durable s", the time to
+save, or until `async_save` / `snapshot` return; "durable s", the time to
 a durable file; GB/s of the state dict's bytes over "durable s"; "of disk",
 that rate over the disk's own direct-write rate, measured in the same run
 (O_DIRECT pwrite of --disk-bytes from 4 threads, 32 MiB each, then fsync);
-"host GB", the peak anonymous memory the saver added (sampled every 5 ms,
+"host MB", the peak anonymous memory the saver added (sampled every 5 ms,
 warm-up included: a snapshot's pinned memory counts). Median of --repeats
 after one warm-up. ferry's files are read back with safetensors and compared
 bit for bit with the state dict.
@@ -47,7 +48,8 @@ from .suite import Suite, missing_module
 SETS = ("transformer", "moe")
 SAVERS = ("torch.save", "save_file (GPU)", "save_file (CPU)", "dcp.save", "dcp.async_save",
           "ferry save_safetensors", "ferry snapshot+save", "ferry snapshot(non_blocking)+save")
-BASELINE = "save_file (GPU)"
+BASELINE = "save_file (GPU)"  # with --device cpu: CPU_BASELINE, the one save_file
+CPU_BASELINE = "save_file"
 DISK_CASE = "disk O_DIRECT write"
 
 
@@ -222,9 +224,15 @@ class _DCP:
             self.dist.destroy_process_group()
 
 
-def savers(torch, dcp_state: _DCP | None):
+def baseline(device: str) -> str:
+    """The saver every other is compared with: save_file from where the state dict lives."""
+    return BASELINE if device == "cuda" else CPU_BASELINE
+
+
+def savers(torch, dcp_state: _DCP | None, device: str = "cuda"):
     """{name: fn(sd_gpu, sd_cpu, target, snap_box) -> (blocked s, durable s)}; target: a path to
-    create (a file, or a directory for DCP)."""
+    create (a file, or a directory for DCP). With device "cpu" the state dict is in host
+    memory: one save_file (CPU_BASELINE), not a "GPU" and a "CPU" one of the same tensors."""
     import ferry.torch as ft
 
     def timed_sync(fn):
@@ -282,8 +290,9 @@ def savers(torch, dcp_state: _DCP | None):
         box["snap"].save(target).wait()
         return blocked, time.perf_counter() - t0
 
-    out = {"torch.save": timed_sync(torch_save), "save_file (GPU)": timed_sync(st_gpu),
-           "save_file (CPU)": timed_sync(st_cpu)}
+    out = {"torch.save": timed_sync(torch_save), baseline(device): timed_sync(st_gpu)}
+    if device == "cuda":
+        out["save_file (CPU)"] = timed_sync(st_cpu)
     if dcp_state is not None:
         out["dcp.save"] = timed_sync(dcp_save)
         if dcp_state.why_not_async is None:
@@ -384,8 +393,9 @@ def _run(args, torch, directory, records: Records) -> list:
         progress(f"save: no torch.distributed.checkpoint ({e})")
         dcp_state = None
     rows = []
+    base_name = baseline(args.device)
     try:
-        all_savers = savers(torch, dcp_state)
+        all_savers = savers(torch, dcp_state, args.device)
         chosen = {n: f for n, f in all_savers.items() if args.savers is None or any(s in n for s in args.savers)}
         for set_name in args.sets:
             layers = max(1, round((12 if set_name == "transformer" else 8) * args.scale))
@@ -412,13 +422,13 @@ def _run(args, torch, directory, records: Records) -> list:
                         ft.default_pinned_pool(0).trim()  # the next saver starts without ferry's cached memory
                 r["gbps"] = nbytes / r["durable_s"] / 1e9
                 results[name] = r
-            base = results.get(BASELINE)
+            base = results.get(base_name)
             for name, r in results.items():
                 rows.append([set_name, name, r["blocked_s"], r["durable_s"], r["gbps"],
                              r["gbps"] / disk if disk else None,
-                             base["durable_s"] / r["durable_s"] if base else None, r["host_bytes"] / 1e9,
+                             base["durable_s"] / r["durable_s"] if base else None, r["host_bytes"] / 1e6,
                              "yes" if r["verified"] else "-"])
-            _records(records, params, results, disk)
+            _records(records, params, results, disk, base_name)
             if dcp_state is not None and dcp_state.why_not_async is not None:
                 progress(f"save: dcp.async_save: not run: {dcp_state.why_not_async}")
             del sd_gpu, sd_cpu
@@ -428,18 +438,18 @@ def _run(args, torch, directory, records: Records) -> list:
         if dcp_state is not None:
             dcp_state.close()
     print(table(f"save: to a durable file (disk O_DIRECT write: {disk:.2f} GB/s)" if disk else "save",
-                ["set", "saver", "blocked s", "durable s", "GB/s", "of disk", f"vs {BASELINE}", "host GB",
+                ["set", "saver", "blocked s", "durable s", "GB/s", "of disk", f"vs {base_name}", "host MB",
                  "verified"], rows))
     return rows
 
 
-def _records(records: Records, params: dict, results: dict, disk: float | None) -> None:
-    """One set's figures: times and GB/s against save_file from the GPU (for
-    times a ratio below 1 means faster), GB/s against the disk's direct write,
+def _records(records: Records, params: dict, results: dict, disk: float | None, base_name: str) -> None:
+    """One set's figures: times and GB/s against base_name, save_file from where the
+    state dict lives (for times a ratio below 1 means faster), GB/s against the disk's direct write,
     peak host memory, whether the file was verified."""
     for metric, key, unit in (("blocked_time", "blocked_s", "s"), ("durable_time", "durable_s", "s"),
                               ("bandwidth", "gbps", "GB/s")):
-        records.compare(params, metric, unit, {n: r[key] for n, r in results.items()}, baseline=BASELINE)
+        records.compare(params, metric, unit, {n: r[key] for n, r in results.items()}, baseline=base_name)
     for name, r in results.items():
         if disk:
             records.add(name, "bandwidth_vs_disk", r["gbps"], "GB/s", baseline=disk, baseline_case=DISK_CASE,

@@ -126,14 +126,22 @@ def choices_list(allowed):
     return _checked(convert, "list")
 
 
+# What each suite says when a package is missing, in one form: what, then how to get it.
+NEEDS = {"torch": "needs PyTorch: pip install 'ferry[torch]'",
+         "safetensors": "needs safetensors: pip install safetensors"}
+
+
 def missing_module(*names: str) -> str | None:
-    """Why a suite cannot run for want of a Python package ("needs torch
-    (...)"), or None when every one of `names` imports."""
+    """Why a suite cannot run for want of a Python package (NEEDS: "needs PyTorch:
+    pip install 'ferry[torch]'"; with the error when the package is there but fails
+    to import), or None when every one of `names` imports."""
     for module in names:
         try:
             __import__(module)
         except ImportError as e:
-            return f"needs {module} ({e})"
+            why = NEEDS.get(module, f"needs {module}: pip install {module}")
+            absent = isinstance(e, ModuleNotFoundError) and e.name == module
+            return why if absent else f"{why} (import {module} failed: {e})"
     return None
 
 

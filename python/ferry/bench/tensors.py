@@ -1,5 +1,7 @@
-"""ferry bench tensors — a transformer-shaped set of tensors (a state_dict) between
-pageable CPU memory and the GPU, the way a user moves it:
+"""`ferry bench tensors`: a transformer-shaped set of tensors (a state_dict) between
+pageable CPU memory and the GPU, the way a user moves it.
+
+The ways, in one run:
 
   ferry.torch.to_device(dict)      one call for the whole dict (one pipelined copy)
   .to("cuda") loop                 PyTorch, one tensor at a time
@@ -17,7 +19,7 @@ import statistics
 import time
 
 from .records import Records
-from .suite import Suite
+from .suite import Suite, missing_module
 
 DEFAULT_LAYER = "4096x4096*4,11008x4096*2,4096x11008,4096*2"
 
@@ -70,11 +72,7 @@ class TensorsSuite(Suite):
         why = super().waived(args)
         if why:
             return why
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            return "needs PyTorch"
-        return None
+        return missing_module("torch")
 
     def run(self, args) -> int:
         import torch

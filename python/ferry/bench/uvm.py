@@ -37,7 +37,7 @@ import time
 
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite, Waived
+from .suite import NEEDS, Suite, Waived
 
 GB = 1e9
 FEATURES, HIDDEN, CLASSES, EDGES_PER_NODE = 128, 256, 10, 10
@@ -459,7 +459,7 @@ class UvmSuite(Suite):
         parse_nodes(args.nodes)
         why = super().waived(args)
         if why is None and not _have_torch():
-            why = "needs PyTorch (pip install torch)"
+            why = NEEDS["torch"]
         return why
 
     def run(self, args) -> int:

@@ -5,5 +5,5 @@ def torch_module():
     try:
         import torch
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("ferry.torch needs PyTorch (pip install torch)") from e
+        raise ImportError("ferry.torch needs PyTorch: pip install 'ferry[torch]'") from e
     return torch
