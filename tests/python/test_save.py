@@ -473,17 +473,17 @@ def test_bench_save_cpu(tmp_path, capsys):
 
     out = tmp_path / "save.json"
     rc = bench.main(["--device", "cpu", "--sets", "moe", "--scale", "0.1", "--repeats", "1", "--disk-bytes", "64M",
-                     "--savers", "ferry,save_file (GPU)", "--dir", str(tmp_path), "--json", str(out)])
+                     "--savers", "ferry,save_file", "--dir", str(tmp_path), "--json", str(out)])
     assert rc == 0
     from ferry.bench.records import is_record
 
     records = json.loads(out.read_text())["records"]
     cases = {r["case"] for r in records}
-    assert {"ferry save_safetensors", "ferry snapshot+save", "save_file (GPU)", "disk O_DIRECT write"} <= cases
+    assert {"ferry save_safetensors", "ferry snapshot+save", "save_file", "disk O_DIRECT write"} <= cases
     for r in records:
         assert is_record(r) and r["suite"] == "save"
     durable = [r for r in records if r["metric"] == "durable_time" and r["case"] == "ferry save_safetensors"]
-    assert len(durable) == 1 and durable[0]["params"]["baseline_case"] == "save_file (GPU)"
+    assert len(durable) == 1 and durable[0]["params"]["baseline_case"] == "save_file"  # --device cpu
     assert durable[0]["ratio"] == pytest.approx(durable[0]["value"] / durable[0]["baseline"])
     verified = {r["case"]: r["value"] for r in records if r["metric"] == "verified"}
     assert verified["ferry save_safetensors"] == "Passed" and verified["ferry snapshot+save"] == "Passed"
