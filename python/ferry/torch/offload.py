@@ -29,7 +29,8 @@ What stays where it is: tensors on the CPU; leaves (parameters, buffers, inputs)
 views of leaves (their memory is held elsewhere: offloading them frees nothing);
 tensors under ``min_bytes``; tensors whose elements are not one dense block (a
 strided slice: copying it would change its layout); and, under a budget, everything
-past it. The same tensor saved twice is copied once.
+past it. The same bytes saved twice (one tensor, or two views of one block: a linear
+layer saves its input as a 3-D and a 2-D view) are copied once.
 
 Budget: ``max_bytes=N`` offloads, in the order forward saves them (the earliest
 layers first: backward needs them last, so their return hides best), until N bytes
@@ -56,7 +57,8 @@ from ._torch import torch_module as _torch
 from .pinned import default_pinned_pool, empty_pinned
 
 MIN_BYTES = 1 << 20  # smaller tensors stay: per-tensor costs (~30 us) beat their DMA time
-PREFETCH_BYTES = 512 << 20  # how far backward's prefetch runs ahead of the unpacks
+PREFETCH_BYTES = 256 << 20  # how far backward's prefetch runs ahead of the unpacks (GPU memory)
+OUT_BYTES = 512 << 20  # copies out on their way before forward waits for the oldest
 ALIGN = 512  # the caching allocator's block alignment: a fetched tensor keeps ptr % ALIGN
 # max_overhead: the share of forward (backward) compute a stream of copies overlaps;
 # the rest of the step's copies must fit in the overhead allowed.
@@ -80,39 +82,50 @@ class OffloadStats:
 
 
 class _Lane:
-    """Per device: the two side streams and the pinned pool."""
+    """Per device: the two side streams, the pinned pool, and the copies out not yet
+    known to be done (forward's memory bound: OUT_BYTES)."""
 
     def __init__(self, torch, device):
         self.device = device
         self.d2h = torch.cuda.Stream(device)
         self.h2d = torch.cuda.Stream(device)
         self.pool = None  # the process's pinned pool for the device, on first use
+        self.out: collections.deque = collections.deque()  # (event, bytes), oldest first; forward's thread only
+        self.out_bytes = 0
 
 
 class _Step:
-    """One step's saved tensors, in pack order (for backward's prefetch). Guarded by
+    """One step's copies, in pack order (for backward's prefetch). Guarded by
     ActivationOffload._lock."""
 
     __slots__ = ("order", "seen", "cursor", "inflight", "bytes")
 
     def __init__(self):
-        self.order: list = []  # weakrefs to _Saved, in pack order
-        self.seen: dict = {}  # dedup key -> weakref to _Saved
+        self.order: list = []  # weakrefs to _Copy, in pack order
+        self.seen: dict = {}  # (address, byte offset, bytes, version) -> weakrefs to (storage, _Copy)
         self.cursor = None  # the next index backward's prefetch looks at
         self.inflight = 0  # prefetched bytes not yet unpacked
         self.bytes = 0  # offloaded this step
 
 
-class _Saved:
-    """A saved tensor in pinned memory: what pack returns and unpack gets."""
+class _Copy:
+    """The bytes of one dense block of GPU memory, in pinned memory. Every view of
+    that block saved this step shares it (a linear layer's input is saved as a 3-D
+    and a 2-D view of the same bytes): one copy out, one back."""
 
-    __slots__ = ("device", "dtype", "size", "stride", "conj", "neg", "nbytes", "offset", "host", "written",
-                 "fetched", "gpu", "index", "step", "owner", "__weakref__")
+    __slots__ = ("device", "nbytes", "offset", "host", "written", "fetched", "gpu", "users", "index", "step",
+                 "owner", "__weakref__")
 
     def __del__(self):
         owner = self.owner
         if owner is not None and self.host is not None:  # a copy may still touch it: free it once done
             owner._retire(self.host, self.fetched or self.written)
+
+
+class _Saved:
+    """What pack returns and unpack gets: a view (dtype, shape, strides, conj/neg) of a _Copy."""
+
+    __slots__ = ("copy", "dtype", "size", "stride", "conj", "neg")
 
 
 class ActivationOffload:
@@ -198,47 +211,65 @@ class ActivationOffload:
             self.stats.kept_tensors += 1
             self.stats.kept_bytes += nbytes if t.is_cuda else 0
             return t
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype,
-               t._version)
+        start = t.storage_offset() * t.element_size()  # strides are never negative in PyTorch
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), start, nbytes, t._version)
         with self._lock:
-            ref = step.seen.get(key)
-        saved = ref() if ref is not None else None
-        if saved is not None:
+            refs = step.seen.get(key)
+            # The same storage object, not only the same address: freed memory is
+            # reused at once by the caching allocator, for another tensor.
+            copy = refs[1]() if refs is not None and refs[0]() is storage else None
+            if copy is not None:
+                copy.users += 1
+        if copy is not None:
             self.stats.deduplicated += 1
-            return saved
-        saved = self._copy_out(t)
-        saved.step = step
-        with self._lock:
-            saved.index = len(step.order)
-            step.order.append(weakref.ref(saved))
-            step.seen[key] = weakref.ref(saved)
-            step.bytes += saved.nbytes
-        self.stats.offloaded_tensors += 1
-        self.stats.offloaded_bytes += saved.nbytes
-        self.stats.last_step_offloaded_bytes += saved.nbytes
-        self._reap()
+        else:
+            copy = self._copy_out(t, nbytes)
+            copy.step = step
+            with self._lock:
+                copy.index = len(step.order)
+                step.order.append(weakref.ref(copy))
+                step.seen[key] = (weakref.ref(storage), weakref.ref(copy))
+                step.bytes += nbytes
+            self.stats.offloaded_tensors += 1
+            self.stats.offloaded_bytes += nbytes
+            self.stats.last_step_offloaded_bytes += nbytes
+            self._reap()
+        saved = _Saved()
+        saved.copy, saved.dtype, saved.size, saved.stride = copy, t.dtype, tuple(t.shape), tuple(t.stride())
+        saved.conj, saved.neg = t.is_conj(), t.is_neg()
         return saved
 
-    def _copy_out(self, t) -> _Saved:
+    def _copy_out(self, t, nbytes: int) -> _Copy:
         torch = self._torch
         lane = self._lane(t.device)
-        s = _Saved()
-        s.device, s.dtype, s.size, s.stride = t.device, t.dtype, tuple(t.shape), tuple(t.stride())
-        s.conj, s.neg = t.is_conj(), t.is_neg()
-        s.nbytes = t.numel() * t.element_size()
-        s.offset = t.data_ptr() % ALIGN
-        s.fetched = s.gpu = s.step = None
-        s.owner = None
+        c = _Copy()
+        c.device, c.nbytes, c.users = t.device, nbytes, 1
         src = _raw_bytes(torch, t)
-        s.host = empty_pinned((s.nbytes,), torch.uint8, lane.pool)
+        c.offset = src.data_ptr() % ALIGN
+        c.fetched = c.gpu = c.step = c.owner = None
+        c.host = empty_pinned((nbytes,), torch.uint8, lane.pool)
         with torch.cuda.stream(lane.d2h):
             lane.d2h.wait_stream(torch.cuda.current_stream(t.device))
-            s.host.copy_(src, non_blocking=True)
-            s.written = torch.cuda.Event()
-            s.written.record(lane.d2h)
+            c.host.copy_(src, non_blocking=True)
+            c.written = torch.cuda.Event()
+            c.written.record(lane.d2h)
         t.record_stream(lane.d2h)  # the block is not reused before the copy read it
-        s.owner = self
-        return s
+        c.owner = self
+        self._bound_copies_out(lane, c.written, nbytes)
+        return c
+
+    def _bound_copies_out(self, lane: _Lane, event, nbytes: int) -> None:
+        """Forward runs ahead of the link: a tensor's GPU memory is reusable only once
+        its copy is done, and the caching allocator decides on the CPU's timeline. So
+        the CPU waits for the oldest copies once more than OUT_BYTES are on their way:
+        GPU memory held by copies stays bounded (the compute queued meanwhile runs on)."""
+        lane.out.append((event, nbytes))
+        lane.out_bytes += nbytes
+        while lane.out and (lane.out_bytes > OUT_BYTES or lane.out[0][0].query()):
+            oldest, n = lane.out.popleft()
+            oldest.synchronize()
+            lane.out_bytes -= n
 
     # ---- unpack (backward) -----------------------------------------------
 
@@ -248,40 +279,50 @@ class ActivationOffload:
                 self._time_mark(saved.device, backward=True)
             return saved
         torch = self._torch
+        copy = saved.copy
         if self._timing is not None:
-            self._time_mark(saved.device, backward=True)
+            self._time_mark(copy.device, backward=True)
         self._reap()
-        if saved.gpu is None:
+        with self._lock:
+            buf = copy.gpu
+            copy.users -= 1
+            last = copy.users <= 0
+            if buf is not None and last:
+                copy.gpu = None  # its last user: the GPU memory goes with the returned view
+                copy.step.inflight -= copy.nbytes
+        if buf is None:  # not prefetched (or unpacked again: retain_graph)
             self.stats.fetched_on_demand += 1
-            self._fetch(saved)
-        else:
-            with self._lock:
-                saved.step.inflight -= saved.nbytes
-        self._prefetch_before(saved.step, saved.index)
-        buf, saved.gpu = saved.gpu, None
-        stream = torch.cuda.current_stream(saved.device)
-        stream.wait_event(saved.fetched)
+            buf = self._fetch(copy)
+            if not last:
+                with self._lock:
+                    copy.gpu = buf  # other views of it come next
+                    copy.step.inflight += copy.nbytes
+        self._prefetch_before(copy.step, copy.index)
+        stream = torch.cuda.current_stream(copy.device)
+        stream.wait_event(copy.fetched)
         buf.record_stream(stream)  # used here: not reused before this stream is done with it
-        out = buf[saved.offset:saved.offset + saved.nbytes].view(saved.dtype).as_strided(saved.size, saved.stride)
+        out = buf[copy.offset:copy.offset + copy.nbytes].view(saved.dtype).as_strided(saved.size, saved.stride)
         if saved.conj:
             out = out.conj()
         if saved.neg:
             out = out._neg_view()
         return out
 
-    def _fetch(self, saved: _Saved) -> None:
+    def _fetch(self, copy: _Copy):
+        """Starts copy's bytes back to its GPU; returns the GPU buffer (copy.fetched: its event)."""
         torch = self._torch
-        lane = self._lane(saved.device)
+        lane = self._lane(copy.device)
         with torch.cuda.stream(lane.h2d):  # memory of the h2d stream: no wait for compute
-            lane.h2d.wait_event(saved.written)
-            buf = torch.empty(saved.offset + saved.nbytes, dtype=torch.uint8, device=saved.device)
-            buf[saved.offset:].copy_(saved.host, non_blocking=True)
+            lane.h2d.wait_event(copy.written)
+            buf = torch.empty(copy.offset + copy.nbytes, dtype=torch.uint8, device=copy.device)
+            buf[copy.offset:].copy_(copy.host, non_blocking=True)
             fetched = torch.cuda.Event()
             fetched.record(lane.h2d)
-        saved.gpu, saved.fetched = buf, fetched
+        copy.fetched = fetched
+        return buf
 
     def _prefetch_before(self, step: _Step, index: int) -> None:
-        """Fetch the tensors packed before `index`, newest first, up to prefetch_bytes ahead."""
+        """Fetch the copies packed before `index`, newest first, up to prefetch_bytes ahead."""
         while True:
             with self._lock:
                 if step.cursor is None or step.cursor >= index:
@@ -290,11 +331,13 @@ class ActivationOffload:
                     return
                 ref = step.order[step.cursor]
                 step.cursor -= 1
-                saved = ref()
-                if saved is None or saved.gpu is not None:
+                copy = ref()
+                if copy is None or copy.gpu is not None or copy.users <= 0:
                     continue
-                step.inflight += saved.nbytes
-            self._fetch(saved)
+                step.inflight += copy.nbytes
+            buf = self._fetch(copy)
+            with self._lock:
+                copy.gpu = buf
             self.stats.prefetched += 1
 
     # ---- memory and streams ------------------------------------------------
@@ -413,6 +456,6 @@ def offload_activations(*, max_bytes: int | None = None, max_overhead: float | N
     max_bytes: offload at most this many bytes a step (earliest saved first);
     max_overhead: offload what keeps the step within this fraction over no offload;
     min_bytes: tensors smaller than this stay on the GPU (default 1 MiB);
-    prefetch_bytes: how far backward's prefetch runs ahead (default 512 MiB of GPU memory)."""
+    prefetch_bytes: how far backward's prefetch runs ahead (default 256 MiB of GPU memory)."""
     return ActivationOffload(max_bytes=max_bytes, max_overhead=max_overhead, min_bytes=min_bytes,
                              prefetch_bytes=prefetch_bytes)
