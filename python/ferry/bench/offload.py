@@ -8,7 +8,8 @@ model(input_ids=ids, labels=ids).loss, backward, optimizer step, on --batch x --
 random tokens.
 
 Cases (--cases), one after another in this process, on the same model (its weights
-and the seed reset before each; the GPU's cache emptied, its peak reset):
+and the seed reset before each; the GPU's cache, ferry's pinned pool and PyTorch's
+pinned host cache emptied after each, the GPU's peak reset):
 
   none            no offload
   save_on_cpu     torch.autograd.graph.save_on_cpu(pin_memory=True)
@@ -187,7 +188,7 @@ def one_step(torch, model, opt, ids, ctx) -> tuple[float, list[float], float]:
     ev[3].record()
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    return wall, [ev[i].elapsed_time(ev[i + 1]) / 1e3 for i in range(3)], float(loss)
+    return wall, [ev[i].elapsed_time(ev[i + 1]) / 1e3 for i in range(3)], loss.detach().item()
 
 
 def case_context(torch, case: str, offload):
@@ -204,8 +205,6 @@ def run_case(torch, case: str, model, opt, ids, initial: dict, args) -> dict:
     with torch.no_grad():
         model.load_state_dict(initial)
     torch.manual_seed(SEED)
-    gc.collect()
-    torch.cuda.empty_cache()
     offload = None
     if case == "ferry":
         offload = ft.offload_activations()
@@ -231,11 +230,26 @@ def run_case(torch, case: str, model, opt, ids, initial: dict, args) -> dict:
         r.update(offloaded_bytes=offload.stats.last_step_offloaded_bytes, pinned_in_use=pool_bytes(stats, "in_use"),
                  pinned_reserved=pool_bytes(stats, "reserved"),
                  pinned_growth=pool_bytes(stats, "reserved") - reserved0, offload_stats=offload.stats.as_dict())
-    offload = None  # its streams and pinned memory go before the next case
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(0)
+    offload = None
+    release_memory(torch)
     return r
+
+
+def release_memory(torch) -> None:
+    """What a case cached goes before the next one, so that each case's host RSS
+    starts from the model's: the GPU's cache, ferry's pinned pool and PyTorch's
+    pinned host cache (save_on_cpu's, 35 GB at the default sizes; the call
+    torch.cuda.graphs makes before a capture, where this PyTorch has it)."""
+    import ferry.torch as ft
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    ft.default_pinned_pool(0).trim()
+    host_empty_cache = getattr(torch._C, "_host_emptyCache", None)
+    if host_empty_cache is not None:
+        host_empty_cache()
+    torch.cuda.reset_peak_memory_stats(0)
 
 
 # ---- the suite -----------------------------------------------------------------
@@ -288,7 +302,7 @@ class OffloadSuite(Suite):
         d2h, h2d = pinned_rates(torch)
         progress(f"offload: ferry pinned d2h {d2h / 1e9:.1f} GB/s, h2d {h2d / 1e9:.1f} GB/s; "
                  f"model {model_bytes / 1e9:.2f} GB")
-        torch.cuda.empty_cache()
+        release_memory(torch)
         res = {}
         for case in cases:
             progress(f"offload: {case}: {args.warmup} warm-up + {args.steps} timed steps")
