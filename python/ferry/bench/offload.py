@@ -317,9 +317,9 @@ class OffloadSuite(Suite):
         params = {"hidden": args.hidden, "layers": args.layers, "intermediate": args.intermediate,
                   "heads": args.heads, "vocab": args.vocab, "batch": args.batch, "seq": args.seq,
                   "steps": args.steps, "dtype": "bfloat16", "model_bytes": model_bytes}
-        out = _records(self.key, params, res, floor, d2h, h2d, model_bytes)
+        records = _records(self.key, params, res, floor, d2h, h2d, model_bytes)
         _print(res, floor, d2h, h2d, model_bytes)
-        write_json(args.json, self.key, out.items, details={"cases": res, "model_bytes": model_bytes})
+        write_json(args.json, self.key, records.items, details={"cases": res, "model_bytes": model_bytes})
         return 0
 
 
