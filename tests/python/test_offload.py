@@ -172,7 +172,7 @@ def test_budget_is_kept_earliest_first(cuda_model):
 def test_max_overhead_times_the_first_step_then_offloads(cuda_model):
     model, x = cuda_model
     plain = step(model, x)
-    offload = ft.offload_activations(max_overhead=0.1, min_bytes=0)
+    offload = ft.offload_activations(max_overhead=1.0, min_bytes=0)  # a small model: the link is the bound
     assert_bit_equal(plain, step(model, x, offload))
     assert offload.stats.last_step_offloaded_bytes == 0 and offload.stats.calibration is None
     assert_bit_equal(plain, step(model, x, offload))
@@ -292,3 +292,33 @@ def test_dense_means_one_block_in_some_stride_order():
     assert _dense(x) and _dense(x.transpose(0, 2)) and _dense(x.permute(1, 2, 0)) and _dense(torch.randn(4, 1, 6))
     assert not _dense(x[:, 1:3]) and not _dense(x[::2]) and not _dense(x[..., :3])
     assert not _dense(torch.randn(3, 1).expand(3, 4)) and not _dense(torch.empty(0))
+
+
+def test_plan_spreads_copies_over_forward_and_keeps_the_budgets():
+    from ferry.torch.offload import OUT_BYTES, plan_copies
+
+    GB = 1e9
+    # 10 tensors of 0.1 GB saved every 10 ms over a 100 ms forward; a 100 GB/s link
+    # carries each in 1 ms: every one fits.
+    packs = [(i * 0.01, int(0.1 * GB)) for i in range(10)]
+    plan, total = plan_copies(packs, 0.1, 0.2, 0.0, 100 * GB, 100 * GB)
+    assert plan == set(range(10)) and total == int(0.1 * GB) * 10
+    # A 5 GB/s link: 20 ms a tensor, so copies queue: tensor i starts at 20i ms, 10i ms
+    # after it was saved (within the lag, 256 MiB at 5 GB/s = 54 ms); tensor 5 would end
+    # at 120 ms, past forward's end: the first five.
+    plan, total = plan_copies(packs, 0.1, 0.2, 0.0, 5 * GB, 100 * GB)
+    assert plan == {0, 1, 2, 3, 4}, plan
+    # Backward's budget: h2d 1 GB/s over 0.7 x 0.2 s brings back 0.14 GB: one tensor.
+    plan, total = plan_copies(packs, 0.1, 0.2, 0.0, 100 * GB, 1 * GB)
+    assert plan == {0} and total == int(0.1 * GB)
+    # Overhead allowed lets more out and back.
+    more, _ = plan_copies(packs, 0.1, 0.2, 0.1, 5 * GB, 100 * GB)
+    assert len(more) > 5
+    # Positions that are no candidate (0 bytes, another device) are skipped, never planned.
+    plan, _ = plan_copies([(0.0, 0), (None, 10**9), (0.001, 1000)], 0.1, 0.1, 0.0, GB, GB)
+    assert plan == {2}
+    # A copy that would start long after its tensor was saved is not planned (the
+    # memory would wait too long): lag bound from OUT_BYTES.
+    big = [(0.0, 10 * OUT_BYTES), (0.0001, 1000)]
+    plan, _ = plan_copies(big, 100.0, 100.0, 0.0, 1 * GB, 1 * GB)
+    assert plan == {0}

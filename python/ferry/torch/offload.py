@@ -35,9 +35,12 @@ layer saves its input as a 3-D and a 2-D view) are copied once.
 Budget: ``max_bytes=N`` offloads, in the order forward saves them (the earliest
 layers first: backward needs them last, so their return hides best), until N bytes
 this step. ``max_overhead=f`` (e.g. 0.1): the first step under this object offloads
-nothing and times forward and backward on the GPU; later steps offload what the link
-can move while compute runs, plus what ``f`` of the step time allows (rates of ferry
-pinned copies measured once per device). Default: every eligible tensor.
+nothing and times each pack, forward and backward on the GPU; later steps offload
+the tensors whose copies the link can carry while forward computes, each starting
+soon after its tensor is saved, plus what ``f`` of the step allows (``plan_copies``;
+rates of ferry pinned copies measured once per device). Spreading the copies over
+forward, rather than sending the first N bytes, is what keeps forward from waiting
+for the link. Default: every eligible tensor.
 
 Errors: an exception inside the ``with`` leaves no copy running and no pinned memory
 held once the saved tensors are gone (their graph freed). Threads: pack runs on the
@@ -98,9 +101,10 @@ class _Step:
     """One step's copies, in pack order (for backward's prefetch). Guarded by
     ActivationOffload._lock."""
 
-    __slots__ = ("order", "seen", "cursor", "inflight", "bytes")
+    __slots__ = ("order", "seen", "cursor", "inflight", "bytes", "packs")
 
     def __init__(self):
+        self.packs = 0  # pack calls so far (the position max_overhead's plan names)
         self.order: list = []  # weakrefs to _Copy, in pack order
         self.seen: dict = {}  # (address, byte offset, bytes, version) -> weakrefs to (storage, _Copy)
         self.cursor = None  # the next index backward's prefetch looks at
@@ -153,6 +157,7 @@ class ActivationOffload:
         self._retiring: collections.deque = collections.deque()  # (event or None, host tensor)
         self._hooks = None
         self._budget = self.max_bytes
+        self._plan = None  # max_overhead: the pack positions to offload (a set), once timed
         self._timing = None  # calibration events of the step being timed
         self._new_step()
 
@@ -166,7 +171,7 @@ class ActivationOffload:
         self._new_step()
         self.stats.steps += 1
         if self.max_overhead is not None and self.stats.calibration is None and torch.cuda.is_available():
-            self._timing = {"events": []}  # this step offloads nothing and is timed
+            self._timing = {}  # this step offloads nothing and is timed
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
@@ -199,13 +204,14 @@ class ActivationOffload:
     def _pack(self, t):
         nbytes = t.numel() * t.element_size()
         eligible = self._eligible(t)
-        if self._timing is not None:  # the calibration step offloads nothing
-            self._time_mark(t.device)
-            if eligible:
-                self._timing.setdefault("eligible", []).append(nbytes)
-            eligible = False
         step = self._step
-        if eligible and self._budget is not None and step.bytes + nbytes > self._budget:
+        position, step.packs = step.packs, step.packs + 1
+        if self._timing is not None:  # the calibration step offloads nothing
+            self._time_pack(t.device, nbytes if eligible else 0)
+            eligible = False
+        elif eligible and self._plan is not None:
+            eligible = position in self._plan
+        elif eligible and self._budget is not None and step.bytes + nbytes > self._budget:
             eligible = False
         if not eligible:
             self.stats.kept_tensors += 1
@@ -363,19 +369,31 @@ class ActivationOffload:
                 return
             self._retiring.popleft()
 
-    # ---- max_overhead: timing one step -----------------------------------
+    # ---- max_overhead: timing one step, then a plan ---------------------
 
-    def _time_mark(self, device, backward: bool = False) -> None:
-        torch = self._torch
+    def _event(self, device):
+        e = self._torch.cuda.Event(enable_timing=True)
+        e.record(self._torch.cuda.current_stream(device))
+        return e
+
+    def _time_pack(self, device, eligible_bytes: int) -> None:
+        """Calibration: an event at every pack (its time in forward) and the bytes it
+        could offload (0: not eligible), on the first device seen."""
         timing = self._timing
-        if "device" not in timing:
-            timing["device"] = device
-        if device != timing["device"]:
+        timing.setdefault("device", device)
+        packs = timing.setdefault("packs", [])
+        if device == timing["device"]:
+            packs.append((self._event(device), eligible_bytes))
+        else:
+            packs.append((None, 0))  # another device's pack: kept, so positions stay aligned
+
+    def _time_mark(self, device, backward: bool = True) -> None:
+        """Calibration: the first and the latest unpack (backward's span)."""
+        timing = self._timing
+        if device != timing.get("device"):
             return
-        e = torch.cuda.Event(enable_timing=True)
-        e.record(torch.cuda.current_stream(device))
-        key = "backward" if backward else "forward"
-        marks = timing.setdefault(key, [])
+        marks = timing.setdefault("backward", [])
+        e = self._event(device)
         if len(marks) < 2:
             marks.append(e)
         else:
@@ -383,20 +401,48 @@ class ActivationOffload:
 
     def _finish_calibration(self) -> None:
         timing, self._timing = self._timing, None
-        if timing is None or "forward" not in timing or "backward" not in timing:
+        if timing is None or not timing.get("packs") or "backward" not in timing:
             return
-        f0, b = timing["forward"][0], timing["backward"]
+        packs, b = timing["packs"], timing["backward"]
         b[-1].synchronize()
+        f0 = next(e for e, _ in packs if e is not None)
         forward_s = f0.elapsed_time(b[0]) / 1e3
         backward_s = b[0].elapsed_time(b[-1]) / 1e3
         d2h, h2d = _pinned_rates(self._torch, timing["device"])
         overhead_s = self.max_overhead * (forward_s + backward_s)
-        budget = min(d2h * (OVERLAP * forward_s + overhead_s / 2), h2d * (OVERLAP * backward_s + overhead_s / 2))
-        self._budget = int(budget)
-        self.stats.budget_bytes = self._budget
+        times = [(f0.elapsed_time(e) / 1e3 if e is not None else None, n) for e, n in packs]
+        self._plan, planned = plan_copies(times, forward_s, backward_s, overhead_s, d2h, h2d)
+        self._budget = planned
+        self.stats.budget_bytes = planned
         self.stats.calibration = {"forward_s": forward_s, "backward_s": backward_s,
-                                  "eligible_bytes": sum(timing.get("eligible", [])),
-                                  "d2h_gbps": d2h / 1e9, "h2d_gbps": h2d / 1e9}
+                                  "eligible_bytes": sum(n for _, n in packs), "d2h_gbps": d2h / 1e9,
+                                  "h2d_gbps": h2d / 1e9, "planned_tensors": len(self._plan)}
+
+
+def plan_copies(packs, forward_s: float, backward_s: float, overhead_s: float, d2h: float, h2d: float):
+    """max_overhead's plan, from one timed step: which pack positions to offload.
+
+    packs: (seconds into forward, eligible bytes) per pack, in order (bytes 0 or time
+    None: not a candidate). The link is one queue: a tensor goes out if its copy can
+    start within OUT_LAG of its pack (so copies never pile up behind each other and
+    forward never waits for the link: OUT_BYTES is not reached) and ends before forward
+    does, plus half the overhead allowed; in total no more than backward can bring
+    back while it computes, plus the other half. Earliest first: backward needs them
+    last, so their return hides best. Returns (set of positions, bytes planned)."""
+    out_end = forward_s + overhead_s / 2
+    back_budget = h2d * (OVERLAP * backward_s + overhead_s / 2)
+    lag = OUT_BYTES / 2 / d2h
+    plan, link_free, total = set(), 0.0, 0
+    for position, (at, n) in enumerate(packs):
+        if not n or at is None:
+            continue
+        start = max(link_free, at)
+        end = start + n / d2h
+        if start - at > lag or end > out_end or total + n > back_budget:
+            continue
+        plan.add(position)
+        link_free, total = end, total + n
+    return plan, total
 
 
 def _dense(t) -> bool:
