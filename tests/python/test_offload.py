@@ -48,8 +48,8 @@ def step(model, x, offload=None, amp=False, checkpoint=False):
 
     def run():
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
-            if checkpoint:  # its input is no leaf, so the one tensor it saves can go
-                return torch.utils.checkpoint.checkpoint(model, x * 1.0, use_reentrant=False)
+            if checkpoint:  # a checkpointed region saves nothing; the plain half offloads
+                return model(x) + torch.utils.checkpoint.checkpoint(model, x * 1.0, use_reentrant=False)
             return model(x)
 
     if offload is None:
@@ -141,11 +141,27 @@ def test_prefetch_and_on_demand_paths_both_bit_equal(cuda_model):
         assert (offload.stats.prefetched > 0) == (prefetch > 0), offload.stats.as_dict()
 
 
+class Deep(torch.nn.Module):
+    """Eight residual MLP blocks: forward's saved activations dominate the peak."""
+
+    def __init__(self, d=256, hidden=1024, blocks=8):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, d))
+            for _ in range(blocks))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block(x)
+        return x.pow(2).mean()
+
+
 @pytest.mark.gpu
-def test_peak_gpu_memory_falls(cuda_model):
-    model, x = cuda_model
-    x = x.repeat(4, 1, 1)
-    step(model, x)
+def test_peak_gpu_memory_falls(gpu):
+    torch.manual_seed(3)
+    model = Deep().cuda()
+    x = torch.randn(64, 256, 256, device="cuda")
+    plain = step(model, x)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     step(model, x)
@@ -154,8 +170,9 @@ def test_peak_gpu_memory_falls(cuda_model):
     step(model, x, offload)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    step(model, x, offload)
-    assert torch.cuda.max_memory_allocated() < plain_peak * 0.8, (torch.cuda.max_memory_allocated(), plain_peak)
+    assert_bit_equal(plain, step(model, x, offload))
+    peak = torch.cuda.max_memory_allocated()
+    assert peak < plain_peak * 0.7, (peak, plain_peak, offload.stats.as_dict())
 
 
 @pytest.mark.gpu
