@@ -130,6 +130,7 @@ TEST(PoolFork, EveryChunkOfAPinnedPoolIsLeftOutOfChildrenOrShared) {
     Pool pool(o, std::make_shared<NoPinHooks>());
     void* small = pool.allocate(1000, 256, k.want);
     void* big = pool.allocate(5 * MiB + 12345, 4096, k.want);  // a chunk of its own, or the target
+    pool.wait_ready();  // the target chunk is in chunks() once ready (hidden from its mapping on)
     const auto chunks = pool.chunks();
     ASSERT_FALSE(chunks.empty());
     for (const Pool::ChunkView& c : chunks) {
