@@ -49,18 +49,18 @@ class NestedSamples(Dataset):
 
 
 class SizedByIndex(Dataset):
-    """Sample i holds i // group + 1 float32 values: batches (of `group`
-    consecutive samples, or each sample with batch_size=None) grow as the
-    epoch goes on."""
+    """Sample i holds (i // group + 1) * unit float32 values: batches (of
+    `group` consecutive samples, or each sample with batch_size=None) grow as
+    the epoch goes on."""
 
-    def __init__(self, n: int, group: int = 1):
-        self.n, self.group = n, group
+    def __init__(self, n: int, group: int = 1, unit: int = 1):
+        self.n, self.group, self.unit = n, group, unit
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        return torch.arange(i // self.group + 1, dtype=torch.float32) + i * 1000
+        return torch.arange((i // self.group + 1) * self.unit, dtype=torch.float32) + i * 1000
 
 
 class ShardedStream(IterableDataset):
@@ -126,3 +126,73 @@ def pair_collate(samples):
     """A custom collate: a tuple of a non-contiguous tensor, a list and a string."""
     x = torch.stack([s["image"] for s in samples]).transpose(1, 3)
     return x, [s["label"] for s in samples], "custom"
+
+
+class StallsOnce(Dataset):
+    """Sample i is a row of i (float32, `width` wide), except the first time a
+    worker fetches sample `stall`: that worker ignores SIGTERM, creates
+    `<directory>/stalled`, waits until `<directory>/go` exists and returns a
+    row of -1 (a value no other sample has). The worker outlives its loader's
+    shutdown, as one busy in __getitem__ past PyTorch's timeout does."""
+
+    def __init__(self, n: int, stall: int, directory: str, width: int = 5):
+        self.n, self.stall, self.directory, self.width = n, stall, directory, width
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        stalled = os.path.join(self.directory, "stalled")
+        if i == self.stall and get_worker_info() is not None and not os.path.exists(stalled):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            open(stalled, "w").close()
+            go = os.path.join(self.directory, "go")
+            while not os.path.exists(go):
+                time.sleep(0.01)
+            return torch.full((self.width,), -1.0)
+        return torch.full((self.width,), float(i))
+
+
+class MixedFloats(Dataset):
+    """Samples of alternating dtypes that default_collate promotes: float32
+    and float64 (a value float32 cannot hold), int64 and float32, bool and
+    uint8, under dict keys."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        odd = i % 2 == 1
+        g = torch.Generator().manual_seed(i)
+        wide = torch.tensor([1.5 + i, 1e-300 * (i + 1)], dtype=torch.float64)
+        return {
+            "f": wide if odd else torch.randn(2, generator=g),
+            "i": torch.randint(-9, 9, (3,), generator=g) if odd else torch.randn(3, generator=g) * 1e3,
+            "b": torch.rand(4, generator=g) > 0.5 if odd else torch.randint(0, 255, (4,), dtype=torch.uint8,
+                                                                           generator=g),
+        }
+
+
+def conj_neg_collate(samples):
+    """A custom collate returning views with the conjugate and the negative bit set."""
+    z = torch.stack([torch.complex(s, -2 * s) for s in samples])
+    return z.conj(), z.conj().imag
+
+
+class EpochSizes(torch.utils.data.Sampler):
+    """Indices 0 .. stops[e] - 1 in epoch e (the last stop from then on): with
+    SizedByIndex, a later epoch's batches outgrow the slots of the one before."""
+
+    def __init__(self, stops):
+        self.stops, self.epoch = list(stops), 0
+
+    def __len__(self):
+        return self.stops[min(self.epoch, len(self.stops) - 1)]
+
+    def __iter__(self):
+        stop = len(self)
+        self.epoch += 1
+        return iter(range(stop))

@@ -4,7 +4,8 @@ DataLoader whose workers collate each batch straight into shared pinned memory.
 One module per piece: ``loader`` (the DataLoader and its iterators),
 ``worker`` (the worker process), ``slot_collate`` (collation into a slot),
 ``batch_layout`` (the descriptor that crosses the queue), ``slots`` (the
-shared pinned slots), ``delivery`` (a descriptor made into CPU or GPU tensors).
+shared pinned slots), ``chunk_passing`` (the slots' memfds sent to the
+workers), ``delivery`` (a descriptor made into CPU or GPU tensors).
 """
 
 from .loader import DataLoader  # noqa: F401

@@ -14,11 +14,25 @@ seeds, the worker loop's rules (``worker``), in-order and out-of-order
 delivery, persistent workers, timeouts, worker errors and deaths. The iterator
 classes below subclass PyTorch's and change only where tasks get their slot
 and how a result becomes a batch.
+
+Threads: each ``iter()`` is its own iterator with its own workers, as with
+PyTorch's loader, and every thread's iterators share the loader's slots
+(``SlotPool`` is locked). With ``persistent_workers=True`` the loader has ONE
+iterator, as PyTorch's has, and a new epoch restarts it: using it from two
+threads at the same time is refused (``NotSupportedError``); give each thread
+its own loader.
+
+Fork: a loader used in a forked child makes new slots there (``slots``). CUDA
+cannot be used in a child forked after CUDA was initialized: there batches of
+``device=None`` come in pageable shared memory (not pinned), and
+``device="cuda"`` is refused with ``NotSupportedError``.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
+import functools
+import threading
 
 import torch
 import torch.utils.data as _data
@@ -26,6 +40,7 @@ from torch.utils.data import _utils
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
 from .batch_layout import Batch, SlotWriter, WorkerFailure
+from .chunk_passing import ChunkSender, socket_pair
 from .delivery import Delivery
 from .slot_collate import SlotCollator
 from .slots import SlotPool
@@ -36,6 +51,9 @@ from .worker import _samples, worker_loop
 # holds while the next is delivered. More are made one by one when needed.
 EXTRA_SLOTS_DEVICE = 1
 EXTRA_SLOTS_CPU = 2
+
+# Guards DataLoader._ferry_slots (made once, whichever thread iterates first).
+_SLOT_POOL_LOCK = threading.Lock()
 
 
 def _device_arg(device):
@@ -57,6 +75,24 @@ def _device_arg(device):
         raise NoDeviceError(f"DataLoader(device={device!r}): PyTorch sees no CUDA device on this machine "
                             "(use device=None for CPU batches)")
     return d
+
+
+def _pinned_device(device):
+    """The CUDA device index slots are pinned on, or None (pageable shared
+    memory); asked in each process that makes slots. device: the loader's."""
+    forked = torch.cuda._is_in_bad_fork()  # forked after CUDA was initialized: no CUDA here
+    if device is not None:
+        if forked:
+            from ...errors import NotSupportedError
+
+            raise NotSupportedError(
+                f"DataLoader(device={str(device)!r}) used in a process forked after CUDA was initialized: CUDA "
+                "cannot be used in such a child. Start it with the 'spawn' or 'forkserver' method "
+                "(multiprocessing.get_context('spawn')), or use device=None there (CPU batches, not pinned)")
+        return device.index
+    if forked or not torch.cuda.is_available():
+        return None
+    return torch.cuda.current_device()
 
 
 class DataLoader(_data.DataLoader):
@@ -88,22 +124,20 @@ class DataLoader(_data.DataLoader):
         self._ferry_slots = None
 
     def _slot_pool(self) -> SlotPool:
-        if self._ferry_slots is None:
-            if self.device is not None:
-                pinned = self.device.index if self.device.index is not None else torch.cuda.current_device()
-                self.device = torch.device("cuda", pinned)
-            elif torch.cuda.is_available():
-                pinned = torch.cuda.current_device()
-            else:
-                pinned = None
-            in_flight = (self.prefetch_factor or 0) * self.num_workers if self.num_workers else 1
-            extra = EXTRA_SLOTS_CPU if self.device is None else EXTRA_SLOTS_DEVICE
-            self._ferry_slots = SlotPool(pinned, in_flight + extra)
-        return self._ferry_slots
+        with _SLOT_POOL_LOCK:
+            if self._ferry_slots is None:
+                if self.device is not None and self.device.index is None:
+                    _pinned_device(self.device)  # in a forked child: refused before CUDA is asked
+                    self.device = torch.device("cuda", torch.cuda.current_device())
+                in_flight = (self.prefetch_factor or 0) * self.num_workers if self.num_workers else 1
+                extra = EXTRA_SLOTS_CPU if self.device is None else EXTRA_SLOTS_DEVICE
+                self._ferry_slots = SlotPool(functools.partial(_pinned_device, self.device), in_flight + extra)
+            return self._ferry_slots
 
     def slot_stats(self) -> dict:
         """The slots: capacity (bytes each), slots (made and alive), free, held
-        (waiting for a copy), made (in all), pinned."""
+        (waiting for a copy), quarantined (a worker of an ended iterator may
+        still write them), made (in all), pinned."""
         return self._slot_pool().stats()
 
     def _get_iterator(self):
@@ -150,7 +184,8 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
         self._slots = loader._slot_pool()
         self._deliver = Delivery(self._slots, loader.device)
         self._task_slot: dict[int, object] = {}  # task idx -> the slot its worker writes
-        self._main_pid = os.getpid()
+        self._chunk_senders: list[ChunkSender] = []  # one per worker: the batch memory's fds go through it
+        self._in_use = threading.Lock()  # persistent workers: one thread at a time (see the module)
         self._resuming = False
         self._window_short = False  # the first window was cut to one task (sizing)
 
@@ -170,14 +205,19 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
         for i in range(self._num_workers):
             index_queue = ctx.Queue()
             index_queue.cancel_join_thread()
+            ours, theirs = socket_pair()
+            self._chunk_senders.append(ChunkSender(ours, i))
             w = ctx.Process(
                 target=worker_loop,
                 args=(self._dataset_kind, self._dataset, index_queue, self._worker_result_queue,
                       self._workers_done_event, self._auto_collation, self._collate_fn, self._drop_last,
-                      self._base_seed, self._worker_init_fn, i, self._num_workers, self._shared_seed),
+                      self._base_seed, self._worker_init_fn, i, self._num_workers, self._shared_seed, theirs),
             )
             w.daemon = True
-            w.start()
+            try:
+                w.start()
+            finally:
+                theirs.close()  # the worker has its own: inherited (fork) or passed (spawn, forkserver)
             self._index_queues.append(index_queue)
             self._workers.append(w)
         self._data_queue = self._worker_result_queue
@@ -189,15 +229,36 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
     # ---- tasks get slots -------------------------------------------------
 
     def _reset(self, loader, first_iter=False):
-        if not first_iter:  # batches received but never delivered last epoch: their slots are free
-            for idx, info in list(getattr(self, "_task_info", {}).items()):
-                if len(info) == 2:
-                    self._free_task_slot(idx)
-        self._resuming = not first_iter
+        with self._one_thread("start a new epoch of"):
+            if not first_iter:  # batches received but never delivered last epoch: their slots are free
+                for idx, info in list(getattr(self, "_task_info", {}).items()):
+                    if len(info) == 2:
+                        self._free_task_slot(idx)
+            self._resuming = not first_iter
+            try:
+                super()._reset(loader, first_iter)
+            finally:
+                self._resuming = False
+
+    def _next_data(self):
+        with self._one_thread("take a batch from"):
+            return super()._next_data()
+
+    @contextlib.contextmanager
+    def _one_thread(self, what):
+        """The iterator's state is one thread's at a time: a second thread is
+        refused, not made to wait (it would get the other's epoch's batches)."""
+        if not self._in_use.acquire(blocking=False):
+            from ...errors import NotSupportedError
+
+            raise NotSupportedError(
+                f"ferry DataLoader: cannot {what} this iterator while another thread is using it. With "
+                "persistent_workers=True the loader has one iterator (as PyTorch's), restarted by every iter(): "
+                "give each thread its own DataLoader, or use persistent_workers=False (each iter() its own)")
         try:
-            super()._reset(loader, first_iter)
+            yield
         finally:
-            self._resuming = False
+            self._in_use.release()
 
     def _try_put_index(self):
         max_tasks = self._prefetch_factor * self._num_workers
@@ -218,8 +279,9 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
         else:
             return
         slot = None if self._slots.capacity is None else self._slots.acquire()
-        message = None if slot is None else slot.message(self._main_pid)
-        self._index_queues[worker].put((self._send_idx, index, message))
+        if slot is not None:
+            self._chunk_senders[worker].before_task(slot)
+        self._index_queues[worker].put((self._send_idx, index, None if slot is None else slot.message()))
         self._task_info[self._send_idx] = (worker,)
         self._task_slot[self._send_idx] = slot
         self._workers_num_tasks[worker] += 1
@@ -283,7 +345,20 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
 
     def _shutdown_workers(self):
         super()._shutdown_workers()
-        if self._shutdown:  # workers are gone: slots of tasks never delivered are free
-            for idx in list(self._task_slot):
-                self._free_task_slot(idx)
-
+        if not self._shutdown:
+            return  # the interpreter is exiting (PyTorch did nothing either)
+        # PyTorch waited for the workers, then sent SIGTERM: one busy in
+        # __getitem__ that ignores it lives on and writes its task's slot later.
+        for idx in list(self._task_slot):
+            slot = self._task_slot.pop(idx)
+            info = self._task_info.get(idx)  # (worker,) while its result is out; (worker, data) once back
+            if slot is None:
+                continue
+            if info is not None and len(info) == 2:
+                self._slots.release(slot)
+            else:
+                writers = self._workers if info is None else [self._workers[info[0]]]
+                self._slots.quarantine(slot, writers)
+        for sender in self._chunk_senders:
+            sender.close()
+        self._chunk_senders = []

@@ -3,15 +3,20 @@ num_workers=0).
 
 With the default ``collate_fn`` the batch is PyTorch's own ``collate`` walk with
 one change: a list of tensors is stacked into the slot (``torch.stack(...,
-out=view)``) where PyTorch stacks into a new shared-memory segment. Numbers,
-numpy arrays and strings follow PyTorch's rules unchanged. A custom
-``collate_fn`` runs as it is; its tensors are then copied into the slot. Either
-way the result is a descriptor (``batch_layout``): the structure with each CPU
-tensor replaced by a ``TensorLeaf``.
+out=view)``) where PyTorch stacks into a new shared-memory segment. The view
+has the dtype ``torch.stack`` would give (the samples' dtypes promoted, as
+``default_collate`` in the main process does; PyTorch's own workers stack into
+the first sample's dtype, so ``[1.5, 1e-300]`` of float64 after a float32
+sample would come back ``[1.5, 0.0]``), in every mode. Numbers, numpy arrays
+and strings follow PyTorch's rules unchanged. A custom ``collate_fn`` runs as
+it is; its tensors are then copied into the slot (conjugate and negative views
+resolved first). Either way the result is a descriptor (``batch_layout``): the
+structure with each CPU tensor replaced by a ``TensorLeaf``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -50,14 +55,15 @@ class SlotCollator:
         elem = batch[0]
         if elem.is_nested or elem.layout is not torch.strided or elem.device.type != "cpu":
             return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)  # PyTorch's rules and errors
+        dtype = functools.reduce(torch.promote_types, (t.dtype for t in batch))  # torch.stack's result type
         shape = (len(batch), *elem.shape)
-        nbytes = elem.element_size() * math.prod(shape)
+        nbytes = dtype.itemsize * math.prod(shape)
         if self._writer.fits(nbytes):  # else pack() counts it, once, and sends its bytes
             region, _ = self._writer.take(nbytes)
             try:
-                return torch.stack(batch, 0, out=region.view(elem.dtype).view(shape))
-            except RuntimeError:
-                pass  # mixed dtypes or shapes, autograd: PyTorch's own stack says what is wrong
+                return torch.stack(batch, 0, out=region.view(dtype).view(shape))
+            except (RuntimeError, TypeError):
+                pass  # mixed shapes, autograd: PyTorch's own stack says what is wrong
         return torch.stack(batch, 0)
 
     @staticmethod
@@ -68,8 +74,9 @@ class SlotCollator:
         def leaf(t):
             if t.is_nested or t.layout is not torch.strided or t.device.type != "cpu":
                 return t  # travels the way PyTorch pickles it
+            t = t.resolve_conj().resolve_neg()  # the values, not the view's raw bytes
             shape = tuple(t.shape)
-            if writer.holds(t) and t.is_contiguous() and not t.is_conj() and not t.is_neg():
+            if writer.holds(t) and t.is_contiguous():
                 return TensorLeaf(t.data_ptr() - writer.base, shape, t.dtype)
             region, offset = writer.take(t.numel() * t.element_size())
             if region is None:

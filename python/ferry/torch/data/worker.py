@@ -27,8 +27,8 @@ from torch.utils.data._utils.worker import (
 )
 
 from .batch_layout import Batch, SlotWriter, WorkerFailure
+from .chunk_passing import SlotMappings
 from .slot_collate import SlotCollator
-from .slots import SlotMappings
 
 
 def _samples(data):
@@ -49,8 +49,9 @@ def _seed(base_seed: int, worker_id: int) -> int:
 
 
 def worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto_collation, collate_fn,
-                drop_last, base_seed, init_fn, worker_id, num_workers, shared_seed) -> None:
-    """Runs in the worker process until the main process sends None (or dies)."""
+                drop_last, base_seed, init_fn, worker_id, num_workers, shared_seed, chunk_socket) -> None:
+    """Runs in the worker process until the main process sends None (or dies).
+    chunk_socket: this worker's end of its socket pair (``chunk_passing``)."""
     from torch.utils.data import IterDataPipe, _DatasetKind
     from torch.utils.data.graph_settings import apply_random_seed
 
@@ -68,7 +69,7 @@ def worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto
         _utils.worker._worker_info = WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
 
         collator = SlotCollator(collate_fn)
-        mappings = SlotMappings()
+        mappings = SlotMappings(chunk_socket)
         init_exception = None
         try:
             if init_fn is not None:
