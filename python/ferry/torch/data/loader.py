@@ -124,14 +124,19 @@ class DataLoader(_data.DataLoader):
         self._ferry_slots = None
 
     def _slot_pool(self) -> SlotPool:
+        if self._ferry_slots is not None:
+            return self._ferry_slots
+        # Made without the lock (CUDA is asked which device); the first thread's is kept.
+        device = self.device
+        if device is not None and device.index is None:
+            _pinned_device(device)  # in a forked child: refused before CUDA is asked
+            device = torch.device("cuda", torch.cuda.current_device())
+        in_flight = (self.prefetch_factor or 0) * self.num_workers if self.num_workers else 1
+        extra = EXTRA_SLOTS_CPU if device is None else EXTRA_SLOTS_DEVICE
+        slots = SlotPool(functools.partial(_pinned_device, device), in_flight + extra)
         with _SLOT_POOL_LOCK:
             if self._ferry_slots is None:
-                if self.device is not None and self.device.index is None:
-                    _pinned_device(self.device)  # in a forked child: refused before CUDA is asked
-                    self.device = torch.device("cuda", torch.cuda.current_device())
-                in_flight = (self.prefetch_factor or 0) * self.num_workers if self.num_workers else 1
-                extra = EXTRA_SLOTS_CPU if self.device is None else EXTRA_SLOTS_DEVICE
-                self._ferry_slots = SlotPool(functools.partial(_pinned_device, self.device), in_flight + extra)
+                self.device, self._ferry_slots = device, slots
             return self._ferry_slots
 
     def slot_stats(self) -> dict:

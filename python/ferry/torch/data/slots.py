@@ -111,10 +111,10 @@ class SlotPool:
         self.generation = 0  # grows with capacity; slots of older generations are dropped
         self.made = 0  # slots made, for stats and tests
         self._lock = threading.Lock()
-        self._start_locked()
+        self._start_locked(pinned_device())
 
-    def _start_locked(self) -> None:
-        self.pinned_device = self._pinned_device()  # int, or None: pageable
+    def _start_locked(self, pinned_device) -> None:
+        self.pinned_device = pinned_device  # int, or None: pageable
         self._pid = os.getpid()
         self._pool = None
         self._by_id: dict[int, Slot] = {}
@@ -123,18 +123,23 @@ class SlotPool:
         self._held: collections.deque = collections.deque()  # (slot, event or None)
         self._quarantined: list = []  # (slot, worker processes that may write it)
 
-    def _start_over_if_forked_locked(self) -> None:
+    def _start_over_if_forked(self) -> None:
+        """In a forked child, the first call starts over (see the module).
+        Preconditions: the lock is not held (the device is asked of CUDA)."""
         if self._pid == os.getpid():
             return
-        self.generation += 1  # a parent's slot that came back anyway is of another size: dropped
-        self._start_locked()  # the parent's pool and slots: forgotten, untouched
+        pinned = self._pinned_device()
+        with self._lock:
+            if self._pid != os.getpid():
+                self.generation += 1  # a parent's slot that came back anyway is of another size: dropped
+                self._start_locked(pinned)  # the parent's pool and slots: forgotten, untouched
 
     # ---- sizing ---------------------------------------------------------
 
     def fit(self, needed_bytes: int) -> None:
         """Make later slots hold a batch of needed_bytes."""
+        self._start_over_if_forked()
         with self._lock:
-            self._start_over_if_forked_locked()
             if self.capacity is not None and needed_bytes <= self.capacity:
                 return
             room = needed_bytes if self.capacity is None else int(needed_bytes * GROWTH)
@@ -150,11 +155,11 @@ class SlotPool:
         fit()): one given back, else one whose holder's copies completed, else
         the oldest held by a GPU copy (waited for), else a new one.
         Preconditions: a batch sized the slots (fit)."""
+        self._start_over_if_forked()
         while True:
             self._collect_completed()
             dropped = []
             with self._lock:
-                self._start_over_if_forked_locked()
                 if self._quarantined:
                     self._lift_quarantine_locked()
                 slot = self._pop_free_locked(dropped)
@@ -274,8 +279,8 @@ class SlotPool:
                 self._quarantined.append((slot, tuple(writers)))
 
     def stats(self) -> dict:
+        self._start_over_if_forked()
         with self._lock:
-            self._start_over_if_forked_locked()
             if self._quarantined:
                 self._lift_quarantine_locked()
             return {"capacity": self.capacity, "slots": len(self._by_id), "free": len(self._free),
