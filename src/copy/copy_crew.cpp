@@ -48,8 +48,8 @@ CrewPlan plan_copy_crew(int numa_node, const Options& o) {
   plan.cpus = host_crew_cpus(numa_node < 0 ? -1 : numa_node);
   plan.numa_node = plan.cpus.empty() ? -1 : numa_node;
   plan.threads = workers > 0 ? plan.workers
-                             : std::clamp(plan.numa_node < 0 ? os::usable_cores() : static_cast<int>(plan.cpus.size()),
-                                          1, kDefaultThreadCap);
+                             : default_thread_count(plan.numa_node < 0 ? os::usable_cores()
+                                                                       : os::cpus_or_usable(plan.cpus));
   return plan;
 }
 

@@ -12,4 +12,11 @@ namespace ferry {
 // kMaxThreads (core/options.h).
 inline constexpr int kDefaultThreadCap = 16;
 
+// The default thread count for work that may run on `cpus` CPUs (the CPUs its
+// threads are bound to, or os::usable_cores(): os::cpus_or_usable): one per
+// CPU, at least 1, at most kDefaultThreadCap. The one place this rule lives.
+constexpr int default_thread_count(int cpus) noexcept {
+  return cpus < 1 ? 1 : (cpus > kDefaultThreadCap ? kDefaultThreadCap : cpus);
+}
+
 }  // namespace ferry

@@ -42,6 +42,11 @@ int read_free_hugepages(size_t page_bytes, uint64_t* out);
 // CPUs this thread may run on (sched_getaffinity), at least 1.
 int usable_cores() noexcept;
 
+// The number of CPUs in `cpus`, or usable_cores() when it is empty (no binding).
+inline int cpus_or_usable(const std::vector<int>& cpus) noexcept {
+  return cpus.empty() ? usable_cores() : static_cast<int>(cpus.size());
+}
+
 // Largest CPU or node id a cpulist may name (the kernel's NR_CPUS is at most
 // 8192 today); the bound keeps "0-20000000" from expanding 20 million ids.
 constexpr int kMaxCpuId = (1 << 16) - 1;

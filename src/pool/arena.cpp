@@ -40,7 +40,7 @@ Arena::Arena(const PoolOptions& options, bool pinned)
       policy_(options.huge_pages),
       numa_node_(options.numa_node),
       touch_threads_(options.touch_threads > 0 ? options.touch_threads
-                                               : std::min(os::usable_cores(), kDefaultThreadCap)) {}
+                                               : default_thread_count(os::usable_cores())) {}
 
 size_t Arena::page_bytes(Backing backing) noexcept {
   switch (backing) {

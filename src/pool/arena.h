@@ -38,7 +38,7 @@
 #include <string>
 #include <vector>
 
-#include "pool/pool.h"
+#include "pool/pool_options.h"
 
 namespace ferry {
 

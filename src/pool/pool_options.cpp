@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "core/options.h"
 #include "os/sysfs.h"
-#include "pool/pool.h"
+#include "pool/pool_options.h"
 
 namespace ferry {
 

@@ -73,7 +73,7 @@
 //                    copy before the Completion is returned.
 //   Impl::stats_mu   stats (counters only; engine_impl.h).
 //   Impl::workers_started (a once_flag) starts the stream-ordered workers.
-//   EventPool::mu_ (event_pool.h), Crew::mu_, WorkerPool::mu_,
+//   EventPool::mu_ (event_pool.h), Crew::mu_, WorkerPool's State::mu,
 //   TaskGroup::mu_ (src/core): their own fields.
 // Pin-in-place takes no engine lock: the calling thread registers its pieces
 // and the pinner thread (one per engine) unregisters them.

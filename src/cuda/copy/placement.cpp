@@ -27,8 +27,7 @@ EnginePlacement place_engine(int device) {
 
 int stream_worker_count(int requested, int profile_workers, const Crew& crew) {
   const int w = requested > 0 ? requested : profile_workers;
-  const int cores = crew.cpus().empty() ? os::usable_cores() : static_cast<int>(crew.cpus().size());
-  return w > 0 ? w : std::min(cores, kDefaultThreadCap);
+  return w > 0 ? w : default_thread_count(os::cpus_or_usable(crew.cpus()));
 }
 
 }  // namespace ferry::cuda

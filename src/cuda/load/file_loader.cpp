@@ -125,10 +125,7 @@ void DeviceTarget::abort() noexcept {
 }
 
 // One reader per CPU the readers may run on (the node's, when bound), capped.
-int default_threads(const std::vector<int>& cpus) {
-  const int n = cpus.empty() ? os::usable_cores() : static_cast<int>(cpus.size());
-  return std::clamp(n, 1, kDefaultThreadCap);
-}
+int default_threads(const std::vector<int>& cpus) { return default_thread_count(os::cpus_or_usable(cpus)); }
 
 // A slot is one pread and one event; more than this many is a mistake (4 KiB
 // slots in 4 GiB), not a ring.
