@@ -18,10 +18,10 @@ parsers (errors name the file and the tensor).
 from __future__ import annotations
 
 import os
-import stat
 import threading
 
 from . import _args, _ferry
+from .bounded_read import Unreadable, read_regular_file
 from .errors import InvalidArgumentError
 
 
@@ -143,34 +143,18 @@ MAX_INDEX_BYTES = 64 << 20
 
 
 def _read_index_text(path) -> tuple[str, str]:
-    """(text, name) of a shard index file. Only a regular file of at most
-    MAX_INDEX_BYTES is read: a FIFO, a device or a directory is refused at once
-    (O_NONBLOCK: opening a FIFO does not wait for a writer)."""
+    """(text, name) of a shard index file: a regular file of at most MAX_INDEX_BYTES
+    (bounded_read: a FIFO, a device or a directory is refused at once)."""
     name = _checked_path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise InvalidArgumentError(f"{name}: cannot open the shard index: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidArgumentError(f"{name}: not a regular file (a shard index is a JSON file)")
-        if st.st_size > MAX_INDEX_BYTES:
-            raise InvalidArgumentError(f"{name}: {st.st_size} bytes, more than a shard index "
-                                       f"({MAX_INDEX_BYTES} at most)")
-        os.set_blocking(fd, True)
-        chunks, total = [], 0
-        while total <= MAX_INDEX_BYTES:  # the file may grow after fstat
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > MAX_INDEX_BYTES:
-            raise InvalidArgumentError(f"{name}: more than a shard index ({MAX_INDEX_BYTES} bytes at most)")
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", errors="surrogateescape"), name
+        data = read_regular_file(path, MAX_INDEX_BYTES)
+    except Unreadable as e:
+        if "regular file" in e.reason:
+            raise InvalidArgumentError(f"{name}: {e.reason} (a shard index is a JSON file)") from None
+        if "more than" in e.reason:
+            raise InvalidArgumentError(f"{name}: more than a shard index ({MAX_INDEX_BYTES} bytes at most)") from None
+        raise InvalidArgumentError(f"{name}: the shard index: {e.reason}") from None
+    return data.decode("utf-8", errors="surrogateescape"), name
 
 
 def read_shard_index(path) -> tuple[list, list, list]:

@@ -18,6 +18,7 @@ import sys
 import time
 
 from ..atomic_file import AtomicFile, check_replaceable
+from ..bounded_read import Unreadable, read_regular_file
 from ..errors import InvalidArgumentError, OSLayerError
 from .records import is_record
 
@@ -159,34 +160,16 @@ def _read_records_file(path: str) -> dict | None:
     with a "header"), None when there is nothing (no file, or an empty one); else
     InvalidArgumentError. Reads at most MAX_RECORDS_FILE_BYTES; never waits on a FIFO."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise InvalidArgumentError(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # replaced since check_replaceable looked
-            raise InvalidArgumentError(f"{path} is not a regular file")
-        if st.st_size > MAX_RECORDS_FILE_BYTES:
-            raise InvalidArgumentError(f"{path} holds {st.st_size} bytes, more than the "
-                                       f"{MAX_RECORDS_FILE_BYTES >> 20} MiB a bench records file may have "
-                                       "(give another file)")
-        chunks, left = [], MAX_RECORDS_FILE_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as e:
-        raise InvalidArgumentError(f"cannot read {path}: {e.strerror or e}") from None
-    finally:
-        os.close(fd)
-    text = b"".join(chunks)
-    if left <= 0:
-        raise InvalidArgumentError(f"{path} holds more than the {MAX_RECORDS_FILE_BYTES >> 20} MiB a bench "
-                                   "records file may have (give another file)")
+        text = read_regular_file(path, MAX_RECORDS_FILE_BYTES)
+    except Unreadable as e:
+        if e.missing:
+            return None
+        if "more than" in e.reason:
+            raise InvalidArgumentError(f"{path} holds more than the {MAX_RECORDS_FILE_BYTES >> 20} MiB a bench "
+                                       "records file may have (give another file)") from None
+        if "regular file" in e.reason:  # replaced since check_replaceable looked
+            raise InvalidArgumentError(f"{path} is not a regular file") from None
+        raise InvalidArgumentError(f"{path}: {e.reason}") from None
     if not text.strip():
         return None
     try:

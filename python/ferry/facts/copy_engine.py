@@ -22,10 +22,9 @@ first read changes nothing (XDG_CACHE_HOME and HOME are read at each call).
 
 from __future__ import annotations
 
-import errno
-import os
 import re
-import stat
+
+from ..bounded_read import Unreadable, read_regular_file
 
 
 # --- the machine profile ------------------------------------------------------------
@@ -49,24 +48,17 @@ def profile_state(path: str | None) -> dict:
     if path is None:
         return {"present": False, "problem": None}
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)  # a FIFO: no wait
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        text = read_regular_file(path, PROFILE_MAX_BYTES)
+    except Unreadable as e:
+        if e.missing:
             return {"present": False, "problem": None}
-        return {"present": None, "problem": f"cannot read the profile: {exc.strerror or exc}"}
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
+        if e.reason.startswith("a directory"):
             return {"present": None, "problem": "a directory, not a profile"}
-        if not stat.S_ISREG(mode):
+        if "regular file" in e.reason:
             return {"present": None, "problem": "not a regular file"}
-        text = os.read(fd, PROFILE_MAX_BYTES + 1)
-    except OSError as exc:
-        return {"present": None, "problem": f"cannot read the profile: {exc.strerror or exc}"}
-    finally:
-        os.close(fd)
-    if len(text) > PROFILE_MAX_BYTES:
-        return {"present": None, "problem": f"larger than {PROFILE_MAX_BYTES >> 10} KiB, not a profile"}
+        if "more than" in e.reason:
+            return {"present": None, "problem": f"larger than {PROFILE_MAX_BYTES >> 10} KiB, not a profile"}
+        return {"present": None, "problem": f"the profile: {e.reason}"}
     problem = _profile_form_problem(text.decode("latin-1"))
     return {"present": True if problem is None else None, "problem": problem}
 
