@@ -1,14 +1,16 @@
-"""A file written whole or not at all: ``AtomicFile``.
+"""Where ferry may write a file (``writable_destination``: the one path rule),
+and a file written whole or not at all (``AtomicFile``).
 
 The bytes go to a temporary file in the destination's directory
-(``.NAME.ferry-tmp-PID-RANDOM``), written with ``os.pwrite`` (which releases
+(``.NAME.ferry-tmp-PID-START-HOST-RANDOM``, cut to NAME_MAX: ``ferry.temp_names``,
+which also removes those of writers that died), written with ``os.pwrite`` (which releases
 the GIL, so several Python threads write at once); ``commit()`` fsyncs it
 (``durable=True``), renames it over the final name and fsyncs the directory.
 Until ``commit()`` returns, the final name holds what it held before (or
 nothing); ``abort()`` removes the temporary file. Several files that must
 change together (a checkpoint's shards and index) are each ``finish()``ed
-(written, fsynced), then ``publish()``ed (renamed) one after the other. A crash leaves at most a
-temporary file behind, never a damaged file under the final name.
+(written, fsynced), then ``publish()``ed (renamed) one after the other. A crash
+leaves at most a temporary file behind, never a damaged file under the final name.
 
 O_DIRECT: ``direct=True`` opens the temporary file with O_DIRECT where the file
 system allows it (tmpfs refuses: the file is then written through the page
@@ -30,62 +32,103 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
+from typing import NamedTuple
 
+from . import temp_names
 from .errors import InvalidArgumentError, OSLayerError
 
 DIRECT_ALIGN = 4096  # O_DIRECT: buffer, offset and length multiples (the logical block of any disk we met)
 
 
-def check_destination(path) -> str:
-    """The absolute path of a file to be written, or InvalidArgumentError: empty,
-    an existing directory, or a directory that does not exist."""
+class Destination(NamedTuple):
+    """Where a file is written: ``path`` (absolute) and ``kind``: "new" (nothing
+    there), "file" (a regular file, replaced atomically) or "stream" (a character
+    device or FIFO, written into; only with streams=True)."""
+
+    path: str
+    kind: str
+
+
+def writable_destination(path, *, streams: bool = False) -> Destination:
+    """THE path rule for every file ferry writes (checkpoints, snapshots, the
+    doctor's page, bench JSON), checked before anything is measured or written.
+
+    Nothing there, or a regular file: written under a temporary name beside it
+    and renamed over it (``path`` is then the real path). A symbolic link is
+    followed, as ``open()`` and ``torch.save`` do: the file it names is replaced,
+    the link stays (a dangling link: the file it names is created). A character
+    device or a FIFO: refused, or with streams=True written into, never replaced
+    (``path`` as given: /dev/stdout keeps working). Refused: an empty path, a
+    directory, a block device, a socket, a parent that is not a directory, a file
+    name longer than the file system's NAME_MAX (InvalidArgumentError, naming
+    what is there); a directory this process cannot write (OSLayerError, EACCES
+    or EROFS). AtomicFile.publish checks again just before its rename."""
     if isinstance(path, bytes):
         path = os.fsdecode(path)
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidArgumentError(f"path must be a str or os.PathLike, not {type(path).__name__}")
     path = os.fspath(path)
+    path = os.fsdecode(path) if isinstance(path, bytes) else path
     if not path:
-        raise InvalidArgumentError("path is empty")
+        raise InvalidArgumentError("path is empty (give the file's path)")
     path = os.path.abspath(path)
-    if os.path.isdir(path):
-        raise InvalidArgumentError(f"{path} is a directory (give the file's path)")
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise InvalidArgumentError(f"{path}: directory {parent} does not exist")
-    return path
+    try:
+        mode = os.stat(path).st_mode  # follows links
+    except FileNotFoundError:
+        mode = None  # nothing, or a link to nothing
+    except OSError as e:  # ELOOP, ENOTDIR, EACCES on the way
+        if e.errno != errno.ENAMETOOLONG:
+            raise InvalidArgumentError(f"{path}: {e.strerror or e}") from None
+        mode = None  # _check_directory says which name is too long
+    if mode is not None and not stat.S_ISREG(mode):
+        if streams and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+            return Destination(path, "stream")
+        where = "a regular file, a character device or a FIFO" if streams else "a regular file, replaced atomically"
+        raise InvalidArgumentError(f"{path} is {describe(mode)}: ferry writes this file only to {where} "
+                                   "(give another path)")
+    real = os.path.realpath(path)
+    _check_directory(real)
+    return Destination(real, "new" if mode is None else "file")
 
 
 def check_replaceable(path) -> str:
-    """check_destination(path) for a file replaced whole by a rename (AtomicFile): the
-    real path (a symbolic link is followed: the file it names is replaced, the link
-    stays) where a regular file or nothing is, in a directory this process may write.
-    Anything else there (a FIFO, a device, a socket, a directory) is refused with an
-    InvalidArgumentError naming it, never opened or replaced."""
-    path = os.path.realpath(check_destination(path))
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as e:
-        raise InvalidArgumentError(f"{path}: {e.strerror or e}") from None
-    if mode is not None and not stat.S_ISREG(mode):
-        raise InvalidArgumentError(f"{path} is {_kind(mode)}, not a regular file (ferry writes a file whole "
-                                   "and renames it into place: give a regular file's path)")
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):  # a symbolic link into a directory that does not exist
-        raise InvalidArgumentError(f"{path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise InvalidArgumentError(f"{path}: directory {directory} is not writable (a file in it is replaced "
-                                   "by renaming a new one over it)")
-    return path
+    """writable_destination(path).path for a writer of regular files only (a
+    checkpoint, a bench JSON file): the real path of the file to create or
+    replace, or InvalidArgumentError / OSLayerError saying why not."""
+    return writable_destination(path).path
 
 
-def _kind(mode: int) -> str:
-    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+def describe(mode: int) -> str:
+    """What a file of this st_mode is, for messages ("a directory", "a FIFO", ...)."""
+    for test, what in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISLNK, "a symbolic link"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _check_directory(path: str) -> None:
+    """path's directory exists, takes its name (NAME_MAX) and lets this process create files."""
+    parent, name = os.path.split(path)
+    if not os.path.isdir(parent):
+        if os.path.lexists(parent):
+            raise InvalidArgumentError(f"{path}: {parent} is not a directory")
+        raise InvalidArgumentError(f"{path}: directory {parent} does not exist")
+    limit = temp_names.name_max(parent)
+    size = len(os.fsencode(name))
+    if size > limit:
+        raise InvalidArgumentError(f"{path}: the file name is {size} bytes, longer than this file system takes "
+                                   f"(NAME_MAX {limit}): give a shorter name")
+    if not os.access(parent, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        code = errno.EACCES
+        try:
+            if os.statvfs(parent).f_flag & os.ST_RDONLY:
+                code = errno.EROFS
+        except OSError:
+            pass
+        raise OSLayerError(code, f"cannot write {path}: directory {parent} is not writable ({os.strerror(code)})")
 
 
 def _os_error(e: OSError, path: str, call: str) -> OSLayerError:
@@ -98,8 +141,7 @@ class AtomicFile:
     def __init__(self, path: str, *, direct: bool = True, durable: bool = True):
         self.path = path
         self.durable = durable
-        d, name = os.path.split(path)
-        self.temp_path = os.path.join(d, f".{name}.ferry-tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        self.temp_path = temp_names.temp_path(path)
         self.direct = False
         self.fd = -1
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
@@ -163,9 +205,19 @@ class AtomicFile:
             raise
 
     def publish(self, fsync_dir: bool = True) -> None:
-        """Rename over the final name; fsync the directory (durable and
-        fsync_dir: several files of one directory fsync it once, after the
-        last). On error the temporary file is removed."""
+        """Rename over the final name, if it still holds a regular file or
+        nothing (else InvalidArgumentError: what came there since the path was
+        checked is never replaced); fsync the directory (durable and fsync_dir:
+        several files of one directory fsync it once, after the last). On error
+        the temporary file is removed."""
+        try:
+            mode = os.lstat(self.path).st_mode
+        except OSError:
+            mode = None  # nothing there (or rename will say what is wrong)
+        if mode is not None and not stat.S_ISREG(mode):
+            self.abort()
+            raise InvalidArgumentError(f"{self.path} became {describe(mode)} while it was written: "
+                                       "not replaced (nothing was written there)")
         try:
             os.rename(self.temp_path, self.path)
         except OSError as e:

@@ -1,9 +1,10 @@
 """`ferry doctor --html FILE`: the doctor's report as one self-contained HTML page.
 
 build(report) gives the page; write(report, path) writes it atomically (a temporary
-file beside it, then a rename) and returns the absolute path. A character device or a
-FIFO at path is written into, never replaced; an empty path, a directory, a block
-device or a socket is refused.
+file beside it, then a rename) and returns the absolute path. The path follows ferry's
+one rule for files it writes (ferry.atomic_file.writable_destination): a character
+device or a FIFO at path is written into, never replaced; an empty path, a directory, a
+block device or a socket is refused.
 
 The page draws the sections of report.py as they are (findings first, then the
 measurements, the skipped ones, the plots and the facts): each block a heading over
@@ -33,10 +34,11 @@ import io
 import math
 import os
 import stat
-import tempfile
 from typing import Any, Callable
 
-from .. import rules
+from .. import rules, temp_names
+from ..atomic_file import AtomicFile, Destination, writable_destination
+from ..errors import InvalidArgumentError, OSLayerError
 from ..units import fmt_bytes
 from . import report as model_report
 from . import steps
@@ -419,44 +421,19 @@ def build(report: dict, generated: str | None = None) -> str:
 # ----------------------------------------------------------------------------- write
 
 
-def _target(path: str | os.PathLike) -> tuple[str, str]:
-    """(absolute path, what is there): "new" (nothing), "file" (a regular file: replaced
-    atomically), "stream" (a character device or a FIFO: written into, never replaced),
-    or "refuse: WHY" (an empty path, a directory, a block device, a socket). A symbolic
-    link is followed: the file it names is replaced, the link stays."""
-    raw = os.fspath(path)
-    if isinstance(raw, bytes):
-        raw = os.fsdecode(raw)
-    if raw == "":
-        return raw, "refuse: the path is empty"
-    path = os.path.realpath(raw)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        directory = os.path.dirname(path)
-        if not os.path.isdir(directory):
-            return path, f"refuse: {directory} is not a directory"
-        if not os.access(directory, os.W_OK | os.X_OK):
-            return path, f"refuse: {directory} is not writable"
-        return path, "new"
-    except OSError as e:
-        return path, f"refuse: {path}: {e.strerror}"
-    if stat.S_ISREG(st.st_mode):
-        directory = os.path.dirname(path)
-        if not os.access(directory, os.W_OK | os.X_OK):
-            return path, f"refuse: {directory} is not writable (the page replaces {path} atomically)"
-        return path, "file"
-    if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
-        return path, "stream"
-    kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a block device" if stat.S_ISBLK(st.st_mode)
-            else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-    return path, f"refuse: {path} is {kind} (the page goes to a regular file, a character device or a FIFO)"
+def _target(path: str | os.PathLike) -> Destination:
+    """Where the page goes: ferry's one path rule (ferry.atomic_file.writable_destination),
+    with a character device or a FIFO written into."""
+    return writable_destination(path, streams=True)
 
 
 def unwritable(path: str | os.PathLike) -> str | None:
     """Why the page could not be written to path (checked before the doctor measures), or None."""
-    _, what = _target(path)
-    return what[len("refuse: "):] if what.startswith("refuse: ") else None
+    try:
+        _target(path)
+    except (InvalidArgumentError, OSLayerError) as e:
+        return str(e)
+    return None
 
 
 def _mode_for(path: str) -> int:
@@ -469,30 +446,33 @@ def _mode_for(path: str) -> int:
 
 def write(report: dict, path: str | os.PathLike) -> str:
     """Writes build(report) to path and returns its absolute path. A regular file (or a
-    new one) is written atomically: a temporary file in the same folder, then a rename (a
-    reader never sees half a page). A character device or a FIFO is written into, never
-    replaced (a FIFO without a reader is an error, not a hang). An empty path, a
-    directory, a block device or a socket raises OSError saying so."""
-    page = build(report)
-    path, what = _target(path)
-    if what.startswith("refuse: "):
-        raise OSError(errno.EINVAL, what[len("refuse: "):])
-    if what == "stream":
-        _write_into(path, page.encode("utf-8"))
-        return path
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
+    new one; through a symbolic link, the file it names) is written atomically: a
+    temporary file in the same folder, then a rename (a reader never sees half a page),
+    keeping the old file's mode. A character device or a FIFO is written into, never
+    replaced (a FIFO without a reader is an error, not a hang). Anything else the path
+    rule refuses (an empty path, a directory, a block device, a socket) raises OSError
+    saying so."""
+    page = build(report).encode("utf-8")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _mode_for(path))
-        os.replace(tmp, path)
+        dest = _target(path)
+    except InvalidArgumentError as e:
+        raise OSError(errno.EINVAL, str(e)) from None
+    if dest.kind == "stream":
+        _write_into(dest.path, page)
+        return dest.path
+    temp_names.remove_stale(os.path.dirname(dest.path))
+    out = AtomicFile(dest.path, direct=False)
+    try:
+        os.fchmod(out.fd, _mode_for(dest.path))
+        out.pwrite(page, 0)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        out.abort()
         raise
-    return path
+    try:
+        out.commit(len(page))
+    except InvalidArgumentError as e:  # replaced by something else while written: left as it is
+        raise OSError(errno.EINVAL, str(e)) from None
+    return dest.path
 
 
 def _write_into(path: str, data: bytes) -> None:
