@@ -532,7 +532,7 @@ def test_sharded_save_failing_midway_keeps_the_old_checkpoint(tmp_path):
 
 
 def test_atomic_file(tmp_path):
-    from ferry.atomic_file import AtomicFile, check_destination
+    from ferry.atomic_file import AtomicFile, check_replaceable
 
     p = str(tmp_path / "f.bin")
     f = AtomicFile(p)
@@ -547,9 +547,9 @@ def test_atomic_file(tmp_path):
     g.abort()
     assert open(p, "rb").read() == data[1:] and no_temp_files(tmp_path)
     with pytest.raises(InvalidArgumentError, match="is a directory"):
-        check_destination(tmp_path)
+        check_replaceable(tmp_path)
     with pytest.raises(InvalidArgumentError, match="str or os.PathLike"):
-        check_destination(3)
+        check_replaceable(3)
 
 
 def test_snapshot_save_finishes_before_exit(tmp_path):

@@ -26,9 +26,12 @@ tensors took 0.40 s (2.0 GB/s, the disk's O_DIRECT rate in the same session),
 File layout: the JSON header is padded with spaces (which safetensors readers
 accept) so the data starts on a 4 KiB boundary, and the tensors are ordered by
 element size, largest first (as ``safetensors.torch.save_file`` does), so every
-tensor sits aligned to its element size in the file and in a memory map.
+tensor sits aligned to its element size in the file and in a memory map. Which
+files a save writes and how they replace the earlier checkpoint whole:
+``ferry.torch.publish``.
 
-Locking: ``_lock`` guards ``_pageable_pool`` (made once). Each save's ring
+Locking: ``_lock`` guards ``_pageable_pool`` (made once per process: a forked
+child drops the parent's reference and makes its own). Each save's ring
 belongs to that save; its free and full queues are ``queue.Queue``s. No CUDA
 call is made under a lock.
 """
@@ -39,14 +42,14 @@ import ctypes
 import json
 import os
 import queue
-import re
 import threading
 import traceback
 
-from .. import units
-from ..atomic_file import DIRECT_ALIGN, AtomicFile, check_destination
+from .. import temp_names, units
+from ..atomic_file import DIRECT_ALIGN, AtomicFile, check_replaceable
 from ..errors import InvalidArgumentError
 from ..pool import Pool
+from . import publish as _publish
 from ._torch import torch_module as _torch
 from .pinned import default_pinned_pool
 from .safetensors import SAFETENSORS_TO_TORCH
@@ -57,10 +60,23 @@ from .safetensors import SAFETENSORS_TO_TORCH
 SLOT_BYTES = 32 << 20
 SLOTS = 8
 WRITERS = 4
-INDEX_SUFFIX = ".index.json"
+# The longest header safetensors reads (its MAX_HEADER_SIZE; ferry's loader has the
+# same, kMaxHeaderBytes in src/load/safetensors.h): a longer one makes a file no one reads.
+MAX_HEADER_BYTES = 100_000_000
 
 _lock = threading.Lock()
 _pageable_pool: Pool | None = None  # guarded by _lock; the ring for CPU-only saves
+
+
+def _forget_pool_in_child() -> None:
+    """After fork(), in the child: the parent's pool (and a lock another thread may
+    have held) stay with the parent; the child makes its own on first use."""
+    global _lock, _pageable_pool
+    _lock = threading.Lock()
+    _pageable_pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def pageable_pool() -> Pool:
@@ -109,6 +125,7 @@ def collect(obj, what: str = "save_safetensors") -> list[Item]:
             raise InvalidArgumentError(f"{what}: key {name!r} is a {type(name).__name__}, not a str")
         if name == "__metadata__":
             raise InvalidArgumentError(f"{what}: '__metadata__' is reserved in safetensors (use metadata=)")
+        check_text(name, f"{what}: key")
         if not isinstance(t, torch.Tensor):
             raise InvalidArgumentError(f"{what}: {name!r} is a {type(t).__name__}, not a tensor")
         if t.layout != torch.strided:
@@ -124,6 +141,17 @@ def collect(obj, what: str = "save_safetensors") -> list[Item]:
     return items
 
 
+def check_text(text: str, where: str) -> None:
+    """InvalidArgumentError unless text encodes as UTF-8 (safetensors' JSON):
+    a lone surrogate (a file name decoded with surrogateescape) does not."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(f"{where} {text!r} is not valid Unicode text (a lone surrogate "
+                                   f"{text[e.start]!r} at index {e.start}); safetensors stores names and "
+                                   "metadata as UTF-8: give a name that is text") from None
+
+
 def storage_span(it: Item):
     """(device, first byte, end) of the memory an item's tensor occupies."""
     t = it.tensor
@@ -131,7 +159,15 @@ def storage_span(it: Item):
     return (t.device, start, start + it.nbytes)
 
 
-def resolve_shared(items: list[Item], shared: str) -> tuple[list[Item], dict]:
+def tie_key(it: Item) -> tuple:
+    """Items with equal keys are one tensor under several names (tied weights):
+    the same memory, dtype and shape, and the same conjugate and negative bits
+    (x.conj() shares x's memory but holds other values)."""
+    t = it.tensor
+    return (storage_span(it), t.dtype, tuple(t.shape), t.is_conj(), t.is_neg())
+
+
+def resolve_shared(items: list[Item], shared: str, what: str = "save_safetensors") -> tuple[list[Item], dict]:
     """(items to write, metadata {dropped name: kept name}). Tensors whose
     bytes overlap are refused, unless they are the same tensor under several
     names (tied weights) and shared="keep_one": then the name that comes first
@@ -156,21 +192,26 @@ def resolve_shared(items: list[Item], shared: str) -> tuple[list[Item], dict]:
         if len(g) < 2:
             continue
         names = sorted((it.name for it in g), key=position.__getitem__)
-        same = len({(storage_span(it), it.tensor.dtype, tuple(it.tensor.shape)) for it in g}) == 1
+        same = len({tie_key(it) for it in g}) == 1
         if shared == "error" or not same:
             why = "tied weights" if same else "overlapping views of one storage"
+            if not same and len({tie_key(it)[:3] for it in g}) == 1:
+                why = "one is a conjugate or negative view of the other: other values in the same memory"
             hint = " (shared='keep_one' writes one of them)" if same else ""
-            raise InvalidArgumentError(f"save_safetensors: tensors {names} share memory ({why}){hint}")
+            raise InvalidArgumentError(f"{what}: tensors {names} share memory ({why}){hint}")
         for n in names[1:]:
             dropped[n] = names[0]
     return [it for it in items if it.name not in dropped], dropped
 
 
-def check_metadata(metadata) -> dict:
+def check_metadata(metadata, what: str = "save_safetensors") -> dict:
     if metadata is None:
         return {"format": "pt"}
     if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise InvalidArgumentError("metadata must be a dict of str to str (safetensors' __metadata__)")
+    for k, v in metadata.items():
+        check_text(k, f"{what}: metadata key")
+        check_text(v, f"{what}: metadata[{k!r}]")
     return {"format": "pt", **metadata}
 
 
@@ -201,9 +242,10 @@ def file_order(items: list[Item]) -> list[Item]:
     return sorted(items, key=lambda it: -it.itemsize)
 
 
-def header(items: list[Item], metadata: dict) -> bytes:
+def header(items: list[Item], metadata: dict, what: str = "save_safetensors") -> bytes:
     """The 8-byte length and the JSON header, padded with spaces to a multiple
-    of DIRECT_ALIGN; items in file order."""
+    of DIRECT_ALIGN (of 8, safetensors' own, where that would pass the limit);
+    items in file order. InvalidArgumentError if it is over MAX_HEADER_BYTES."""
     h: dict = {"__metadata__": metadata} if metadata else {}
     at = 0
     for it in items:
@@ -211,6 +253,13 @@ def header(items: list[Item], metadata: dict) -> bytes:
         at += it.nbytes
     text = json.dumps(h, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     total = -(-(8 + len(text)) // DIRECT_ALIGN) * DIRECT_ALIGN
+    if total - 8 > MAX_HEADER_BYTES:
+        total = -(-(8 + len(text)) // 8) * 8
+    if total - 8 > MAX_HEADER_BYTES:
+        raise InvalidArgumentError(
+            f"{what}: the safetensors header of this file would be {total - 8:,} bytes ({len(items)} tensors), "
+            f"over the {MAX_HEADER_BYTES:,} bytes safetensors (and ferry's loader) read: no reader could open "
+            "the file. Use shorter metadata, or max_shard_size= to spread the tensors over several files")
     text += b" " * (total - 8 - len(text))
     return (total - 8).to_bytes(8, "little") + text
 
@@ -261,6 +310,8 @@ def _fill(torch, ring: _Ring, slot: int, pieces) -> None:
     for at, src, src_at, n in pieces:
         if isinstance(src, bytes):
             ring.views[slot][at : at + n] = src[src_at : src_at + n]
+        elif src.is_conj() or src.is_neg():
+            _resolve_into(torch, ring.views[slot], at, src, src_at, n)
         elif src.is_cuda:
             by_device.setdefault(src.device, []).append((base + at, src.data_ptr() + src_at, n))
         else:
@@ -268,6 +319,17 @@ def _fill(torch, ring: _Ring, slot: int, pieces) -> None:
     for dev, ops in by_device.items():
         copy_many([o[0] for o in ops], [o[1] for o in ops], [o[2] for o in ops],
                   stream=torch.cuda.current_stream(dev), device=dev.index)
+
+
+def _resolve_into(torch, view, at: int, src, src_at: int, n: int) -> None:
+    """Bytes [src_at, src_at + n) of the VALUES of a conjugate or negative view
+    (its memory holds x, it means conj(x) or -x) into view[at:], by torch's
+    copy (on the current stream for a GPU tensor): the slot, not a copy of the
+    whole tensor. Pieces start and end on elements (file_order aligns every
+    tensor to its element size, and slots are a power of two long)."""
+    k = src.element_size()
+    dst = torch.frombuffer(view, dtype=torch.uint8, count=n, offset=at).view(src.dtype)
+    dst.copy_(src.reshape(-1)[src_at // k : (src_at + n) // k])
 
 
 def _slot_pieces(stream, total: int):
@@ -291,17 +353,17 @@ def _slot_pieces(stream, total: int):
         yield off, n, pieces
 
 
-def write_file(path: str, items: list[Item], metadata: dict, *, durable: bool, pool=None,
+def write_file(path: str, items: list[Item], head: bytes, *, durable: bool, pool=None,
                source=None) -> AtomicFile:
-    """One safetensors file for path (items in file order), through writer
-    threads into an AtomicFile, finished (written, fsynced) but not yet
-    published under path; on any error its temporary file is removed.
+    """One safetensors file for path (items in file order, head: their
+    header()), through writer threads into an AtomicFile, finished (written,
+    fsynced) but not yet published under path; on any error its temporary file
+    is removed.
 
     source: None (the tensors' bytes go through the ring), or a ferry Buffer
     whose first bytes are exactly the file's data section (a snapshot laid out
     in file order), written straight from it."""
     torch = _torch()
-    head = header(items, metadata)
     data_len = sum(it.nbytes for it in items)
     total = len(head) + data_len
     f = AtomicFile(path, durable=durable)
@@ -392,85 +454,60 @@ def _pump(f: AtomicFile, jobs, ring: _Ring) -> None:
         raise errors[0]
 
 
-def shard_names(path: str, count: int) -> list[str]:
-    """path itself for one shard; else STEM-0000i-of-0000N.safetensors beside it."""
-    if count == 1:
-        return [path]
-    d, name = os.path.split(path)
-    stem = name[: -len(".safetensors")]
-    return [os.path.join(d, f"{stem}-{i:05d}-of-{count:05d}.safetensors") for i in range(1, count + 1)]
+class Plan:
+    """What one save writes, decided and checked before any byte is: ``files``
+    [(path, items in file order, header)], and the index's bytes (sharded) or
+    None."""
+
+    def __init__(self, path: str, items: list[Item], metadata: dict, max_shard_size, what: str):
+        if not path.endswith(".safetensors") and max_shard_size is not None:
+            raise InvalidArgumentError(
+                f"{what}: {path}: a sharded save needs a path ending in .safetensors (e.g. model.safetensors)")
+        shards = shard_plan(items, max_shard_size)
+        names = _publish.shard_names(path, len(shards))
+        self.path = path
+        self.index = _publish.index_bytes(shards, names) if len(shards) > 1 else None
+        if self.index is not None:
+            _publish.check_files(path, names + [path + _publish.INDEX_SUFFIX], what)
+        self.files = [(name, file_order(shard), header(file_order(shard), metadata, what))
+                      for shard, name in zip(shards, names)]
 
 
-def remove_stale(path: str, written: list[str]) -> None:
-    """Removes an earlier save's files of the same stem that this save did not
-    write (old shards, an old index, or the single file a sharded save replaces),
-    so no loader picks them up."""
-    d, name = os.path.split(path)
-    stem = re.escape(name[: -len(".safetensors")])
-    pattern = re.compile(rf"{stem}(-\d{{5}}-of-\d{{5}})?\.safetensors({re.escape(INDEX_SUFFIX)})?$")
-    keep = {os.path.basename(p) for p in written}
-    for n in os.listdir(d):
-        if n not in keep and pattern.fullmatch(n):
-            try:
-                os.unlink(os.path.join(d, n))
-            except FileNotFoundError:
-                pass
-
-
-def write_index(path: str, shards: list[list[Item]], names: list[str], *, durable: bool) -> AtomicFile:
-    weight_map = {it.name: os.path.basename(f) for shard, f in zip(shards, names) for it in shard}
-    total = sum(it.nbytes for shard in shards for it in shard)
-    text = json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
-                      indent=2) + "\n"
-    data = text.encode("utf-8")
-    index = path + INDEX_SUFFIX
-    f = AtomicFile(index, direct=False, durable=durable)
-    try:
-        f.pwrite(data, 0)
-    except BaseException:
-        f.abort()
-        raise
-    f.finish(len(data))
-    return f
-
-
-def save_items(path: str, items: list[Item], metadata, max_shard_size, durable: bool, pool=None,
-               source=None) -> list[str]:
-    """Writes checked items (see save_safetensors); the files written. Every
-    file is written and fsynced under its temporary name first; then the shards
-    are renamed into place, the index last, and the directory fsynced: a
-    failure before that leaves the earlier checkpoint whole. source: see
-    write_file (one shard only)."""
-    if not path.endswith(".safetensors") and max_shard_size is not None:
-        raise InvalidArgumentError(f"{path}: a sharded save needs a path ending in .safetensors (e.g. model.safetensors)")
-    shards = shard_plan(items, max_shard_size)
-    names = shard_names(path, len(shards))
+def save_items(plan: Plan, durable: bool, pool=None, source=None) -> list[str]:
+    """Writes a Plan; returns the files written. Every file is written and
+    fsynced under its temporary name first, then published whole
+    (ferry.torch.publish): a failure leaves the earlier checkpoint whole.
+    Temporary files of dead writers in the directory are removed first
+    (ferry.temp_names). source: see write_file (one file only)."""
+    temp_names.remove_stale(os.path.dirname(plan.path))
     done: list[AtomicFile] = []
     try:
-        for shard, name in zip(shards, names):
-            done.append(write_file(name, file_order(shard), metadata, durable=durable, pool=pool,
-                                   source=source if len(shards) == 1 else None))
-        if len(shards) > 1:
-            done.append(write_index(path, shards, names, durable=durable))
-        for i, f in enumerate(done):
-            f.publish(fsync_dir=i == len(done) - 1)
+        for name, items, head in plan.files:
+            done.append(write_file(name, items, head, durable=durable, pool=pool,
+                                   source=source if len(plan.files) == 1 else None))
+        if plan.index is not None:
+            done.append(_publish.write_index(plan.path, plan.index, durable=durable))
     except BaseException:
         for f in done:
-            f.abort()  # removes the temporary files not renamed yet
+            f.abort()
         raise
-    written = [f.path for f in done]
-    if path.endswith(".safetensors"):
-        remove_stale(path, written)
-    return written
+    return _publish.publish(plan.path, done, durable=durable)
 
 
 def prepare(obj, path, metadata, shared: str, what: str):
-    """(checked path, items to write, metadata with the dropped ties recorded)."""
-    path = check_destination(path)
-    items, dropped = resolve_shared(collect(obj, what), shared)
-    meta = check_metadata(metadata)
-    meta.update({k: v for k, v in dropped.items() if k not in meta})
-    return path, items, meta
+    """(checked path, items to write, metadata with the dropped ties recorded).
+    A tie that the metadata cannot record (its name is a metadata key already:
+    "format", or one of metadata=) is not dropped: written as a tensor of its
+    own, it loses nothing."""
+    path = check_replaceable(path)
+    items = collect(obj, what)
+    meta = check_metadata(metadata, what)
+    kept, dropped = resolve_shared(items, shared, what)
+    unrecorded = {k for k in dropped if k in meta}
+    if unrecorded:
+        kept = [it for it in items if it.name not in dropped or it.name in unrecorded]
+    meta.update({k: v for k, v in dropped.items() if k not in unrecorded})
+    return path, kept, meta
 
 
 def save_safetensors(obj, path, *, metadata=None, max_shard_size=None, durable: bool = True,
@@ -478,12 +515,18 @@ def save_safetensors(obj, path, *, metadata=None, max_shard_size=None, durable: 
     """Writes a state dict ({name: tensor}, CPU or CUDA tensors) as safetensors;
     returns the paths written.
 
-    path: the file (``.../model.safetensors``). max_shard_size (bytes, or a size
-    like '5G' = 5 GiB): shards of at most that many bytes (a larger tensor
-    alone), named ``model-00001-of-0000N.safetensors`` beside path, plus
-    ``model.safetensors.index.json`` (the Hugging Face layout); one shard is
-    written as path itself. A save removes the files of an earlier save of the
-    same stem that it did not write (old shards or index, or the single file).
+    path: the file (``.../model.safetensors``): nothing, or a regular file
+    (through a symbolic link: the file it names; the link stays); anything else
+    (a device such as /dev/null, a FIFO, a socket, a directory) is refused
+    (``ferry.atomic_file.writable_destination``). max_shard_size (bytes, or a
+    size like '5G' = 5 GiB): shards of at most that many bytes (a larger tensor
+    alone), named ``model-00001-of-0000N.safetensors`` beside path (with a tag
+    of this save, ``...-of-0000N-1f2e3d4c.safetensors``, where an earlier
+    checkpoint holds those names), plus ``model.safetensors.index.json`` (the
+    Hugging Face layout); one shard is written as path itself. The checkpoint
+    is published whole or not at all (``ferry.torch.publish``): the index or
+    the single file is the commit point, then the earlier save's files of the
+    same stem that this one does not use are removed.
     metadata: {str: str}, the header's ``__metadata__``; ``{"format": "pt"}`` is
     added (transformers requires it) unless given. durable: fsync each file and
     its directory before it is renamed into place (False: atomic against a
@@ -500,9 +543,13 @@ def save_safetensors(obj, path, *, metadata=None, max_shard_size=None, durable: 
     name and renamed: on any error (bad input, a full disk, EIO) nothing under
     the final names is damaged, the temporary file is removed and the error (an
     ``InvalidArgumentError``, or an ``OSLayerError`` naming the file) is raised.
-    A sharded save writes and fsyncs every file under its temporary name
-    before it renames the shards into place, the index last: a failure while
-    writing leaves the earlier checkpoint whole.
+    A save first removes the temporary files that killed saves left in the
+    directory (only those of writers that surely died: ``ferry.temp_names``).
+
+    Conjugate and negative views (``x.conj()``, ``torch._neg_view``) are
+    saved by value. A header over safetensors' 100,000,000-byte limit, a name
+    or metadata that is not valid Unicode, a file name over NAME_MAX: refused
+    before anything is written.
     """
     path, items, meta = prepare(obj, path, metadata, shared, "save_safetensors")
-    return save_items(path, items, meta, max_shard_size, durable)
+    return save_items(Plan(path, items, meta, max_shard_size, "save_safetensors"), durable)

@@ -119,13 +119,12 @@ class Snapshot:
         this snapshot to ``snapshot(into=)`` or ``to_host(out=)`` while it is
         saving: ``snapshot`` waits for the save, ``to_host`` does not."""
         path, items, meta = _save.prepare(self.tensors, path, metadata, shared, "Snapshot.save")
-        shards = _save.shard_plan(items, max_shard_size)  # checks max_shard_size now, not in the thread
-        direct = len(shards) == 1 and [it.name for it in _save.file_order(items)] == [it.name for it in self._order]
+        plan = _save.Plan(path, items, meta, max_shard_size, "Snapshot.save")  # errors now, not in the thread
+        direct = len(plan.files) == 1 and [it.name for it in plan.files[0][1]] == [it.name for it in self._order]
 
         def run():
             self.wait_copied()
-            return _save.save_items(path, items, meta, max_shard_size, durable,
-                                    source=self._buffer if direct else None)
+            return _save.save_items(plan, durable, source=self._buffer if direct else None)
 
         self._future = SaveFuture(run)
         return self._future
@@ -138,12 +137,13 @@ class Snapshot:
 
 
 def _ties(items) -> dict[str, str]:
-    """{name: the earlier name of the same tensor} (same memory, dtype and shape)."""
+    """{name: the earlier name of the same tensor} (same memory, dtype, shape,
+    conjugate and negative bits: save.tie_key)."""
     first: dict = {}
     ties: dict[str, str] = {}
     for it in items:
         if it.nbytes:
-            key = (_save.storage_span(it), it.tensor.dtype, tuple(it.tensor.shape))
+            key = _save.tie_key(it)
             if key in first:
                 ties[it.name] = first[key]
             else:
