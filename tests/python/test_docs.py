@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import importlib
+import importlib.util
 import pathlib
 import re
 import subprocess
@@ -229,10 +230,12 @@ def lookup(name: str) -> str | None:
 @pytest.mark.parametrize("page", PAGES, ids=page_ids())
 def test_python_names_exist(page):
     names = python_names(page.read_text())
-    if any(n.startswith("ferry.torch") for n in names):
-        pytest.importorskip("torch", reason="ferry.torch's names need PyTorch to import")
-    bad = [f"{n}: {why}" for n in sorted(names) if (why := lookup(n))]
+    has_torch = importlib.util.find_spec("torch") is not None
+    unchecked = set() if has_torch else {n for n in names if n.startswith("ferry.torch")}
+    bad = [f"{n}: {why}" for n in sorted(names - unchecked) if (why := lookup(n))]
     assert not bad, f"{rel(page)} quotes Python names that do not exist:\n  " + "\n  ".join(bad)
+    if unchecked:
+        pytest.skip(f"needs PyTorch to look up {len(unchecked)} ferry.torch names (the rest exist)")
 
 
 @functools.lru_cache(maxsize=None)
