@@ -80,6 +80,21 @@ def test_conjugate_and_negative_views_are_saved_by_value(tmp_path, monkeypatch, 
     assert (tmp_path / "snap.safetensors").read_bytes() == p.read_bytes()
 
 
+@pytest.mark.gpu
+def test_gpu_conjugate_and_negative_views_are_saved_by_value(tmp_path, gpu, monkeypatch):
+    monkeypatch.setattr(save_mod, "SLOT_BYTES", 1 << 12)
+    g = torch.Generator().manual_seed(5)
+    c = torch.randn(2 * 5003, generator=g).view(torch.complex64).cuda()
+    f = torch.randn(3001, generator=g).cuda()
+    sd = {"conj": c.conj(), "neg": torch._neg_view(f), "plain": torch.randn(99, generator=g).cuda()}
+    ft.save_safetensors(sd, tmp_path / "g.safetensors")
+    back = load_file(str(tmp_path / "g.safetensors"))
+    for k, v in sd.items():
+        assert raw(back[k]) == raw(v.resolve_conj().resolve_neg()), k
+    ft.snapshot(sd).save(tmp_path / "s.safetensors").wait()
+    assert (tmp_path / "s.safetensors").read_bytes() == (tmp_path / "g.safetensors").read_bytes()
+
+
 def test_a_view_and_its_conjugate_are_not_tied(tmp_path):
     x = torch.randn(2 * 513).view(torch.complex64)
     sd = {"x": x, "x_conj": x.conj()}  # one memory, other values: not a tied weight

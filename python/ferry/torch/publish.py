@@ -118,8 +118,10 @@ def publish(path: str, files: list[AtomicFile], *, durable: bool) -> list[str]:
         order = files[-1:] + files[:-1]  # no index yet: the index first, the last shard commits
     *before, commit = order
     directory = os.path.dirname(commit.path)
+    commit_inode = None  # to tell, after an error, whether the commit's rename took place
     renamed: list[str] = []
     try:
+        commit_inode = os.lstat(commit.temp_path).st_ino
         for f in before:
             _step("rename", f.path)
             f.publish(fsync_dir=False)
@@ -131,11 +133,12 @@ def publish(path: str, files: list[AtomicFile], *, durable: bool) -> list[str]:
     except BaseException:
         for f in files:
             f.abort()  # the temporary files not renamed
-        for p in renamed:  # new names: nothing of the earlier checkpoint
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+        if not _is_inode(commit.path, commit_inode):  # (a Ctrl-C just after the commit's rename keeps it)
+            for p in renamed:  # new names: nothing of the earlier checkpoint
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
         raise
     if durable:
         fsync_directory(directory)
@@ -143,6 +146,13 @@ def publish(path: str, files: list[AtomicFile], *, durable: bool) -> list[str]:
     if path.endswith(".safetensors"):
         remove_earlier(path, written)
     return written
+
+
+def _is_inode(path: str, inode: int | None) -> bool:
+    try:
+        return inode is not None and os.lstat(path).st_ino == inode
+    except OSError:
+        return False
 
 
 def remove_earlier(path: str, written: list[str]) -> None:

@@ -469,8 +469,8 @@ class Plan:
         self.index = _publish.index_bytes(shards, names) if len(shards) > 1 else None
         if self.index is not None:
             _publish.check_files(path, names + [path + _publish.INDEX_SUFFIX], what)
-        self.files = [(name, file_order(shard), header(file_order(shard), metadata, what))
-                      for shard, name in zip(shards, names)]
+        ordered = [file_order(shard) for shard in shards]
+        self.files = [(name, items, header(items, metadata, what)) for name, items in zip(names, ordered)]
 
 
 def save_items(plan: Plan, durable: bool, pool=None, source=None) -> list[str]:
@@ -535,7 +535,8 @@ def save_safetensors(obj, path, *, metadata=None, max_shard_size=None, durable: 
     tied weights (the same tensor under several names) once, under the name
     that comes first in obj (for a transformers model: the input embedding,
     the one save_pretrained keeps), and records the others in the metadata as
-    {dropped: kept}, as safetensors' save_model does.
+    {dropped: kept}, as safetensors' save_model does (a name the metadata
+    already holds, such as "format", is written as a tensor instead).
 
     GPU tensors are read on their device's current stream: work queued there
     before the call is saved; the call returns once the files are written, so
