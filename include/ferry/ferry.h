@@ -58,8 +58,10 @@ extern "C" {
 /* 1.1: struct_size in every struct, ferry_managed_kind_t.
  * 1.2: ferry_copy_many, ferry_copy_many_async, the ferry_loader_* functions.
  * 1.3: the loader's mapped share removed (ferry_loader_options_t's member is
- *      retired_mapped_share, which must be 0; its stats members stay 0). */
-#define FERRY_API_MINOR 3
+ *      retired_mapped_share, which must be 0; its stats members stay 0).
+ * 1.4: ferry_copy_v2 and ferry_copy_many_v2 take a stream and a strategy in the
+ *      order of the async calls; ferry_copy and ferry_copy_many are deprecated. */
+#define FERRY_API_MINOR 4
 #define FERRY_API_VERSION ((FERRY_API_MAJOR << 16) | FERRY_API_MINOR)
 
 #if defined(__GNUC__)
@@ -237,9 +239,15 @@ typedef enum ferry_strategy {
  * direction). Options come from FERRY_COPY_* and the machine profile. */
 FERRY_API ferry_status_t ferry_engine_create(int device, ferry_engine_t* out);
 FERRY_API ferry_status_t ferry_engine_destroy(ferry_engine_t engine);
-/* Synchronous copy, ordered like cudaMemcpy (after work on the legacy default
- * stream); returns when the bytes are in place. */
-FERRY_API ferry_status_t ferry_copy(ferry_engine_t engine, void* dst, const void* src, size_t bytes);
+/* Synchronous copy on `stream` (a cudaStream_t, NULL = legacy stream) by
+ * `strategy`; returns when the bytes are in place. Every copy call takes its
+ * arguments in one order: what (dst, src, bytes), where it is ordered
+ * (stream), how (strategy), then outputs. */
+FERRY_API ferry_status_t ferry_copy_v2(ferry_engine_t engine, void* dst, const void* src, size_t bytes, void* stream,
+                                       ferry_strategy_t strategy);
+/* Deprecated (1.4): ferry_copy_v2 with stream NULL and FERRY_STRATEGY_AUTO. */
+FERRY_API FERRY_DEPRECATED("use ferry_copy_v2") ferry_status_t ferry_copy(ferry_engine_t engine, void* dst,
+                                                                          const void* src, size_t bytes);
 /* Asynchronous copy on `stream` (a cudaStream_t, NULL = legacy stream). *out
  * must be released with ferry_copy_release. */
 FERRY_API ferry_status_t ferry_copy_async(ferry_engine_t engine, void* dst, const void* src, size_t bytes,
@@ -258,8 +266,13 @@ FERRY_API ferry_status_t ferry_copy_many_async(ferry_engine_t engine, void* cons
                                                const size_t* sizes, size_t count, void* stream,
                                                ferry_strategy_t strategy, ferry_copy_t* out);
 /* The same, returning when every item is in place. */
-FERRY_API ferry_status_t ferry_copy_many(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
-                                         const size_t* sizes, size_t count, void* stream);
+FERRY_API ferry_status_t ferry_copy_many_v2(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
+                                            const size_t* sizes, size_t count, void* stream,
+                                            ferry_strategy_t strategy);
+/* Deprecated (1.4): ferry_copy_many_v2 with FERRY_STRATEGY_AUTO. */
+FERRY_API FERRY_DEPRECATED("use ferry_copy_many_v2") ferry_status_t
+ferry_copy_many(ferry_engine_t engine, void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
+                void* stream);
 /* Deprecated: ferry_copy_many_async with FERRY_STRATEGY_AUTO (the earlier
  * name, kept for the C ABI: old signatures stay). */
 FERRY_API FERRY_DEPRECATED("use ferry_copy_many_async") ferry_status_t

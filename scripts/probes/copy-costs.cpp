@@ -151,7 +151,7 @@ int main() {
       row(label, median_us(30, [&] { cudaMemcpy(d, src, n, cudaMemcpyDefault); }), n);
       for (Strategy st : {Strategy::automatic, Strategy::cuda, Strategy::staged, Strategy::pin_in_place}) {
         std::snprintf(label, sizeof label, "%zu KiB %s ferry %s", n >> 10, dir ? "d2h" : "h2d", strategy_name(st));
-        row(label, median_us(30, [&] { engine.copy(d, src, n, st); }), n);
+        row(label, median_us(30, [&] { engine.copy(d, src, n, nullptr, st); }), n);
       }
     }
   }

@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
             const void* s = dir == 0 ? static_cast<const void*>(src) : dev;
             std::vector<double> t;
             for (int i = 0; i < (n == total ? 3 : 7); ++i)
-              t.push_back(seconds([&] { e.copy(d, s, n, Strategy::staged); }));
+              t.push_back(seconds([&] { e.copy(d, s, n, nullptr, Strategy::staged); }));
             g[dir] = n / median(t) / 1e9;
           }
           std::printf("%-10zu %-8zu %-6d %-8d %8.1f %8.1f\n", n >> 20, chunk >> 10, slots, workers, g[0], g[1]);
@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
         void* d = dir == 0 ? dev : static_cast<void*>(src);
         const void* s = dir == 0 ? static_cast<const void*>(src) : dev;
         std::vector<double> t;
-        for (int i = 0; i < 3; ++i) t.push_back(seconds([&] { e.copy(d, s, n, Strategy::hybrid); }));
+        for (int i = 0; i < 3; ++i) t.push_back(seconds([&] { e.copy(d, s, n, nullptr, Strategy::hybrid); }));
         g[dir] = n / median(t) / 1e9;
       }
       std::printf("share %.2f  %5zu MiB  h2d %6.1f  d2h %6.1f\n", share, n >> 20, g[0], g[1]);

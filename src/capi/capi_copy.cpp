@@ -66,11 +66,16 @@ ferry_status_t ferry_engine_destroy(ferry_engine_t engine) {
   return guarded([&] { ferry::capi::destroy(engine, "engine", [](ferry_engine& h) { h.engine.reset(); }); });
 }
 
-ferry_status_t ferry_copy(ferry_engine_t engine, void* dst, const void* src, size_t bytes) {
+ferry_status_t ferry_copy_v2(ferry_engine_t engine, void* dst, const void* src, size_t bytes, void* stream,
+                             ferry_strategy_t strategy) {
   return guarded([&] {
     live(engine, "engine");
-    engine->engine->copy(dst, src, bytes);
+    engine->engine->copy(dst, src, bytes, static_cast<cudaStream_t>(stream), to_cpp(strategy));
   });
+}
+
+ferry_status_t ferry_copy(ferry_engine_t engine, void* dst, const void* src, size_t bytes) {
+  return ferry_copy_v2(engine, dst, src, bytes, nullptr, FERRY_STRATEGY_AUTO);
 }
 
 ferry_status_t ferry_copy_async(ferry_engine_t engine, void* dst, const void* src, size_t bytes, void* stream,
@@ -105,12 +110,18 @@ ferry_status_t ferry_copy_many_async(ferry_engine_t engine, void* const* dsts, c
   });
 }
 
-ferry_status_t ferry_copy_many(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
-                               const size_t* sizes, size_t count, void* stream) {
+ferry_status_t ferry_copy_many_v2(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
+                                  const size_t* sizes, size_t count, void* stream, ferry_strategy_t strategy) {
   return guarded([&] {
     live(engine, "engine");
-    engine->engine->copy_many(items_of(dsts, srcs, sizes, count), static_cast<cudaStream_t>(stream));
+    engine->engine->copy_many(items_of(dsts, srcs, sizes, count), static_cast<cudaStream_t>(stream),
+                              to_cpp(strategy));
   });
+}
+
+ferry_status_t ferry_copy_many(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
+                               const size_t* sizes, size_t count, void* stream) {
+  return ferry_copy_many_v2(engine, dsts, srcs, sizes, count, stream, FERRY_STRATEGY_AUTO);
 }
 
 ferry_status_t ferry_copy_wait(ferry_copy_t copy) {

@@ -55,11 +55,11 @@ std::vector<uint64_t> copy_ns(cuda::CopyEngine& e, uintptr_t dst, uintptr_t src,
                               int iterations) {
   Strategy s = parse_strategy(strategy);
   ferry::python::GilRelease unlocked;
-  e.copy(as_ptr(dst), as_ptr(src), n, s);
+  e.copy(as_ptr(dst), as_ptr(src), n, nullptr, s);
   std::vector<uint64_t> ns;
   for (int i = 0; i < iterations; ++i) {
     auto t0 = Clock::now();
-    e.copy(as_ptr(dst), as_ptr(src), n, s);
+    e.copy(as_ptr(dst), as_ptr(src), n, nullptr, s);
     ns.push_back(since_ns(t0));
   }
   return ns;

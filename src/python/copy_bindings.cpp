@@ -269,7 +269,7 @@ void bind_copy(nb::module_& m) {
            nb::handle device) {
           run_one(dst, src, nbytes, stream, strategy, device,
                   [](cuda::CopyEngine& e, const cuda::CopyOp& op, Strategy s, cudaStream_t st) {
-                    e.copy(op.dst, op.src, op.bytes, s, st);
+                    e.copy(op.dst, op.src, op.bytes, st, s);
                   });
         },
         "dst"_a.none(), "src"_a.none(), "nbytes"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
@@ -316,16 +316,16 @@ void bind_copy(nb::module_& m) {
            },
            "device"_a.none() = 0)
       .def("copy",
-           [=](cuda::CopyEngine& e, nb::handle dst, nb::handle src, nb::handle n, nb::handle strategy,
-               nb::handle stream) {
+           [=](cuda::CopyEngine& e, nb::handle dst, nb::handle src, nb::handle n, nb::handle stream,
+               nb::handle strategy) {
              void *d = address(dst, "dst"), *s = address(src, "src");
              const size_t bytes = size_arg(n, "nbytes");
              const cudaStream_t st = stream_handle(stream);
              Strategy how = strategy_of(strategy);
              ferry::python::GilRelease unlocked;
-             e.copy(d, s, bytes, how, st);
+             e.copy(d, s, bytes, st, how);
            },
-           "dst"_a.none(), "src"_a.none(), "nbytes"_a.none(), "strategy"_a.none() = nb::none(), "stream"_a.none() = 0)
+           "dst"_a.none(), "src"_a.none(), "nbytes"_a.none(), "stream"_a.none() = 0, "strategy"_a.none() = nb::none())
       .def("copy_async",
            [=](cuda::CopyEngine& e, nb::handle dst, nb::handle src, nb::handle n, nb::handle stream,
                nb::handle strategy) {

@@ -183,6 +183,31 @@ ferry_strategy_t expected_strategy(Host kind, ferry_strategy_t asked) {
   return asked;  // AUTO: checked apart
 }
 
+// ferry_copy_v2: the synchronous call in the async call's order, every
+// strategy on a stream (and the legacy stream), every host kind.
+TEST_F(CApiCopyGpu, SyncCopyV2EveryStrategyOnAStream) {
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  uint64_t seed = 500;
+  for (Host kind : {Host::pageable, Host::registered, Host::pinned})
+    for (ferry_strategy_t asked : {FERRY_STRATEGY_AUTO, FERRY_STRATEGY_DIRECT, FERRY_STRATEGY_STAGED,
+                                   FERRY_STRATEGY_PIN_IN_PLACE, FERRY_STRATEGY_HYBRID, FERRY_STRATEGY_CUDA,
+                                   FERRY_STRATEGY_SM})
+      for (void* on : {static_cast<void*>(stream), static_cast<void*>(nullptr)}) {
+        const CopyFn copy = [&](void* dst, const void* src, size_t n) {
+          ASSERT_EQ(ferry_copy_v2(engine_, dst, src, n, on, asked), FERRY_SUCCESS)
+              << "strategy " << asked << ": " << last();
+        };
+        for (size_t n : {size_t{1}, size_t{4097}, 9 * MiB + 3}) {
+          round_trip(kind, pinned_, n, 17, 5, seed++, copy);
+          if (HasFatalFailure()) return;
+        }
+      }
+  EXPECT_EQ(ferry_copy_v2(engine_, nullptr, nullptr, 1, stream, FERRY_STRATEGY_AUTO), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(last().find("dst must not be NULL"), std::string::npos) << last();
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
 TEST_F(CApiCopyGpu, AsyncCopyEveryStrategyOnAStream) {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -381,6 +406,20 @@ TEST_F(CApiCopyGpu, CopyManyFamilyMixedItems) {
       {"ferry_copy_many, a stream",
        [&](auto& dsts, auto& srcs, auto& sizes) {
          ASSERT_EQ(ferry_copy_many(engine_, dsts.data(), srcs.data(), sizes.data(), sizes.size(), stream),
+                   FERRY_SUCCESS)
+             << last();
+       }},
+      {"ferry_copy_many_v2, staged, a stream",
+       [&](auto& dsts, auto& srcs, auto& sizes) {
+         ASSERT_EQ(ferry_copy_many_v2(engine_, dsts.data(), srcs.data(), sizes.data(), sizes.size(), stream,
+                                      FERRY_STRATEGY_STAGED),
+                   FERRY_SUCCESS)
+             << last();
+       }},
+      {"ferry_copy_many_v2, auto, legacy stream",
+       [&](auto& dsts, auto& srcs, auto& sizes) {
+         ASSERT_EQ(ferry_copy_many_v2(engine_, dsts.data(), srcs.data(), sizes.data(), sizes.size(), nullptr,
+                                      FERRY_STRATEGY_AUTO),
                    FERRY_SUCCESS)
              << last();
        }},

@@ -44,8 +44,8 @@ void round_trip(size_t n, size_t hoff, size_t doff, Strategy strategy, HostBuffe
   fill_random(src.p + hoff, n, seed);
   std::memset(dst.p, 0xEE, dst.n);
   CUDA_OK(cudaMemset(dev.p, 0xCD, n + doff));
-  engine().copy(dev.p + doff, src.p + hoff, n, strategy);
-  engine().copy(dst.p + hoff, dev.p + doff, n, strategy);
+  engine().copy(dev.p + doff, src.p + hoff, n, nullptr, strategy);
+  engine().copy(dst.p + hoff, dev.p + doff, n, nullptr, strategy);
   ASSERT_EQ(std::memcmp(src.p + hoff, dst.p + hoff, n), 0)
       << "n=" << n << " hoff=" << hoff << " doff=" << doff << " strategy=" << strategy_name(strategy);
   for (size_t i = 0; i < hoff; ++i) ASSERT_EQ(dst.p[i], 0xEE) << "wrote before the destination";
@@ -90,7 +90,7 @@ TEST(CopyEngine, UnmappedAndRemappedBuffers) {
     ASSERT_NE(p, MAP_FAILED);
     fill_random(static_cast<unsigned char*>(p), 16 * MiB, 500 + round);
     for (Strategy s : {Strategy::staged, Strategy::pin_in_place}) {
-      engine().copy(dev.p, p, 16 * MiB, s);
+      engine().copy(dev.p, p, 16 * MiB, nullptr, s);
       CUDA_OK(cudaMemcpy(back.data(), dev.p, 16 * MiB, cudaMemcpyDeviceToHost));
       ASSERT_EQ(std::memcmp(back.data(), p, 16 * MiB), 0) << "round " << round;
     }
@@ -188,7 +188,7 @@ TEST(CopyEngine, StreamOrderedCopiesSurviveDeviceSynchronizingCallsInAnotherThre
         fill_random(a.p, n, 3000 + t * 10 + i);
         std::memset(b.p, 0x11, n);
         try {
-          engine().copy(d.p, a.p, n, Strategy::automatic, s);
+          engine().copy(d.p, a.p, n, s, Strategy::automatic);
           engine().copy_async(b.p, d.p, n, s, Strategy::staged).wait();
         } catch (const std::exception& e) {
           ADD_FAILURE() << e.what();
@@ -342,9 +342,9 @@ TEST(CopyEngine, WorkerFaultFailsTheCopyAndLeavesNothingStuck) {
   DeviceBuffer dev(n);
   fill_random(host.p, n, 5);
   set_fault_injection("touch:2");
-  EXPECT_THROW(engine().copy(dev.p, host.p, n, Strategy::staged), Error);
+  EXPECT_THROW(engine().copy(dev.p, host.p, n, nullptr, Strategy::staged), Error);
   set_fault_injection("");
-  engine().copy(dev.p, host.p, n, Strategy::staged);  // next copy on the same lane works
+  engine().copy(dev.p, host.p, n, nullptr, Strategy::staged);  // next copy on the same lane works
   std::vector<unsigned char> back(n);
   CUDA_OK(cudaMemcpy(back.data(), dev.p, n, cudaMemcpyDeviceToHost));
   EXPECT_EQ(std::memcmp(back.data(), host.p, n), 0);
@@ -375,10 +375,10 @@ TEST(CopyEngine, RegisterFaultInPinInPlaceLeavesNoPageRegistered) {
   DeviceBuffer dev(n);
   fill_random(host.p, n, 6);
   set_fault_injection("register:2");
-  EXPECT_THROW(engine().copy(dev.p, host.p, n, Strategy::pin_in_place), CudaError);
+  EXPECT_THROW(engine().copy(dev.p, host.p, n, nullptr, Strategy::pin_in_place), CudaError);
   set_fault_injection("");
   for (size_t off = 0; off < n; off += 2 * MiB) ASSERT_FALSE(registered(host.p + off)) << off;
-  engine().copy(dev.p, host.p, n, Strategy::pin_in_place);
+  engine().copy(dev.p, host.p, n, nullptr, Strategy::pin_in_place);
 }
 
 TEST(CopyEngine, RegistrationMakesCopiesDirect) {

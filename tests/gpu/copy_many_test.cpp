@@ -238,7 +238,7 @@ TEST(CopyMany, AFaultMidRunFailsTheCallAndTheEngineWorksOn) {
   DeviceBuffer d(n);
   fill_random(a.p, n, 12);
   set_fault_injection("touch:3");  // the fourth staged piece fails
-  EXPECT_THROW(engine().copy(d.p, a.p, n, Strategy::staged), OsError);
+  EXPECT_THROW(engine().copy(d.p, a.p, n, nullptr, Strategy::staged), OsError);
   set_fault_injection("");
   engine().copy(d.p, a.p, n);
   engine().copy(b.p, d.p, n);

@@ -53,8 +53,8 @@ TEST(NumaPlacement, EachEngineServesItsDeviceFromItsSysfsNode) {
     fill_random(src.p, n, 77 + d);
     std::memset(dst.p, 0xEE, dst.n);
     CUDA_OK(cudaMemset(dev.p, 0xCD, n));
-    engine.copy(dev.p, src.p, n, Strategy::staged);
-    engine.copy(dst.p, dev.p, n, Strategy::staged);
+    engine.copy(dev.p, src.p, n, nullptr, Strategy::staged);
+    engine.copy(dst.p, dev.p, n, nullptr, Strategy::staged);
     EXPECT_EQ(std::memcmp(src.p, dst.p, n), 0) << "device " << d;
     EXPECT_EQ(dst.p[n], 0xEE) << "device " << d << ": wrote past the destination";
   }

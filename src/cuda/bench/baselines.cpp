@@ -93,7 +93,7 @@ std::vector<uint64_t> time_bidirectional_ns(CopyEngine* engine, void* dev_a, con
                                             const void* dev_b, size_t bytes, Strategy strategy, int iterations) {
   auto one = [&](void* d, const void* s) {
     if (engine)
-      engine->copy(d, s, bytes, strategy);
+      engine->copy(d, s, bytes, nullptr, strategy);
     else
       check(cudaMemcpy(d, s, bytes, cudaMemcpyDefault), "cudaMemcpy");
   };

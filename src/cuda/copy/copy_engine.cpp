@@ -176,7 +176,7 @@ Completion CopyEngine::Impl::start(void* dst, const void* src, size_t bytes, cud
   return Completion(st);
 }
 
-void CopyEngine::copy(void* dst, const void* src, size_t bytes, Strategy strategy, cudaStream_t stream) {
+void CopyEngine::copy(void* dst, const void* src, size_t bytes, cudaStream_t stream, Strategy strategy) {
   Impl& m = *impl_;
   PointerLookup lookup;
   const Route r = m.route(dst, src, bytes, strategy, CallKind::copy, lookup);

@@ -150,8 +150,10 @@ class CopyEngine {
   Completion copy_async(void* dst, const void* src, size_t bytes, cudaStream_t stream,
                         Strategy strategy = Strategy::automatic);
   // Returns when the bytes are in place; ordered on `stream` like an async copy.
-  void copy(void* dst, const void* src, size_t bytes, Strategy strategy = Strategy::automatic,
-            cudaStream_t stream = nullptr);
+  // Arguments in copy_async's order (every copy call: what, then where it is
+  // ordered, then how).
+  void copy(void* dst, const void* src, size_t bytes, cudaStream_t stream = nullptr,
+            Strategy strategy = Strategy::automatic);
 
   // Many items in one call, any mix of pageable, registered and pinned host
   // memory with device memory, both directions: pinned items go to the copy
