@@ -26,7 +26,7 @@ only (ferry Pool buffers on both sides, no GPU, no torch): what CI runs.
 Both agents come from ferry.nixl.agent (UCX settings chosen for this machine;
 B prints what was chosen) unless --agent nixl asks for NIXL's defaults.
 --ucx-tls sets UCX_TLS for both processes, --ucx KEY=VALUE any other UCX_*
-variable: the user's settings, they win over ferry's choice (README, "Several
+variable: the user's settings, they win over ferry's choice (docs/nixl.md, "Several
 nodes: ferry memory on NIXL", says which settings matter). Needs `pip install
 'ferry[nixl]'`.
 

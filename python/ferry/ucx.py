@@ -2,7 +2,7 @@
 settings ``ferry.nixl.agent`` gives a NIXL agent for its traffic (``choose``).
 
 Why: NIXL's UCX defaults move a ferry pinned pool into another process's GPU at
-about 1 GB/s where the link gives 40+ (README, "UCX settings"): its endpoints
+about 1 GB/s where the link gives 40+ (docs/nixl.md, "UCX settings"): its endpoints
 ask for *peer* error handling, which rules out the cuda_ipc and shared-memory
 lanes, and UCX's RMA rendezvous protocol (the one that drives cuda_ipc for
 host <-> GPU puts and gets) is off unless ``UCX_RMA_PPLN_ENABLE=y``.

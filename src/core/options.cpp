@@ -15,7 +15,7 @@ extern char** environ;
 namespace ferry {
 namespace {
 
-// The one table. Keep it sorted by name; README's Options table is generated
+// The one table. Keep it sorted by name; docs/options.md's Options table is generated
 // from it by `ferry options --markdown` (tests/python/test_cli.py compares them).
 const OptionSpec kOptions[] = {
     {"FERRY_CHUNK_SIZE", "64MiB",

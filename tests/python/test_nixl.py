@@ -264,7 +264,7 @@ def test_two_processes_exchange_pool_memory(nixl_agents, request, tmp_path, mode
     assert result["ucx"]["UCX_TLS"] == tls and len(result["seconds"]) == 2
 
 
-# The settings that reached 34-41 GB/s on the H200 machines (README).
+# The settings that reached 34-41 GB/s on the H200 machines (docs/nixl.md).
 GPU_UCX_TLS = "cuda_copy,cuda_ipc,sm,self"
 
 

@@ -1,4 +1,4 @@
-"""A real client: transformers. README's recipe (a model built on the GPU, filled
+"""A real client: transformers. docs/loading.md's recipe (a model built on the GPU, filled
 by ferry.torch.load_safetensors from save_pretrained's files) gives
 from_pretrained's logits; a state dict saved by ferry.torch.save_safetensors
 beside the model's config.json loads with from_pretrained. Skips without
@@ -40,7 +40,7 @@ def test_readme_recipe_logits_equal_from_pretrained(tmp_path, gpu, tie):
     except (ImportError, ValueError):
         ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to("cuda")
     ref.eval()
-    # README "Loading checkpoints":
+    # docs/loading.md:
     cfg = transformers.AutoConfig.from_pretrained(path)
     with torch.device("cuda"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)

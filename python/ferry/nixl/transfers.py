@@ -257,7 +257,7 @@ def post(agent, op: str, local, remote, remote_agent: str, *, notif: bytes = b""
     descriptors before posting (ferry.nixl.coalesce; True: up to
     COALESCE_BYTES = 2 MiB each, an int: that cap in bytes, False or 0: post
     the rows as given). The bytes moved are the same; consecutive 64 KiB KV
-    blocks move as 2 MiB descriptors (README, NIXL). A joined row must lie in
+    blocks move as 2 MiB descriptors (docs/nixl.md). A joined row must lie in
     one registered region on each side: the remote side is checked against
     the peer's metadata first, and if NIXL still refuses the joined lists
     (local rows adjacent across two registrations) the rows are posted as

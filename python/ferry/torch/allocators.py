@@ -91,7 +91,7 @@ def _too_late(name: str, text: str) -> str:
 def use_allocator(name: str, **options):
     """Make ferry's allocator `name` PyTorch's CUDA allocator for this process.
 
-    name: "device", "managed" or "managed_pool". options (see README):
+    name: "device", "managed" or "managed_pool". options (see docs/managed-memory.md):
     prefetch (managed: bool, default False; managed_pool: True/False/"alloc"/
     "chunk", default "alloc"), advise (a list of "preferred_location",
     "accessed_by", "read_mostly"), oversubscribe (default False: never ask for
