@@ -241,14 +241,13 @@ def release_memory(torch) -> None:
     pinned host cache (save_on_cpu's, 35 GB at the default sizes; the call
     torch.cuda.graphs makes before a capture, where this PyTorch has it)."""
     import ferry.torch as ft
+    from ferry.torch import _torch_private
 
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     ft.default_pinned_pool(0).trim()
-    host_empty_cache = getattr(torch._C, "_host_emptyCache", None)
-    if host_empty_cache is not None:
-        host_empty_cache()
+    _torch_private.empty_host_cache()
     torch.cuda.reset_peak_memory_stats(0)
 
 

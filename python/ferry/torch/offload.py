@@ -56,6 +56,7 @@ import weakref
 
 from .. import _args
 from ..errors import InvalidArgumentError
+from . import _torch_private
 from ._torch import torch_module as _torch
 from .pinned import default_pinned_pool, empty_pinned
 
@@ -196,7 +197,7 @@ class ActivationOffload:
         """Whether offloading t frees GPU memory and keeps it exact (budget aside)."""
         if not t.is_cuda or t.layout != self._torch.strided or t.is_leaf:
             return False
-        base = t._base  # a view of a parameter or input: its memory is held anyway
+        base = _torch_private.view_base(t)  # a view of a parameter or input: its memory is held anyway
         if base is not None and base.is_leaf:
             return False
         return t.numel() * t.element_size() >= self.min_bytes and _dense(t)
@@ -219,7 +220,7 @@ class ActivationOffload:
             return t
         start = t.storage_offset() * t.element_size()  # strides are never negative in PyTorch
         storage = t.untyped_storage()
-        key = (storage.data_ptr(), start, nbytes, t._version)
+        key = (storage.data_ptr(), start, nbytes, _torch_private.version_counter(t))
         with self._lock:
             refs = step.seen.get(key)
             # The same storage object, not only the same address: freed memory is
@@ -311,7 +312,7 @@ class ActivationOffload:
         if saved.conj:
             out = out.conj()
         if saved.neg:
-            out = out._neg_view()
+            out = _torch_private.neg_view(out)
         return out
 
     def _fetch(self, copy: _Copy):

@@ -20,6 +20,7 @@ import threading
 
 from .. import _args, _ferry
 from ..pool import PinnedPool
+from . import _torch_private
 from ._torch import torch_module as _torch
 
 _lock = threading.Lock()
@@ -52,9 +53,7 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def _fill_dlpack_table(torch) -> None:
     global _from_capsule
-    # torch.from_dlpack's own converter when it has one (the public function
-    # adds Python checks meant for objects with __dlpack__).
-    _from_capsule = getattr(torch._C, "_from_dlpack", None) or torch.from_dlpack
+    _from_capsule = _torch_private.dlpack_capsule_converter()
     table = {
         torch.bool: (6, 8), torch.uint8: (1, 8), torch.int8: (0, 8), torch.int16: (0, 16),
         torch.int32: (0, 32), torch.int64: (0, 64), torch.float16: (2, 16), torch.bfloat16: (4, 16),
