@@ -16,16 +16,8 @@ import queue
 import random
 
 import torch
-from torch._utils import ExceptionWrapper
-from torch.utils.data import _utils
-from torch.utils.data._utils.worker import (
-    ManagerWatchdog,
-    WorkerInfo,
-    _generate_state,
-    _IterableDatasetStopIteration,
-    _ResumeIteration,
-)
 
+from .. import _torch_private as pt
 from .batch_layout import Batch, SlotWriter, WorkerFailure
 from .chunk_passing import SlotMappings
 from .slot_collate import SlotCollator
@@ -44,7 +36,7 @@ def _seed(base_seed: int, worker_id: int) -> int:
         import numpy as np
     except ImportError:  # pragma: no cover - numpy comes with the test extras
         return seed
-    np.random.seed(_generate_state(base_seed, worker_id))
+    np.random.seed(pt.numpy_seed(base_seed, worker_id))
     return seed
 
 
@@ -52,12 +44,12 @@ def worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto
                 drop_last, base_seed, init_fn, worker_id, num_workers, shared_seed, chunk_socket) -> None:
     """Runs in the worker process until the main process sends None (or dies).
     chunk_socket: this worker's end of its socket pair (``chunk_passing``)."""
-    from torch.utils.data import IterDataPipe, _DatasetKind
+    from torch.utils.data import IterDataPipe
     from torch.utils.data.graph_settings import apply_random_seed
 
     try:
-        _utils.signal_handling._set_worker_signal_handlers()
-        torch.multiprocessing._set_thread_name("ferry_data_worker")
+        pt.worker_signal_handlers()
+        pt.set_thread_name("ferry_data_worker")
         torch.set_num_threads(1)
         seed = _seed(base_seed, worker_id)
 
@@ -66,7 +58,7 @@ def worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto
             shared_rng.manual_seed(shared_seed)
             dataset = apply_random_seed(dataset, shared_rng)
 
-        _utils.worker._worker_info = WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+        pt.set_worker_info(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
 
         collator = SlotCollator(collate_fn)
         mappings = SlotMappings(chunk_socket)
@@ -74,24 +66,25 @@ def worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto
         try:
             if init_fn is not None:
                 init_fn(worker_id)
-            fetcher = _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, _samples, drop_last)
+            fetcher = pt.create_fetcher(dataset_kind, dataset, auto_collation, _samples, drop_last)
         except Exception:
-            init_exception = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
+            init_exception = pt.exception_wrapper(f"in DataLoader worker process {worker_id}")
 
         iteration_end = False
-        watchdog = ManagerWatchdog()
+        watchdog = pt.manager_watchdog()
+        interval = pt.status_check_interval()
         while watchdog.is_alive():
             try:
-                r = index_queue.get(timeout=_utils.MP_STATUS_CHECK_INTERVAL)
+                r = index_queue.get(timeout=interval)
             except queue.Empty:
                 continue
-            if isinstance(r, _ResumeIteration):
+            if pt.is_resume(r):
                 data_queue.put((r, None))
                 iteration_end = False
                 if isinstance(dataset, IterDataPipe):
                     shared_rng.manual_seed(r.seed)
                     dataset = apply_random_seed(dataset, shared_rng)
-                fetcher = _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, _samples, drop_last)
+                fetcher = pt.create_fetcher(dataset_kind, dataset, auto_collation, _samples, drop_last)
                 continue
             if r is None:
                 break  # the final signal
@@ -109,13 +102,13 @@ def worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto
                     tree = collator(raw, writer)
                     data = Batch(idx, slot_id, tree, writer.used, writer.needed)
                 except Exception as e:
-                    if isinstance(e, StopIteration) and dataset_kind == _DatasetKind.Iterable:
-                        data = _IterableDatasetStopIteration(worker_id)
+                    if isinstance(e, StopIteration) and pt.is_iterable_kind(dataset_kind):
+                        data = pt.replica_end(worker_id)
                         iteration_end = True
                     else:
                         data = WorkerFailure(
                             idx, slot_id,
-                            ExceptionWrapper(where=f"in DataLoader worker process {worker_id}"))
+                            pt.exception_wrapper(f"in DataLoader worker process {worker_id}"))
             data_queue.put((idx, data))
             del data, idx, index, r
     except KeyboardInterrupt:
