@@ -20,8 +20,9 @@ import functools
 import math
 
 import torch
-from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate, default_collate_fn_map
+from torch.utils.data import default_collate
 
+from .. import _torch_private as pt
 from .batch_layout import SlotWriter, TensorLeaf, map_leaves
 
 
@@ -38,7 +39,7 @@ class SlotCollator:
         self.collate_fn = collate_fn
         self.stacks_into_slot = collate_fn is default_collate
         self._writer: SlotWriter | None = None
-        self._map = dict(default_collate_fn_map)
+        self._map = pt.default_collate_fn_map()
         self._map[torch.Tensor] = self._stack
 
     def __call__(self, raw, writer: SlotWriter):
@@ -46,7 +47,7 @@ class SlotCollator:
         returned: a list of samples, or one sample without batching)."""
         self._writer = writer
         try:
-            data = collate(raw, collate_fn_map=self._map) if self.stacks_into_slot else self.collate_fn(raw)
+            data = pt.collate(raw, self._map) if self.stacks_into_slot else self.collate_fn(raw)
             return self.pack(data, writer)
         finally:
             self._writer = None
@@ -54,7 +55,7 @@ class SlotCollator:
     def _stack(self, batch, *, collate_fn_map=None):
         elem = batch[0]
         if elem.is_nested or elem.layout is not torch.strided or elem.device.type != "cpu":
-            return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)  # PyTorch's rules and errors
+            return pt.collate_tensors(batch, collate_fn_map)  # PyTorch's rules and errors
         dtype = functools.reduce(torch.promote_types, (t.dtype for t in batch))  # torch.stack's result type
         shape = (len(batch), *elem.shape)
         nbytes = dtype.itemsize * math.prod(shape)
