@@ -36,15 +36,17 @@ import threading
 
 import torch
 import torch.utils.data as _data
-from torch.utils.data import _utils
-from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
+from .. import _torch_private as pt
 from .batch_layout import Batch, SlotWriter, WorkerFailure
 from .chunk_passing import ChunkSender, socket_pair
 from .delivery import Delivery
 from .slot_collate import SlotCollator
 from .slots import SlotPool
 from .worker import _samples, worker_loop
+
+# PyTorch's iterator classes (private: _SingleProcessDataLoaderIter, _MultiProcessingDataLoaderIter).
+_TorchSingleProcessIter, _TorchMultiProcessIter = pt.iterator_classes()
 
 # Slots beyond the tasks in flight, made at once: the batch being delivered
 # (device=...: while its copy runs), and with device=None the one the user
@@ -80,7 +82,7 @@ def _device_arg(device):
 def _pinned_device(device):
     """The CUDA device index slots are pinned on, or None (pageable shared
     memory); asked in each process that makes slots. device: the loader's."""
-    forked = torch.cuda._is_in_bad_fork()  # forked after CUDA was initialized: no CUDA here
+    forked = pt.in_bad_fork()  # forked after CUDA was initialized: no CUDA here
     if device is not None:
         if forked:
             from ...errors import NotSupportedError
@@ -152,7 +154,7 @@ class DataLoader(_data.DataLoader):
         return _FerryMultiProcessIter(self)
 
 
-class _FerrySingleProcessIter(_SingleProcessDataLoaderIter):
+class _FerrySingleProcessIter(_TorchSingleProcessIter):
     """num_workers=0: the main process fetches, collates into a slot and delivers."""
 
     def __init__(self, loader):
@@ -161,7 +163,7 @@ class _FerrySingleProcessIter(_SingleProcessDataLoaderIter):
         self._slots = loader._slot_pool()
         self._deliver = Delivery(self._slots, loader.device)
         self._collate = SlotCollator(loader.collate_fn)
-        self._dataset_fetcher = _data._DatasetKind.create_fetcher(
+        self._dataset_fetcher = pt.create_fetcher(
             self._dataset_kind, self._dataset, self._auto_collation, _samples, self._drop_last)
 
     def _next_data(self):
@@ -178,11 +180,11 @@ class _FerrySingleProcessIter(_SingleProcessDataLoaderIter):
         return self._deliver(Batch(None, None if slot is None else slot.id, tree, writer.used, writer.needed))
 
 
-class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
+class _FerryMultiProcessIter(_TorchMultiProcessIter):
     """PyTorch's multi-process iterator with ferry's workers and slots."""
 
     def __init__(self, loader):  # PyTorch's __init__, with ferry's worker loop and no pin thread
-        _data.dataloader._BaseDataLoaderIter.__init__(self, loader)
+        pt.init_base_iterator(self, loader)
         self._pin_memory = False  # the slots are pinned already: no pin_memory thread
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
@@ -197,10 +199,7 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
         ctx = loader.multiprocessing_context or torch.multiprocessing
         self._worker_init_fn = loader.worker_init_fn
         if isinstance(self._dataset, (_data.IterDataPipe, _data.MapDataPipe)):
-            import functools
-
-            self._worker_init_fn = functools.partial(_data.dataloader._sharding_worker_init_fn,
-                                                     self._worker_init_fn, self._world_size, self._rank)
+            self._worker_init_fn = pt.sharding_worker_init_fn(self._worker_init_fn, self._world_size, self._rank)
         self._worker_result_queue = ctx.Queue()
         self._worker_pids_set = False
         self._shutdown = False
@@ -226,8 +225,7 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
             self._index_queues.append(index_queue)
             self._workers.append(w)
         self._data_queue = self._worker_result_queue
-        _utils.signal_handling._set_worker_pids(id(self), tuple(w.pid for w in self._workers))
-        _utils.signal_handling._set_SIGCHLD_handler()
+        pt.watch_workers(self, self._workers)
         self._worker_pids_set = True
         self._reset(loader, first_iter=True)
 
@@ -319,8 +317,7 @@ class _FerryMultiProcessIter(_MultiProcessingDataLoaderIter):
             idx, data = super()._get_data()
         except RuntimeError as e:
             raise RuntimeError(f"ferry DataLoader: {e} ({self._worker_names()})") from e
-        if isinstance(data, _utils.worker._IterableDatasetStopIteration) or (
-                self._resuming and not isinstance(idx, _utils.worker._ResumeIteration)):
+        if pt.is_replica_end(data) or (self._resuming and not pt.is_resume(idx)):
             self._free_task_slot(idx)  # no batch in it (the replica ended; a stale task of the last epoch)
         return idx, data
 
