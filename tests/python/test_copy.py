@@ -258,3 +258,22 @@ def test_to_device_and_back_keep_a_nested_structure(gpu):
     assert all(filled[k] is out[k] and torch.equal(out[k], v) for k, v in sd.items())
     with pytest.raises(ferry.InvalidArgumentError, match="out tensor"):
         ft.to_host(on_gpu["state"], out={k: torch.empty(1) for k in sd})
+
+
+def test_to_device_and_to_host_move_values_of_conjugate_and_negative_views(gpu):
+    """A conj or neg view's memory holds x, it means conj(x) or -x: the copy carries
+    the values (a raw byte copy carried x)."""
+    torch = pytest.importorskip("torch")
+    import ferry.torch as ft
+
+    g = torch.Generator().manual_seed(9)
+    c = torch.randn(2 * 4099, generator=g).view(torch.complex64)
+    f = torch.randn(3001, generator=g)
+    views = {"conj": c.conj(), "neg": torch._neg_view(f), "strided_conj": c[::3].conj()}
+    on_gpu = ft.to_device(views, "cuda")
+    for k, v in views.items():
+        assert torch.equal(on_gpu[k].cpu(), v.resolve_conj().resolve_neg()), k
+    gpu_views = {"conj": c.cuda().conj(), "neg": torch._neg_view(f.cuda())}
+    back = ft.to_host(gpu_views)
+    for k, v in gpu_views.items():
+        assert torch.equal(back[k], v.cpu().resolve_conj().resolve_neg()), k

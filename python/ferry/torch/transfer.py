@@ -98,6 +98,14 @@ def _copy_on_current_stream(torch, dsts, srcs, device, non_blocking):
         copy_many(dsts, srcs, stream=stream)
 
 
+def _values(t):
+    """t's values as one contiguous block for a byte copy: a conjugate or negative
+    view (its memory holds x, it means conj(x) or -x) resolved, a strided view made
+    contiguous; t itself when it is both already."""
+    t = t.resolve_conj().resolve_neg()
+    return t if t.is_contiguous() else t.contiguous()
+
+
 def to_device(obj, device=None, non_blocking: bool = False):
     """obj (a CPU tensor, pageable or pinned, or any nesting of dicts, lists and
     tuples of them) on the GPU, moved by ferry's engine in one call.
@@ -117,7 +125,7 @@ def to_device(obj, device=None, non_blocking: bool = False):
         if t.is_cuda:
             out[i] = t.to(dev, non_blocking=non_blocking)
             continue
-        src = t if t.is_contiguous() else t.contiguous()
+        src = _values(t)
         out[i] = torch.empty(src.shape, dtype=src.dtype, device=dev)
         if src.numel():
             dsts.append(out[i])
@@ -186,7 +194,7 @@ def to_host(obj, out=None, non_blocking: bool = False):
             else:
                 targets[i].copy_(t)
             continue
-        src = t if t.is_contiguous() else t.contiguous()
+        src = _values(t)
         if device is not None and src.device != device:
             # One call serves one device: the others go by themselves.
             target = targets[i] if targets[i] is not None else _new_host(torch, src)

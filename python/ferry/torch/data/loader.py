@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 
 import torch
@@ -56,6 +57,19 @@ EXTRA_SLOTS_CPU = 2
 
 # Guards DataLoader._ferry_slots (made once, whichever thread iterates first).
 _SLOT_POOL_LOCK = threading.Lock()
+# One thread at a time starts workers: a worker forked by one thread must not
+# inherit another thread's half-made socket pair, and forks from several threads
+# at once trip other libraries' fork guards (filelock raised "os.fork is unsafe
+# while filelock is changing descriptor ownership" in the H200 run).
+_WORKER_START_LOCK = threading.Lock()
+
+
+def _new_locks_after_fork() -> None:
+    global _SLOT_POOL_LOCK, _WORKER_START_LOCK  # a parent's thread may have held them
+    _SLOT_POOL_LOCK, _WORKER_START_LOCK = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_locks_after_fork)
 
 
 def _device_arg(device):
@@ -191,6 +205,10 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
         self._slots = loader._slot_pool()
         self._deliver = Delivery(self._slots, loader.device)
         self._task_slot: dict[int, object] = {}  # task idx -> the slot its worker writes
+        # Task idx -> its worker, and each worker's tasks not yet delivered (in_order=False
+        # balances by them): ours, as PyTorch 2.6 keeps neither (_torch_private.ITERATOR_METHODS).
+        self._task_worker: dict[int, int] = {}
+        self._worker_tasks = [0] * self._num_workers
         self._chunk_senders: list[ChunkSender] = []  # one per worker: the batch memory's fds go through it
         self._in_use = threading.Lock()  # persistent workers: one thread at a time (see the module)
         self._resuming = False
@@ -209,19 +227,20 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
         for i in range(self._num_workers):
             index_queue = ctx.Queue()
             index_queue.cancel_join_thread()
-            ours, theirs = socket_pair()
-            self._chunk_senders.append(ChunkSender(ours, i))
-            w = ctx.Process(
-                target=worker_loop,
-                args=(self._dataset_kind, self._dataset, index_queue, self._worker_result_queue,
-                      self._workers_done_event, self._auto_collation, self._collate_fn, self._drop_last,
-                      self._base_seed, self._worker_init_fn, i, self._num_workers, self._shared_seed, theirs),
-            )
-            w.daemon = True
-            try:
-                w.start()
-            finally:
-                theirs.close()  # the worker has its own: inherited (fork) or passed (spawn, forkserver)
+            with _WORKER_START_LOCK:
+                ours, theirs = socket_pair()
+                self._chunk_senders.append(ChunkSender(ours, i))
+                w = ctx.Process(
+                    target=worker_loop,
+                    args=(self._dataset_kind, self._dataset, index_queue, self._worker_result_queue,
+                          self._workers_done_event, self._auto_collation, self._collate_fn, self._drop_last,
+                          self._base_seed, self._worker_init_fn, i, self._num_workers, self._shared_seed, theirs),
+                )
+                w.daemon = True
+                try:
+                    w.start()
+                finally:
+                    theirs.close()  # the worker has its own: inherited (fork) or passed (spawn, forkserver)
             self._index_queues.append(index_queue)
             self._workers.append(w)
         self._data_queue = self._worker_result_queue
@@ -238,6 +257,7 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
                     if len(info) == 2:
                         self._free_task_slot(idx)
             self._resuming = not first_iter
+            self._worker_tasks = [0] * self._num_workers  # as PyTorch counts them: from each epoch's start
             try:
                 super()._reset(loader, first_iter)
             finally:
@@ -277,7 +297,7 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
             if self._workers_status[worker]:
                 if self._in_order:
                     break
-                if self._workers_num_tasks[worker] < max_tasks // sum(self._workers_status):
+                if self._worker_tasks[worker] < max_tasks // sum(self._workers_status):
                     break
         else:
             return
@@ -287,7 +307,8 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
         self._index_queues[worker].put((self._send_idx, index, None if slot is None else slot.message()))
         self._task_info[self._send_idx] = (worker,)
         self._task_slot[self._send_idx] = slot
-        self._workers_num_tasks[worker] += 1
+        self._task_worker[self._send_idx] = worker
+        self._worker_tasks[worker] += 1
         self._tasks_outstanding += 1
         self._send_idx += 1
 
@@ -306,6 +327,7 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
                 return
 
     def _free_task_slot(self, idx):
+        self._task_worker.pop(idx, None)
         slot = self._task_slot.pop(idx, None)
         if slot is not None:
             self._slots.release(slot)
@@ -326,8 +348,10 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
             f"{i} pid {w.pid}{'' if w.is_alive() else ' (exited, code ' + str(w.exitcode) + ')'}"
             for i, w in enumerate(self._workers))
 
-    def _process_data(self, data, worker_idx):
-        self._workers_num_tasks[worker_idx] -= 1
+    def _process_data(self, data, worker_idx=None):  # PyTorch 2.6 passes no worker_idx
+        worker_idx = self._task_worker.pop(getattr(data, "idx", None), worker_idx)
+        if worker_idx is not None:
+            self._worker_tasks[worker_idx] -= 1
         if isinstance(data, WorkerFailure):
             self._free_task_slot(data.idx)
             self._dispatch_after_delivery()
