@@ -16,6 +16,15 @@
 //                 cost is lower than any pipeline's);
 //   sm            pinned host memory only: a copy kernel on a few SMs moves the
 //                 bytes (for batches of small blocks; never chosen by itself).
+//
+// A strategy asked for is a request about the memory it fits, and choose()
+// maps it when the memory is of the other kind (the copy's strategy() says
+// what ran):
+//   pinned memory     staged, pin_in_place, hybrid, cuda -> direct (there is
+//                     nothing to stage or pin: one DMA); sm stays sm;
+//   pageable memory   direct -> cuda (the runtime's "direct" call on pageable
+//                     memory is its own pageable path); sm -> staged (the kernel
+//                     needs pinned memory, staging makes it so).
 #pragma once
 
 #include <cstddef>
