@@ -111,3 +111,133 @@ def test_every_module_imports_in_a_fresh_interpreter():
     code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
     r = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+
+# ---- PyTorch's private names: only in ferry/torch/_torch_private.py ---------------------
+
+TORCH_ADAPTER = ROOT / "torch" / "_torch_private.py"
+# Private attributes of tensors (besides those of the installed PyTorch's Tensor class).
+TENSOR_PRIVATE = frozenset({"_base", "_version", "_neg_view", "_cdata", "_typed_storage", "_is_view", "_grad_fn"})
+# What holds the torch module in ferry's code besides a name bound by an import:
+# `torch = _torch()`, `self._torch`, `torch_module()`.
+TORCH_HOLDERS = {"torch", "_torch", "torch_module"}
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not part.startswith("__")
+
+
+def _chain(node) -> list[str] | None:
+    """["torch", "cuda", "_x"] for torch.cuda._x (and for self._torch.cuda._x,
+    _torch().cuda._x); None when no name is at its root."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Call):
+        node = node.func
+    if not isinstance(node, ast.Name):
+        return None
+    chain = [node.id, *reversed(parts)]
+    if chain[0] in ("self", "cls") and len(chain) > 1 and chain[1] in TORCH_HOLDERS:
+        chain = chain[1:]
+    return chain
+
+
+def private_torch_names(source: str, tensor_private=TENSOR_PRIVATE) -> list[str]:
+    """'line: text' for each private PyTorch name the code (not its strings)
+    names: a private module or name imported from torch; a private attribute
+    reached from the torch module (imported under any name, or held as in
+    TORCH_HOLDERS); getattr/hasattr of a private name on it; a tensor's private
+    attribute on anything."""
+    tree = ast.parse(source)
+    roots = set(TORCH_HOLDERS)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch":
+                    roots.add(alias.asname or "torch")
+                    if any(map(_private, alias.name.split("."))):
+                        found.add((node.lineno, f"import {alias.name}"))
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "torch":
+            for alias in node.names:
+                roots.add(alias.asname or alias.name)
+                if any(map(_private, node.module.split("."))) or _private(alias.name):
+                    found.add((node.lineno, f"from {node.module} import {alias.name}"))
+    chains = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain = _chain(node)
+            if chain is None:
+                if node.attr in tensor_private:
+                    found.add((node.lineno, f"(...).{node.attr}"))
+            elif chain[0] in roots and any(map(_private, chain[1:])):
+                chains.add((node.lineno, ".".join(chain)))
+            elif chain[-1] in tensor_private and chain[0] not in ("self", "cls"):
+                chains.add((node.lineno, ".".join(chain)))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+              and isinstance(node.args[1].value, str) and _private(node.args[1].value)):
+            chain = _chain(node.args[0])
+            if chain is not None and chain[0] in roots:
+                found.add((node.lineno, f"{node.func.id}({'.'.join(chain)}, {node.args[1].value!r})"))
+    # torch._C._x is one name, not also torch._C.
+    found |= {(line, text) for line, text in chains
+              if not any(l2 == line and t2.startswith(text + ".") for l2, t2 in chains)}
+    return [f"{line}: {text}" for line, text in sorted(found)]
+
+
+def _tensor_private() -> frozenset:
+    try:
+        import torch
+    except ImportError:
+        return TENSOR_PRIVATE
+    return TENSOR_PRIVATE | {n for n in dir(torch.Tensor) if _private(n)}
+
+
+def test_private_torch_names_are_found():
+    code = """
+import torch
+import torch.utils.data as _data
+from torch.utils.data import _utils
+from torch._utils import ExceptionWrapper
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, DataLoader
+x = torch.cuda._is_in_bad_fork()
+f = getattr(torch._C, "_from_dlpack", None) or torch.from_dlpack
+k = _data._DatasetKind.Map
+def g(self, t):
+    torch = self._torch
+    b = t._base, t.grad._version, self._version, torch.__version__, torch.cuda.is_available()
+    return self._torch.cuda._lazy_init(), _torch()._C, t[0]._neg_view(), hasattr(torch, "_x")
+s = "torch._C in a string"
+"""
+    assert private_torch_names(code) == [
+        "4: from torch.utils.data import _utils",
+        "5: from torch._utils import ExceptionWrapper",
+        "6: from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter",
+        "7: torch.cuda._is_in_bad_fork",
+        "8: getattr(torch._C, '_from_dlpack')",
+        "8: torch._C",
+        "9: _data._DatasetKind.Map",
+        "12: t._base",
+        "12: t.grad._version",
+        "13: (...)._neg_view",
+        "13: _torch._C",
+        "13: _torch.cuda._lazy_init",
+        "13: hasattr(torch, '_x')",
+    ]
+    assert private_torch_names("import torch\nx = torch.cuda.is_available()\n") == []
+
+
+def test_private_torch_names_only_in_the_adapter():
+    assert TORCH_ADAPTER.is_file()
+    tensor_private = _tensor_private()
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path != TORCH_ADAPTER:
+            found += [f"{path.relative_to(ROOT.parent)}:{hit}"
+                      for hit in private_torch_names(path.read_text(), tensor_private)]
+    assert not found, ("private PyTorch names outside ferry/torch/_torch_private.py (add a function there, "
+                       "with the versions it was checked against):\n  " + "\n  ".join(found))
