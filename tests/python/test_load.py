@@ -238,11 +238,15 @@ def test_out_checks_shape_dtype_and_casts():
     cat = _cat(files, [("w", 0, "BF16", [2, 3], 0, 12), ("i", 0, "I64", [4], 12, 44),
                        ("q", 0, "F8_E4M3", [8], 44, 52), ("f4", 0, "F4", [2, 6], 52, 58)])
     cpu = torch.device("cpu")
-    got = _targets(torch, range(4), cat, torch.float32, None, cpu)
+    has_f4 = hasattr(torch, "float4_e2m1fn_x2")  # PyTorch 2.6 has none: F4 is refused, saying so
+    if not has_f4:
+        with pytest.raises(InvalidArgumentError, match="tensor 'f4': safetensors dtype F4 has no dtype in PyTorch"):
+            _targets(torch, range(4), cat, torch.float32, None, cpu)
+    got = _targets(torch, range(4 if has_f4 else 3), cat, torch.float32, None, cpu)
     assert got["w"].dtype == torch.float32  # cast
     assert got["i"].dtype == torch.int64  # integers keep theirs
     assert got["q"].dtype == torch.float8_e4m3fn  # 8-bit floats too
-    assert list(got["f4"].shape) == [2, 3]  # two F4 values per element
+    assert not has_f4 or list(got["f4"].shape) == [2, 3]  # two F4 values per element
     w = [cat.index["w"]]
     out = {"w": torch.empty(3, 2, dtype=torch.bfloat16)}
     with pytest.raises(InvalidArgumentError, match="tensor 'w' has shape \\[2, 3\\] but out\\['w'\\] has \\[3, 2\\]"):
@@ -257,7 +261,8 @@ def test_out_checks_shape_dtype_and_casts():
     with pytest.raises(InvalidArgumentError, match="tensor 'x': safetensors dtype F6_E2M3 has no dtype in PyTorch"):
         _targets(torch, [0], bad, None, None, cpu)
     odd = _cat(files, [("x", 0, "F4", [3, 3], 0, 5)])
-    with pytest.raises(InvalidArgumentError, match="F4 shape \\[3, 3\\] needs an even last dimension"):
+    with pytest.raises(InvalidArgumentError, match="F4 shape \\[3, 3\\] needs an even last dimension" if has_f4
+                       else "safetensors dtype F4 has no dtype in PyTorch"):
         _targets(torch, [0], odd, None, None, cpu)
 
 

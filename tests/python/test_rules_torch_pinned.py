@@ -110,7 +110,9 @@ def test_pytorch_accepts_and_refuses_the_same_settings():
 def test_pytorch_reads_the_cuda_variable_first():
     """Where both variables are set, PyTorch's CUDA allocator reads
     PYTORCH_CUDA_ALLOC_CONF only (a setting PyTorch refuses shows which it read)."""
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch._C, "_accelerator_setAllocatorSettings"):
+        pytest.skip(f"torch {torch.__version__} has no _accelerator_setAllocatorSettings")
     code = _PYTORCH_VERDICTS.replace("json.loads(sys.argv[1])", '[""]')  # the first use reads the environment
     bad_value = "pinned_use_cuda_host_register:true"
     env = {k: v for k, v in os.environ.items() if k not in p.ALLOC_CONF_VARIABLES}
