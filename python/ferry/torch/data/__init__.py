@@ -8,4 +8,9 @@ shared pinned slots), ``chunk_passing`` (the slots' memfds sent to the
 workers), ``delivery`` (a descriptor made into CPU or GPU tensors).
 """
 
-from .loader import DataLoader  # noqa: F401
+from .._torch import torch_module
+
+torch_module()  # without PyTorch: an ImportError that says how to install it
+from .loader import DataLoader  # noqa: E402
+
+__all__ = ["DataLoader"]
