@@ -1,4 +1,4 @@
-"""ferry.nixl.agent and what decides it (ferry.ucx): the choice, table-driven on
+"""ferry.nixl.agent and what decides it (ferry.nixl.ucx): the choice, table-driven on
 probe results (no NIXL needed); the precedence of the user's UCX_* variables and
 backend_params; describe(); the doctor's NIXL section and its finding; `ferry bench
 nixl`'s argument checks. With NIXL installed (scripts/test installs nixl-cu13): the
@@ -15,10 +15,12 @@ import pytest
 
 import ferry
 import ferry.nixl as fn
-from ferry import rules, ucx
+from ferry import rules
 from ferry.bench import nixl as bench_nixl
 from ferry.doctor import nixl_check, steps
 from ferry.doctor.model import Block, Figures
+from ferry.nixl import ucx
+from ferry.nixl.library import MODULES
 
 CPU_BOX = {"self": ("memory",), "tcp": ("eth0", "lo"), "sysv": ("memory",), "posix": ("memory",),
            "cma": ("memory",)}
@@ -348,7 +350,7 @@ def test_user_ucx_tls_wins_in_a_real_agent(nixl_installed):
 
 def test_doctor_nixl_check_self_test(nixl_installed):
     got = nixl_check.check(quick=False, gpus=0)
-    assert got["installed"] and got["module"] in fn.MODULES
+    assert got["installed"] and got["module"] in MODULES
     if got["probe_error"]:
         pytest.skip(f"UCX does not start here: {got['probe_error']}")
     assert got["ucx_version"] and "self" in got["transports"]

@@ -12,7 +12,7 @@ check only.
 
 Measurement key `nixl` (a dict): installed, module, version, location, reason
 (why not installed); ucx_version, transports ({name: [devices]}), settings
-(ferry.ucx.Settings.to_dict()), warnings (the user's slow settings, each
+(ferry.nixl.ucx.Settings.to_dict()), warnings (the user's slow settings, each
 {setting, problem, fix}: the rule nixl-ucx-slow-settings reads them);
 self_test: {memory, bytes, write_gbps, read_gbps, verified, error}.
 """
@@ -34,7 +34,8 @@ SELF_TEST_ITERS = 8
 def installation() -> dict:
     """{"installed", "module", "version", "location"} or {"installed": False,
     "reason"}: from the import system's search, without importing NIXL."""
-    from .. import nixl, ucx
+    from ..nixl import ucx
+    from ..nixl.library import INSTALL_HINT
 
     for name, spec in ucx.nixl_module_specs():
         dist = name.replace("_", "-")
@@ -44,7 +45,7 @@ def installation() -> dict:
             version = None
         return {"installed": True, "module": name, "version": version,
                 "location": os.path.dirname(spec.origin)}
-    return {"installed": False, "reason": f"NIXL is not installed ({nixl.INSTALL_HINT})"}
+    return {"installed": False, "reason": f"NIXL is not installed ({INSTALL_HINT})"}
 
 
 def self_test() -> dict:
@@ -59,8 +60,9 @@ def self_test() -> dict:
     import argparse
     import statistics
 
-    from .. import _ferry, measure, ucx
+    from .. import _ferry, measure
     from ..bench import nixl as bench
+    from ..nixl import ucx
 
     gpu = measure.gpu_absent_reason(_ferry.cuda_info()) is None
     n, block = SELF_TEST_BYTES, SELF_TEST_BLOCK
@@ -85,7 +87,7 @@ def self_test() -> dict:
 
 def _child_main() -> int:
     """`python -m ferry.doctor.nixl_check`: probe, choose, self-test; one JSON line."""
-    from .. import ucx
+    from ..nixl import ucx
 
     result: dict = {}
     p = ucx.probe()
@@ -114,7 +116,7 @@ def run_child(timeout: float = CHILD_TIMEOUT) -> dict:
 
 def check(quick: bool, gpus: int) -> dict:
     """The `nixl` measurement (see the module docstring)."""
-    from .. import ucx
+    from ..nixl import ucx
 
     out = installation()
     if not out["installed"]:

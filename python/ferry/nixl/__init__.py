@@ -17,7 +17,7 @@ The pieces, bottom-up:
   blocks ``tensor[i]``), ``blocks(addresses, lengths, mem_type=...)`` (lists or
   int64 arrays). ``xfer_descs`` / ``reg_descs`` turn one into NIXL's lists.
 - ``agent(name)``: a NIXL agent with UCX settings chosen for this machine
-  and its traffic (ferry.ucx: the transports that start here, the fastest set
+  and its traffic (ferry.nixl.ucx: the transports that start here, the fastest set
   for peers on this host and on others, the error handling they allow, UCX's
   RMA pipeline where GPUs are); the user's UCX_* variables and backend_params
   win. ``settings(agent).describe()`` says what was chosen and why (also
@@ -51,16 +51,12 @@ RDMA does, would be stale). ``PinnedPool`` releases whole chunks only.
 from __future__ import annotations
 
 from .agents import agent, make_agent, settings
-from .agents import log  # noqa: F401 - ferry.nixl's names before the split, beside __all__
 from .descriptors import Descs, blocks, descs, reg_descs, slots, xfer_descs
-from .descriptors import MEM_TYPES  # noqa: F401 - as above
 from .errors import NixlError, NixlTimeoutError, NixlUnavailableError
 from .library import available, nixl, unavailable_reason
-from .library import INSTALL_HINT, MODULES  # noqa: F401 - as above (the doctor and the tests use them)
 from .metadata import add_remote, load_metadata, publish_metadata
 from .registration import Changes, PoolRegistration, Registration, register, register_pool
 from .transfers import COALESCE_BYTES, Transfer, coalesce, post, read, transfer, write
-from .transfers import OPERATIONS  # noqa: F401 - as above
 
 __all__ = [
     "COALESCE_BYTES", "Changes", "Descs", "NixlError", "NixlTimeoutError", "NixlUnavailableError",

@@ -57,14 +57,14 @@ def agent(name: str, *, peers: str = "any", backend_params: dict | None = None, 
 
     peers: where the agents it talks to run: "local" (this host), "remote"
     (other nodes) or "any" (default). UCX's transports are probed once per
-    process (ferry.ucx.probe: a child process, about a second) and
-    ferry.ucx.choose picks UCX_TLS (CUDA transports, shared memory, RDMA, tcp,
+    process (ferry.nixl.ucx.probe: a child process, about a second) and
+    ferry.nixl.ucx.choose picks UCX_TLS (CUDA transports, shared memory, RDMA, tcp,
     as they start here), UCX_RMA_PPLN_ENABLE=y where GPUs are, 4 MiB
     rendezvous fragments for GPUs and peers on this host, and the
     backend's ``ucx_error_handling_mode`` ("none" where shared-memory or
     cuda_ipc lanes are chosen: they cannot report a dead peer; "peer" for
     remote-only traffic). cma: allow UCX's cma transport between local
-    processes (default: only where no CUDA transport starts; see ferry.ucx).
+    processes (default: only where no CUDA transport starts; see ferry.nixl.ucx).
 
     Precedence: a UCX_* variable in this process's environment and an entry
     of backend_params ({"UCX": {...}}, as make_agent takes) always win; they
@@ -73,7 +73,7 @@ def agent(name: str, *, peers: str = "any", backend_params: dict | None = None, 
     call only (under a lock, restored right after): other threads that read
     the environment during those milliseconds see them; later agents,
     make_agent() and child processes do not."""
-    from .. import ucx
+    from . import ucx
 
     if not name:
         raise InvalidArgumentError("a NIXL agent needs a non-empty name")
@@ -102,7 +102,7 @@ def agent(name: str, *, peers: str = "any", backend_params: dict | None = None, 
 
 
 def settings(a):
-    """The ferry.ucx.Settings that agent() chose for `a` (``.describe()``:
+    """The ferry.nixl.ucx.Settings that agent() chose for `a` (``.describe()``:
     the text); InvalidArgumentError for an agent that agent() did not make."""
     try:
         return _settings[a]

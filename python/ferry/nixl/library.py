@@ -6,10 +6,12 @@ from __future__ import annotations
 import importlib
 
 from ..errors import FerryError
-from ..ucx import NIXL_MODULES
 from .errors import NixlError, NixlUnavailableError
 
-MODULES = NIXL_MODULES  # the modules tried, in order (ferry.ucx finds UCX through them)
+# NIXL's Python modules, in the order they are tried: the CUDA 13 and 12 wheels
+# (nixl-cu13, nixl-cu12), then the `nixl` meta package or a source build
+# (ferry.nixl.ucx finds UCX through them).
+MODULES = ("nixl_cu13", "nixl_cu12", "nixl")
 INSTALL_HINT = "pip install 'ferry[nixl]' (or: pip install nixl-cu13; nixl-cu12 for CUDA 12)"
 
 

@@ -256,7 +256,7 @@ def _check_memory_low_for_pool(facts: dict, m: dict) -> Optional[Verdict]:
 
 def _check_nixl_ucx_slow_settings(facts: dict, m: dict) -> Optional[Verdict]:
     """The doctor's NIXL check lists the user's UCX settings known to be slow on this
-    machine (ferry.ucx.choose decides which: one place); this turns them into advice."""
+    machine (ferry.nixl.ucx.choose decides which: one place); this turns them into advice."""
     nixl = m.get("nixl")
     if nixl is None:
         return None

@@ -44,9 +44,9 @@ import subprocess
 import sys
 from typing import Mapping
 
-# NIXL's Python modules, in the order ferry.nixl tries them: the CUDA 13 and 12
-# wheels (nixl-cu13, nixl-cu12), then the `nixl` meta package or a source build.
-NIXL_MODULES = ("nixl_cu13", "nixl_cu12", "nixl")
+from ..errors import InvalidArgumentError
+from .library import MODULES
+
 PEERS = ("any", "local", "remote")
 PROBE_TIMEOUT = 30.0  # seconds; UCX starts in ~0.1 s, a Python child in 0.2-3 s on a busy host
 ERROR_MODE_PARAM = "ucx_error_handling_mode"
@@ -108,8 +108,8 @@ class Probe:
 
 def nixl_module_specs():
     """(name, import spec) of each NIXL module that is installed, in
-    NIXL_MODULES order; found on the import path, nothing imported."""
-    for name in NIXL_MODULES:
+    library.MODULES order; found on the import path, nothing imported."""
+    for name in MODULES:
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
@@ -181,7 +181,7 @@ def parse_context_info(text: str) -> dict[str, tuple[str, ...]]:
 
 
 def _gpu_count() -> int:
-    from . import _ferry, measure
+    from .. import _ferry, measure
 
     info = _ferry.cuda_info()
     return 0 if measure.gpu_absent_reason(info) else len((info or {}).get("devices") or [])
@@ -386,8 +386,6 @@ def choose(probe: Probe, *, peers: str = "any", env: Mapping[str, str] | None = 
     (default os.environ): the user's UCX_* variables win; `backend_params`
     (the UCX backend's): the user's win. `cma`: allow UCX's cma transport
     between local processes (None: only where no CUDA transport starts). Pure."""
-    from .errors import InvalidArgumentError
-
     if peers not in PEERS:
         raise InvalidArgumentError(f"peers={peers!r}: expected one of {', '.join(PEERS)}")
     env = os.environ if env is None else env
