@@ -16,6 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from ferry import rules  # noqa: E402
 from ferry.facts import parsers as p  # noqa: E402
+from ferry.rules.inputs import _sysfs_choice  # noqa: E402
 
 # Generous deadline: the machine is shared; a parser that expands without a bound
 # takes seconds and gigabytes, far beyond it.
@@ -129,7 +130,7 @@ def test_thp_setting_reads_the_selected_word(words, data):
     chosen = data.draw(st.integers(0, len(words) - 1))
     text = " ".join(f"[{w}]" if i == chosen else w for i, w in enumerate(words)) + "\n"
     assert p.parse_thp_setting(text) == words[chosen]
-    assert rules._sysfs_choice(text, "host.thp.enabled") == words[chosen]  # one parser for both
+    assert _sysfs_choice(text, "host.thp.enabled") == words[chosen]  # one parser for both
 
 
 @PROPERTY

@@ -30,19 +30,15 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .gpu_checks import GPU_PEER_MIN_SHARE  # noqa: F401 - ferry.rules' names before the split
-from .gpu_checks import (_check_bar1_small, _check_gdrdrv_absent, _check_gpu_below_peers,
-                         _check_no_cuda_driver, _check_no_gpu_visible, _check_pageable_path_slow,
-                         _check_pcie_link_degraded, _check_pinned_bandwidth_low)
-from .host_checks import (_check_gvisor_shmem_thp, _check_hugetlb_not_reserved, _check_iommu_translated,
-                          _check_memlock_low, _check_memory_low_for_pool, _check_nixl_ucx_slow_settings,
-                          _check_numa_mismatch, _check_small_crew_uncalibrated, _check_thp_defrag_never,
-                          _check_thp_disabled, _check_torch_pinned_register, _check_vm_first_touch_costly)
-from .inputs import _sysfs_choice  # noqa: F401 - as above (the tests use it)
+from .gpu_checks import (check_bar1_small, check_gdrdrv_absent, check_gpu_below_peers,
+                         check_no_cuda_driver, check_no_gpu_visible, check_pageable_path_slow,
+                         check_pcie_link_degraded, check_pinned_bandwidth_low)
+from .host_checks import (check_gvisor_shmem_thp, check_hugetlb_not_reserved, check_iommu_translated,
+                          check_memlock_low, check_memory_low_for_pool, check_nixl_ucx_slow_settings,
+                          check_numa_mismatch, check_small_crew_uncalibrated, check_thp_defrag_never,
+                          check_thp_disabled, check_torch_pinned_register, check_vm_first_touch_costly)
 from .inputs import parse_cpulist
-from .model import _SEVERITY_RANK, SEVERITIES, Finding, Rule, Verdict
-from .thresholds import (DEFAULT_POOL_BYTES, FIRST_TOUCH_1THREAD_MIN_GBPS,  # noqa: F401 - as above
-                         PAGEABLE_MIN_SHARE, PINNED_MIN_SHARE)
+from .model import SEVERITIES, SEVERITY_RANK, Finding, Rule, Verdict
 
 __all__ = [
     "SEVERITIES",
@@ -58,68 +54,68 @@ __all__ = [
 RULES: tuple[Rule, ...] = (
     Rule("pcie-link-degraded", "warning", "PCIe link runs below the speed the GPU and slot support",
          "a GPU's current PCIe generation or width is below the maximum it and its slot support",
-         _check_pcie_link_degraded),
+         check_pcie_link_degraded),
     Rule("pinned-bandwidth-low", "warning", "Pinned copies run well below the PCIe link's limit",
          "measured pinned host->device or device->host bandwidth is below 85% of the GPU's link",
-         _check_pinned_bandwidth_low),
+         check_pinned_bandwidth_low),
     Rule("gpu-below-peers", "warning", "One GPU's link or pinned bandwidth falls below the other GPUs'",
          "with several GPUs: a GPU's link speed or measured pinned bandwidth is below 85% of the best GPU's",
-         _check_gpu_below_peers),
+         check_gpu_below_peers),
     Rule("thp-disabled", "warning", "Transparent huge pages are disabled: pinning and first touch are slower",
          "transparent_hugepage/enabled is 'never', which slows pinning and first touch",
-         _check_thp_disabled),
+         check_thp_disabled),
     Rule("gvisor-shmem-thp", "warning", "gVisor with shmem THP: pageable device->host copies run at about half speed",
          "running under gVisor with shmem_enabled 'always' or 'force' (gVisor issue 12804)",
-         _check_gvisor_shmem_thp),
+         check_gvisor_shmem_thp),
     Rule("memlock-low", "warning", "The locked-memory limit (ulimit -l) is below the planned pinned pool",
          "RLIMIT_MEMLOCK is finite and below the planned pinned pool (1 GiB when none is planned)",
-         _check_memlock_low),
+         check_memlock_low),
     Rule("hugetlb-not-reserved", "info", "No hugetlb pages are reserved: the pinned pool cannot use them",
          "every hugetlb page size has zero pages reserved (warning when THP is disabled as well)",
-         _check_hugetlb_not_reserved),
+         check_hugetlb_not_reserved),
     Rule("numa-mismatch", "warning", "The process runs or allocates on a NUMA node far from its GPU",
          "a GPU's NUMA node is outside the process's mems_allowed, or its local CPUs miss cpus_allowed",
-         _check_numa_mismatch),
+         check_numa_mismatch),
     Rule("iommu-translated", "info", "IOMMU translates every DMA: registration costs more",
          "the IOMMU remaps every DMA (not passthrough), which makes registration cost more",
-         _check_iommu_translated),
+         check_iommu_translated),
     Rule("vm-first-touch-costly", "info", "First touch of memory is costly in this VM",
          "in a VM, quotes measured first-touch rates; warning when one thread touches 4 KiB pages below 4 GB/s",
-         _check_vm_first_touch_costly),
+         check_vm_first_touch_costly),
     Rule("bar1-small", "info", "BAR1 is smaller than device memory: limits GDRCopy and peer mappings",
          "a GPU's BAR1 aperture is smaller than its memory, limiting GDRCopy and peer mappings",
-         _check_bar1_small),
+         check_bar1_small),
     Rule("gdrdrv-absent", "info", "GDRCopy is unavailable: ferry's channel serves small copies instead",
          "GDRCopy (gdrdrv module and libgdrapi) is not available; ferry's own channel needs neither",
-         _check_gdrdrv_absent),
+         check_gdrdrv_absent),
     Rule("no-cuda-driver", "info", "No CUDA driver: GPU facts and measurements are skipped",
          "the CUDA driver could not be loaded, so GPU facts and measurements are skipped",
-         _check_no_cuda_driver),
+         check_no_cuda_driver),
     Rule("no-gpu-visible", "warning", "The CUDA driver is loaded but sees no GPU",
          "the CUDA driver is loaded but reports zero devices",
-         _check_no_gpu_visible),
+         check_no_gpu_visible),
     Rule("pageable-path-slow", "warning", "CUDA copies from pageable memory use a small share of the link",
          "measured CUDA pageable host->device or device->host bandwidth is below 25% of the link",
-         _check_pageable_path_slow),
+         check_pageable_path_slow),
     Rule("thp-defrag-never", "info", "THP defrag is off: huge pages only while free 2 MiB blocks last",
          "THP is enabled but defrag is 'never', so huge pages run out once memory fragments",
-         _check_thp_defrag_never),
+         check_thp_defrag_never),
     Rule("memory-low-for-pool", "warning", "The planned pinned pool is larger than the available memory",
          "the planned pinned pool (1 GiB when none is planned) exceeds the available host memory",
-         _check_memory_low_for_pool),
+         check_memory_low_for_pool),
     Rule("nixl-ucx-slow-settings", "warning", "UCX settings in the environment force NIXL onto slow paths",
          "a UCX_TLS without a CUDA transport (or without cuda_ipc), UCX_RMA_PPLN_ENABLE=n or peer error "
-         "handling on a GPU machine: NIXL transfers run at a few GB/s or less", _check_nixl_ucx_slow_settings),
+         "handling on a GPU machine: NIXL transfers run at a few GB/s or less", check_nixl_ucx_slow_settings),
     Rule("small-crew-uncalibrated", "info",
          "Few copy threads and no machine profile: `auto` stages copies that other strategies move faster",
          "a GPU machine whose copy crew has at most 4 threads and no machine profile is in use (info: the "
          "figures are the H200's; warning at 1-2 threads, where both directions lost, by up to 4x)",
-         _check_small_crew_uncalibrated),
+         check_small_crew_uncalibrated),
     Rule("torch-pinned-register-fork", "warning",
          "PyTorch pins by cudaHostRegister: every fork() copies its pinned memory into the child",
          "PYTORCH_CUDA_ALLOC_CONF (else PYTORCH_ALLOC_CONF) sets pinned_use_cuda_host_register:True, which "
          "makes PyTorch's pinned memory anonymous registered memory that the kernel copies at every fork",
-         _check_torch_pinned_register),
+         check_torch_pinned_register),
 )
 
 
@@ -127,7 +123,7 @@ RULES: tuple[Rule, ...] = (
 
 
 def _sort_key(f: Finding) -> tuple:
-    return (_SEVERITY_RANK.get(f.severity, len(SEVERITIES)), f.id, f.title)
+    return (SEVERITY_RANK.get(f.severity, len(SEVERITIES)), f.id, f.title)
 
 
 def _error_finding(rule: Rule, error: BaseException) -> Finding:
@@ -168,7 +164,7 @@ def evaluate(
             if not isinstance(verdict, Verdict):
                 raise TypeError(f"check returned {type(verdict).__name__}, not a Verdict")
             severity = rule.severity if verdict.severity is None else verdict.severity
-            if severity not in _SEVERITY_RANK:
+            if severity not in SEVERITY_RANK:
                 raise ValueError(f"check returned unknown severity {severity!r}")
             findings.append(Finding(rule.id, severity, rule.title, list(verdict.evidence), verdict.fix))
         except Exception as error:  # one bad rule must not kill the report

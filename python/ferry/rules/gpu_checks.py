@@ -14,7 +14,7 @@ from .model import Verdict
 from .thresholds import PAGEABLE_MIN_SHARE, PINNED_MIN_SHARE
 
 
-def _check_pcie_link_degraded(facts: dict, m: dict) -> Optional[Verdict]:
+def check_pcie_link_degraded(facts: dict, m: dict) -> Optional[Verdict]:
     evidence, idle_gen_only = [], True
     for key, gpu in _gpus(facts):
         pcie = _dict(gpu.get("pcie"), f"gpus[{key}].pcie")
@@ -65,7 +65,7 @@ def _check_pcie_link_degraded(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_pinned_bandwidth_low(facts: dict, m: dict) -> Optional[Verdict]:
+def check_pinned_bandwidth_low(facts: dict, m: dict) -> Optional[Verdict]:
     evidence, nodes = [], set()
     for key, gpu in _gpus(facts):
         link, link_name = _link(gpu, key, m)
@@ -97,7 +97,7 @@ def _check_pinned_bandwidth_low(facts: dict, m: dict) -> Optional[Verdict]:
 GPU_PEER_MIN_SHARE = 0.85  # a GPU below this share of its best peer is flagged
 
 
-def _check_gpu_below_peers(facts: dict, m: dict) -> Optional[Verdict]:
+def check_gpu_below_peers(facts: dict, m: dict) -> Optional[Verdict]:
     gpus = list(_gpus(facts))
     if len(gpus) < 2:
         return None
@@ -129,7 +129,7 @@ def _check_gpu_below_peers(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_bar1_small(facts: dict, m: dict) -> Optional[Verdict]:
+def check_bar1_small(facts: dict, m: dict) -> Optional[Verdict]:
     evidence = []
     for key, gpu in _gpus(facts):
         bar1 = _num(gpu.get("bar1_bytes"), f"gpus[{key}].bar1_bytes")
@@ -150,7 +150,7 @@ def _check_bar1_small(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_gdrdrv_absent(facts: dict, m: dict) -> Optional[Verdict]:
+def check_gdrdrv_absent(facts: dict, m: dict) -> Optional[Verdict]:
     gdr = _dict(_host(facts).get("gdrcopy"), "host.gdrcopy")
     if gdr.get("available") is not False:
         return None
@@ -174,7 +174,7 @@ def _check_gdrdrv_absent(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_no_cuda_driver(facts: dict, m: dict) -> Optional[Verdict]:
+def check_no_cuda_driver(facts: dict, m: dict) -> Optional[Verdict]:
     if "cuda" not in facts or facts["cuda"] is not None:
         return None
     return Verdict(
@@ -184,7 +184,7 @@ def _check_no_cuda_driver(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_no_gpu_visible(facts: dict, m: dict) -> Optional[Verdict]:
+def check_no_gpu_visible(facts: dict, m: dict) -> Optional[Verdict]:
     cuda = _dict(facts.get("cuda"), "cuda")
     count = _num(cuda.get("device_count"), "cuda.device_count")
     if count is None or count > 0:
@@ -202,7 +202,7 @@ def _thread_order(item: tuple) -> tuple:
     return (not key.isdigit(), int(key) if key.isdigit() else 0, key)
 
 
-def _check_pageable_path_slow(facts: dict, m: dict) -> Optional[Verdict]:
+def check_pageable_path_slow(facts: dict, m: dict) -> Optional[Verdict]:
     evidence = []
     for key, gpu in _gpus(facts):
         link, link_name = _link(gpu, key, m)

@@ -19,7 +19,7 @@ from .thresholds import (_NOT_A_VM, _THP, FIRST_TOUCH_1THREAD_MIN_GBPS, SMALL_CR
                          SMALL_CREW_WARN_THREADS)
 
 
-def _check_thp_disabled(facts: dict, m: dict) -> Optional[Verdict]:
+def check_thp_disabled(facts: dict, m: dict) -> Optional[Verdict]:
     thp = _dict(_host(facts).get("thp"), "host.thp")
     enabled = _sysfs_choice(thp.get("enabled"), "host.thp.enabled")
     if enabled != "never":
@@ -39,7 +39,7 @@ def _check_thp_disabled(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_gvisor_shmem_thp(facts: dict, m: dict) -> Optional[Verdict]:
+def check_gvisor_shmem_thp(facts: dict, m: dict) -> Optional[Verdict]:
     host = _host(facts)
     if _virt_kind(host) != "gvisor":
         return None
@@ -71,7 +71,7 @@ def _check_gvisor_shmem_thp(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_memlock_low(facts: dict, m: dict) -> Optional[Verdict]:
+def check_memlock_low(facts: dict, m: dict) -> Optional[Verdict]:
     host = _host(facts)
     if "memlock_bytes" not in host:
         return None  # absent: unknown. None: unlimited.
@@ -93,7 +93,7 @@ def _check_memlock_low(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_hugetlb_not_reserved(facts: dict, m: dict) -> Optional[Verdict]:
+def check_hugetlb_not_reserved(facts: dict, m: dict) -> Optional[Verdict]:
     host = _host(facts)
     sizes = []
     for i, entry in enumerate(_list(host.get("hugetlb"), "host.hugetlb")):
@@ -127,7 +127,7 @@ def _check_hugetlb_not_reserved(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_numa_mismatch(facts: dict, m: dict) -> Optional[Verdict]:
+def check_numa_mismatch(facts: dict, m: dict) -> Optional[Verdict]:
     process = _dict(_host(facts).get("process"), "host.process")
     cpus_allowed = _cpus(process.get("cpus_allowed"), "host.process.cpus_allowed")
     mems_allowed = _cpus(process.get("mems_allowed"), "host.process.mems_allowed")
@@ -161,7 +161,7 @@ def _check_numa_mismatch(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_iommu_translated(facts: dict, m: dict) -> Optional[Verdict]:
+def check_iommu_translated(facts: dict, m: dict) -> Optional[Verdict]:
     iommu = _dict(_host(facts).get("iommu"), "host.iommu")
     mode = _str(iommu.get("mode"), "host.iommu.mode")
     if mode is None or mode.strip().lower() != "translated":
@@ -182,7 +182,7 @@ def _check_iommu_translated(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_vm_first_touch_costly(facts: dict, m: dict) -> Optional[Verdict]:
+def check_vm_first_touch_costly(facts: dict, m: dict) -> Optional[Verdict]:
     kind = _virt_kind(_host(facts))
     if kind is None or kind in _NOT_A_VM:
         return None
@@ -216,7 +216,7 @@ def _check_vm_first_touch_costly(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_thp_defrag_never(facts: dict, m: dict) -> Optional[Verdict]:
+def check_thp_defrag_never(facts: dict, m: dict) -> Optional[Verdict]:
     thp = _dict(_host(facts).get("thp"), "host.thp")
     enabled = _sysfs_choice(thp.get("enabled"), "host.thp.enabled")
     defrag = _sysfs_choice(thp.get("defrag"), "host.thp.defrag")
@@ -233,7 +233,7 @@ def _check_thp_defrag_never(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_memory_low_for_pool(facts: dict, m: dict) -> Optional[Verdict]:
+def check_memory_low_for_pool(facts: dict, m: dict) -> Optional[Verdict]:
     mem = _dict(_host(facts).get("memory"), "host.memory")
     available = _num(mem.get("available_bytes"), "host.memory.available_bytes")
     if available is None:
@@ -254,7 +254,7 @@ def _check_memory_low_for_pool(facts: dict, m: dict) -> Optional[Verdict]:
     )
 
 
-def _check_nixl_ucx_slow_settings(facts: dict, m: dict) -> Optional[Verdict]:
+def check_nixl_ucx_slow_settings(facts: dict, m: dict) -> Optional[Verdict]:
     """The doctor's NIXL check lists the user's UCX settings known to be slow on this
     machine (ferry.nixl.ucx.choose decides which: one place); this turns them into advice."""
     nixl = m.get("nixl")
@@ -287,7 +287,7 @@ _SMALL_CREW_H200 = (
 )
 
 
-def _check_small_crew_uncalibrated(facts: dict, m: dict) -> Optional[Verdict]:
+def check_small_crew_uncalibrated(facts: dict, m: dict) -> Optional[Verdict]:
     """A crew of at most SMALL_CREW_MAX_THREADS threads and no machine profile: `auto`
     stages every copy (the built-in defaults), which other strategies beat on such a
     crew. Info by default: the figures are the H200's, not this machine's, and one
@@ -337,7 +337,7 @@ def _check_small_crew_uncalibrated(facts: dict, m: dict) -> Optional[Verdict]:
     return Verdict(evidence, fix, severity="warning" if n <= SMALL_CREW_WARN_THREADS else None)
 
 
-def _check_torch_pinned_register(facts: dict, m: dict) -> Optional[Verdict]:
+def check_torch_pinned_register(facts: dict, m: dict) -> Optional[Verdict]:
     """PyTorch's allocator settings (read as PyTorch's CUDA allocator reads them:
     facts/parsers/torch_alloc.py) make its pinned memory malloc + cudaHostRegister:
     anonymous pinned pages, which the kernel copies into every child at fork().

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 SEVERITIES = ("critical", "warning", "info")
-_SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
+SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
 
 @dataclass(frozen=True)
