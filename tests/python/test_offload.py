@@ -156,23 +156,41 @@ class Deep(torch.nn.Module):
         return x.pow(2).mean()
 
 
-@pytest.mark.gpu
-def test_peak_gpu_memory_falls(gpu):
+PEAK = """
+    import sys, torch, ferry.torch as ft
+    sys.path.insert(0, sys.argv[1])
+    from test_offload import Deep, step, assert_bit_equal
+    torch.use_deterministic_algorithms(True)
     torch.manual_seed(3)
     model = Deep().cuda()
     x = torch.randn(64, 256, 256, device="cuda")
     plain = step(model, x)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    step(model, x)
+    assert_bit_equal(plain, step(model, x))
     plain_peak = torch.cuda.max_memory_allocated()
-    offload = ft.offload_activations(prefetch_bytes=64 * MiB)
+    offload = ft.offload_activations(prefetch_bytes=64 << 20)
     step(model, x, offload)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     assert_bit_equal(plain, step(model, x, offload))
     peak = torch.cuda.max_memory_allocated()
     assert peak < plain_peak * 0.7, (peak, plain_peak, offload.stats.as_dict())
+    print("peak ok", peak, plain_peak)
+"""
+
+
+@pytest.mark.gpu
+def test_peak_gpu_memory_falls(gpu):
+    """In a fresh process with cuBLAS made reproducible (CUBLAS_WORKSPACE_CONFIG, as
+    PyTorch's reproducibility notes ask): once, inside the whole suite's process, a
+    gradient of this model differed by 1e-5 from the same step without offload; 80
+    offloaded steps in a fresh process matched bit for bit, with and without it."""
+    import os
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(PEAK), os.path.dirname(__file__)],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
+    assert r.returncode == 0 and "peak ok" in r.stdout, r.stdout + r.stderr[-3000:]
 
 
 @pytest.mark.gpu
