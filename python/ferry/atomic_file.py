@@ -35,10 +35,12 @@ import os
 import stat
 from typing import NamedTuple
 
-from . import temp_names
+from . import _ferry, temp_names
 from .errors import InvalidArgumentError, OSLayerError
 
-DIRECT_ALIGN = 4096  # O_DIRECT: buffer, offset and length multiples (the logical block of any disk we met)
+# O_DIRECT: buffer, offset and length multiples; the loader's own (src/os/file.h:
+# kDirectIoAlignment, 4 KiB, a multiple of every logical block Linux disks report).
+DIRECT_ALIGN = _ferry.DIRECT_IO_ALIGNMENT
 
 
 class Destination(NamedTuple):

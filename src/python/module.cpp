@@ -21,6 +21,7 @@
 #include "copy/profile_file.h"
 #include "cuda/device.h"
 #include "cuda/pinned_pool.h"
+#include "os/file.h"
 #include "pool/pool.h"
 #include "python/args.h"
 #include "python/handles.h"
@@ -297,6 +298,8 @@ NB_MODULE(_ferry, m) {
     }
   });
 
+  // O_DIRECT's alignment, one fact for the C++ loader and Python's writers.
+  m.attr("DIRECT_IO_ALIGNMENT") = ferry::os::kDirectIoAlignment;
   m.def("versions", [] {
     ferry::cuda::Versions v = ferry::cuda::versions();
     nb::dict d;
