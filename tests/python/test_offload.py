@@ -330,7 +330,7 @@ def test_dense_means_one_block_in_some_stride_order():
 
 
 def test_plan_spreads_copies_over_forward_and_keeps_the_budgets():
-    from ferry.torch.offload import OUT_BYTES, plan_copies
+    from ferry.torch.offload_plan import OUT_BYTES, plan_copies
 
     GB = 1e9
     # 10 tensors of 0.1 GB saved every 10 ms over a 100 ms forward; a 100 GB/s link

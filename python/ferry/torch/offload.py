@@ -40,7 +40,7 @@ the tensors whose copies the link can carry while forward computes, each startin
 soon after its tensor is saved, plus what ``f`` of the step allows (``plan_copies``;
 rates of ferry pinned copies measured once per device). Spreading the copies over
 forward, rather than sending the first N bytes, is what keeps forward from waiting
-for the link. Default: every eligible tensor.
+for the link (offload_plan.py). Default: every eligible tensor.
 
 Errors: an exception inside the ``with`` leaves no copy running and no pinned memory
 held once the saved tensors are gone (their graph freed). Threads: pack runs on the
@@ -58,15 +58,12 @@ from .. import _args
 from ..errors import InvalidArgumentError
 from . import _torch_private
 from ._torch import torch_module as _torch
+from .offload_plan import OUT_BYTES, Calibration
 from .pinned import default_pinned_pool, empty_pinned
 
 MIN_BYTES = 1 << 20  # smaller tensors stay: per-tensor costs (~30 us) beat their DMA time
 PREFETCH_BYTES = 256 << 20  # how far backward's prefetch runs ahead of the unpacks (GPU memory)
-OUT_BYTES = 512 << 20  # copies out on their way before forward waits for the oldest
 ALIGN = 512  # the caching allocator's block alignment: a fetched tensor keeps ptr % ALIGN
-# max_overhead: the share of forward (backward) compute a stream of copies overlaps;
-# the rest of the step's copies must fit in the overhead allowed.
-OVERLAP = 0.7
 
 
 class OffloadStats:
@@ -159,7 +156,7 @@ class ActivationOffload:
         self._hooks = None
         self._budget = self.max_bytes
         self._plan = None  # max_overhead: the pack positions to offload (a set), once timed
-        self._timing = None  # calibration events of the step being timed
+        self._timing: Calibration | None = None  # the step being timed (offload_plan.py)
         self._new_step()
 
     # ---- the context ---------------------------------------------------
@@ -168,11 +165,11 @@ class ActivationOffload:
         if self._hooks is not None:
             raise InvalidArgumentError("offload_activations: this object is already in use (one step at a time)")
         torch = self._torch = self._torch or _torch()
-        self._finish_calibration()
+        self._finish_timing()
         self._new_step()
         self.stats.steps += 1
         if self.max_overhead is not None and self.stats.calibration is None and torch.cuda.is_available():
-            self._timing = {}  # this step offloads nothing and is timed
+            self._timing = Calibration(torch)  # this step offloads nothing and is timed
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
@@ -208,7 +205,7 @@ class ActivationOffload:
         step = self._step
         position, step.packs = step.packs, step.packs + 1
         if self._timing is not None:  # the calibration step offloads nothing
-            self._time_pack(t.device, nbytes if eligible else 0)
+            self._timing.pack(t.device, nbytes if eligible else 0)
             eligible = False
         elif eligible and self._plan is not None:
             eligible = position in self._plan
@@ -283,12 +280,12 @@ class ActivationOffload:
     def _unpack(self, saved):
         if not isinstance(saved, _Saved):
             if self._timing is not None and isinstance(saved, self._torch.Tensor) and saved.is_cuda:
-                self._time_mark(saved.device, backward=True)
+                self._timing.unpack(saved.device)
             return saved
         torch = self._torch
         copy = saved.copy
         if self._timing is not None:
-            self._time_mark(copy.device, backward=True)
+            self._timing.unpack(copy.device)
         self._reap()
         with self._lock:
             buf = copy.gpu
@@ -370,80 +367,13 @@ class ActivationOffload:
                 return
             self._retiring.popleft()
 
-    # ---- max_overhead: timing one step, then a plan ---------------------
-
-    def _event(self, device):
-        e = self._torch.cuda.Event(enable_timing=True)
-        e.record(self._torch.cuda.current_stream(device))
-        return e
-
-    def _time_pack(self, device, eligible_bytes: int) -> None:
-        """Calibration: an event at every pack (its time in forward) and the bytes it
-        could offload (0: not eligible), on the first device seen."""
-        timing = self._timing
-        timing.setdefault("device", device)
-        packs = timing.setdefault("packs", [])
-        if device == timing["device"]:
-            packs.append((self._event(device), eligible_bytes))
-        else:
-            packs.append((None, 0))  # another device's pack: kept, so positions stay aligned
-
-    def _time_mark(self, device, backward: bool = True) -> None:
-        """Calibration: the first and the latest unpack (backward's span)."""
-        timing = self._timing
-        if device != timing.get("device"):
-            return
-        marks = timing.setdefault("backward", [])
-        e = self._event(device)
-        if len(marks) < 2:
-            marks.append(e)
-        else:
-            marks[1] = e
-
-    def _finish_calibration(self) -> None:
+    def _finish_timing(self) -> None:
+        """max_overhead: the step timed last time becomes the plan of every later one."""
         timing, self._timing = self._timing, None
-        if timing is None or not timing.get("packs") or "backward" not in timing:
-            return
-        packs, b = timing["packs"], timing["backward"]
-        b[-1].synchronize()
-        f0 = next(e for e, _ in packs if e is not None)
-        forward_s = f0.elapsed_time(b[0]) / 1e3
-        backward_s = b[0].elapsed_time(b[-1]) / 1e3
-        d2h, h2d = _pinned_rates(self._torch, timing["device"])
-        overhead_s = self.max_overhead * (forward_s + backward_s)
-        times = [(f0.elapsed_time(e) / 1e3 if e is not None else None, n) for e, n in packs]
-        self._plan, planned = plan_copies(times, forward_s, backward_s, overhead_s, d2h, h2d)
-        self._budget = planned
-        self.stats.budget_bytes = planned
-        self.stats.calibration = {"forward_s": forward_s, "backward_s": backward_s,
-                                  "eligible_bytes": sum(n for _, n in packs), "d2h_gbps": d2h / 1e9,
-                                  "h2d_gbps": h2d / 1e9, "planned_tensors": len(self._plan)}
-
-
-def plan_copies(packs, forward_s: float, backward_s: float, overhead_s: float, d2h: float, h2d: float):
-    """max_overhead's plan, from one timed step: which pack positions to offload.
-
-    packs: (seconds into forward, eligible bytes) per pack, in order (bytes 0 or time
-    None: not a candidate). The link is one queue: a tensor goes out if its copy can
-    start within OUT_LAG of its pack (so copies never pile up behind each other and
-    forward never waits for the link: OUT_BYTES is not reached) and ends before forward
-    does, plus half the overhead allowed; in total no more than backward can bring
-    back while it computes, plus the other half. Earliest first: backward needs them
-    last, so their return hides best. Returns (set of positions, bytes planned)."""
-    out_end = forward_s + overhead_s / 2
-    back_budget = h2d * (OVERLAP * backward_s + overhead_s / 2)
-    lag = OUT_BYTES / 2 / d2h
-    plan, link_free, total = set(), 0.0, 0
-    for position, (at, n) in enumerate(packs):
-        if not n or at is None:
-            continue
-        start = max(link_free, at)
-        end = start + n / d2h
-        if start - at > lag or end > out_end or total + n > back_budget:
-            continue
-        plan.add(position)
-        link_free, total = end, total + n
-    return plan, total
+        done = timing.finish(self.max_overhead) if timing is not None else None
+        if done is not None:
+            self._plan, self._budget, self.stats.calibration = done
+            self.stats.budget_bytes = self._budget
 
 
 def _dense(t) -> bool:
@@ -466,32 +396,6 @@ def _raw_bytes(torch, t):
     if flat.is_conj():  # pragma: no cover - set_ makes a plain tensor
         flat = flat.resolve_conj()
     return flat.view(torch.uint8)
-
-
-_rates: dict = {}
-
-
-def _pinned_rates(torch, device) -> tuple[float, float]:
-    """Bytes/s of ferry pinned copies device->host and host->device (64 MiB, best of 3)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _rates:
-        n = 64 << 20
-        host = empty_pinned((n,), torch.uint8, default_pinned_pool(index))
-        dev = torch.empty(n, dtype=torch.uint8, device=device)
-        out = []
-        for dst, src in ((host, dev), (dev, host)):
-            best = None
-            for _ in range(3):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                dst.copy_(src, non_blocking=True)
-                b.record()
-                b.synchronize()
-                s = a.elapsed_time(b) / 1e3
-                best = s if best is None else min(best, s)
-            out.append(n / best)
-        _rates[index] = (out[0], out[1])
-    return _rates[index]
 
 
 def offload_activations(*, max_bytes: int | None = None, max_overhead: float | None = None,
