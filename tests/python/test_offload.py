@@ -183,9 +183,9 @@ PEAK = """
 @pytest.mark.gpu
 def test_peak_gpu_memory_falls(gpu):
     """In a fresh process with cuBLAS made reproducible (CUBLAS_WORKSPACE_CONFIG, as
-    PyTorch's reproducibility notes ask): once, inside the whole suite's process, a
-    gradient of this model differed by 1e-5 from the same step without offload; 80
-    offloaded steps in a fresh process matched bit for bit, with and without it."""
+    PyTorch's reproducibility notes ask). This test found a race: the copy out did not
+    wait for the stream that made the tensor (offload._copy_out), and about one run in
+    ten gave a first-layer gradient off by 4e-6 on the H200."""
     import os
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(PEAK), os.path.dirname(__file__)],
                        capture_output=True, text=True, timeout=300,

@@ -253,8 +253,13 @@ class ActivationOffload:
         c.offset = src.data_ptr() % ALIGN
         c.fetched = c.gpu = c.step = c.owner = None
         c.host = empty_pinned((nbytes,), torch.uint8, lane.pool)
+        # The stream that made t, asked BEFORE the side stream becomes current: inside
+        # `with torch.cuda.stream(lane.d2h)` current_stream() is d2h itself, and the
+        # copy then waited for nothing (it read a tensor still being written, now and
+        # then: one gradient in ten runs differed on the H200).
+        compute = torch.cuda.current_stream(t.device)
         with torch.cuda.stream(lane.d2h):
-            lane.d2h.wait_stream(torch.cuda.current_stream(t.device))
+            lane.d2h.wait_stream(compute)
             c.host.copy_(src, non_blocking=True)
             c.written = torch.cuda.Event()
             c.written.record(lane.d2h)
@@ -360,12 +365,19 @@ class ActivationOffload:
         self._retiring.append((event, host))
 
     def _reap(self) -> None:
-        """Free the host buffers whose last copy is done (oldest first)."""
-        while self._retiring:
-            event, _host = self._retiring[0]
-            if event is not None and not event.query():
+        """Free the host buffers whose last copy is done (oldest first). Forward's and
+        autograd's threads may both reap: an entry is popped only if it is still the
+        one looked at (its event queried outside the lock: no CUDA call under it)."""
+        while True:
+            with self._lock:
+                if not self._retiring:
+                    return
+                entry = self._retiring[0]
+            if entry[0] is not None and not entry[0].query():
                 return
-            self._retiring.popleft()
+            with self._lock:
+                if self._retiring and self._retiring[0] is entry:
+                    self._retiring.popleft()
 
     def _finish_timing(self) -> None:
         """max_overhead: the step timed last time becomes the plan of every later one."""
