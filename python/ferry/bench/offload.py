@@ -123,28 +123,6 @@ def pool_bytes(stats: dict, what: str) -> int:
 
 # ---- measuring (GPU) -----------------------------------------------------------
 
-def pinned_rates(torch, nbytes: int = RATE_BYTES, repeats: int = 3) -> tuple[float, float]:
-    """Bytes/s of a ferry pinned buffer -> GPU 0 (d2h) and back (h2d): torch
-    non_blocking copies timed with CUDA events, the best of `repeats` after one."""
-    import ferry.torch as ft
-
-    host = ft.empty_pinned((nbytes,), torch.uint8, ft.default_pinned_pool(0))
-    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
-    rates = []
-    for dst, src in ((host, dev), (dev, host)):
-        dst.copy_(src, non_blocking=True)  # warm-up
-        best = float("inf")
-        for _ in range(repeats):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            dst.copy_(src, non_blocking=True)
-            b.record()
-            b.synchronize()
-            best = min(best, a.elapsed_time(b) / 1e3)
-        rates.append(nbytes / best)
-    return rates[0], rates[1]
-
-
 def build(torch, args):
     """The model (bf16, cuda:0, train mode), its SGD, the token batch, a CPU copy of
     the initial weights and the GPU memory they take before any step."""
@@ -293,12 +271,14 @@ class OffloadSuite(Suite):
     def run(self, args) -> int:
         import torch
 
+        from ..torch.offload_plan import measure_pinned_rates
+
         cases = [c for c in CASES if c in args.cases.split(",")]
         torch.cuda.set_device(0)
         progress(f"offload: building the model ({args.layers} layers, hidden {args.hidden}, "
                  f"batch {args.batch} x {args.seq} tokens)")
         model, opt, ids, initial, model_bytes = build(torch, args)
-        d2h, h2d = pinned_rates(torch)
+        d2h, h2d = measure_pinned_rates(torch, torch.device("cuda", 0), RATE_BYTES)
         progress(f"offload: ferry pinned d2h {d2h / 1e9:.1f} GB/s, h2d {h2d / 1e9:.1f} GB/s; "
                  f"model {model_bytes / 1e9:.2f} GB")
         release_memory(torch)

@@ -100,24 +100,31 @@ def plan_copies(packs, forward_s: float, backward_s: float, overhead_s: float, d
 _rates: dict = {}
 
 
+def measure_pinned_rates(torch, device, nbytes: int = 64 << 20, repeats: int = 3) -> tuple[float, float]:
+    """Bytes/s of a ferry pinned buffer -> `device` (d2h) and back (h2d): torch
+    non_blocking copies timed with CUDA events, the best of `repeats` after a warm-up.
+    The one measurement of the link that max_overhead and `ferry bench offload` use."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    host = empty_pinned((nbytes,), torch.uint8, default_pinned_pool(index))
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    rates = []
+    for dst, src in ((host, dev), (dev, host)):
+        dst.copy_(src, non_blocking=True)  # warm-up
+        best = float("inf")
+        for _ in range(repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            dst.copy_(src, non_blocking=True)
+            b.record()
+            b.synchronize()
+            best = min(best, a.elapsed_time(b) / 1e3)
+        rates.append(nbytes / best)
+    return rates[0], rates[1]
+
+
 def pinned_rates(torch, device) -> tuple[float, float]:
-    """Bytes/s of ferry pinned copies device->host and host->device (64 MiB, best of 3)."""
+    """measure_pinned_rates, once per device for the process."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _rates:
-        n = 64 << 20
-        host = empty_pinned((n,), torch.uint8, default_pinned_pool(index))
-        dev = torch.empty(n, dtype=torch.uint8, device=device)
-        out = []
-        for dst, src in ((host, dev), (dev, host)):
-            best = None
-            for _ in range(3):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                dst.copy_(src, non_blocking=True)
-                b.record()
-                b.synchronize()
-                s = a.elapsed_time(b) / 1e3
-                best = s if best is None else min(best, s)
-            out.append(n / best)
-        _rates[index] = (out[0], out[1])
+        _rates[index] = measure_pinned_rates(torch, device)
     return _rates[index]
