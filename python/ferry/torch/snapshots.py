@@ -25,9 +25,9 @@ import threading
 import time
 
 from ..errors import InvalidArgumentError
-from . import save as _save
 from ._torch import torch_module as _torch
-from .pinned import default_pinned_pool
+from .file_layout import Plan, collect, file_order, prepare, tied_names
+from .save import host_pool, save_items
 
 
 class SaveFuture:
@@ -75,8 +75,8 @@ class Snapshot:
 
     def __init__(self, items, pool):
         torch = _torch()
-        self._ties = _ties(items)  # tied weights: copied once, viewed under every name
-        self._order = [it for it in _save.file_order(items) if it.name not in self._ties]
+        self._ties = tied_names(items)  # tied weights: copied once, viewed under every name
+        self._order = [it for it in file_order(items) if it.name not in self._ties]
         self.nbytes = sum(it.nbytes for it in self._order)
         self._buffer = pool.alloc(-(-max(self.nbytes, 1) // 4096) * 4096, alignment=4096)
         self.pinned = self._buffer.pinned
@@ -118,13 +118,13 @@ class Snapshot:
         and files) in a background thread; returns its SaveFuture. Do not pass
         this snapshot to ``snapshot(into=)`` or ``to_host(out=)`` while it is
         saving: ``snapshot`` waits for the save, ``to_host`` does not."""
-        path, items, meta = _save.prepare(self.tensors, path, metadata, shared, "Snapshot.save")
-        plan = _save.Plan(path, items, meta, max_shard_size, "Snapshot.save")  # errors now, not in the thread
+        path, items, meta = prepare(self.tensors, path, metadata, shared, "Snapshot.save")
+        plan = Plan(path, items, meta, max_shard_size, "Snapshot.save")  # errors now, not in the thread
         direct = len(plan.files) == 1 and [it.name for it in plan.files[0][1]] == [it.name for it in self._order]
 
         def run():
             self.wait_copied()
-            return _save.save_items(plan, durable, source=self._buffer if direct else None)
+            return save_items(plan, durable, source=self._buffer if direct else None)
 
         self._future = SaveFuture(run)
         return self._future
@@ -136,24 +136,9 @@ class Snapshot:
             f._done.wait()
 
 
-def _ties(items) -> dict[str, str]:
-    """{name: the earlier name of the same tensor} (same memory, dtype, shape,
-    conjugate and negative bits: save.tie_key)."""
-    first: dict = {}
-    ties: dict[str, str] = {}
-    for it in items:
-        if it.nbytes:
-            key = _save.tie_key(it)
-            if key in first:
-                ties[it.name] = first[key]
-            else:
-                first[key] = it.name
-    return ties
-
-
 def _signature(items) -> tuple:
     """What a snapshot must match to be reused: names, dtypes, shapes and ties."""
-    return [(it.name, it.tensor.dtype, tuple(it.tensor.shape)) for it in items], _ties(items)
+    return [(it.name, it.tensor.dtype, tuple(it.tensor.shape)) for it in items], tied_names(items)
 
 
 def snapshot(state_dict, into: Snapshot | None = None, *, pool=None, non_blocking: bool = False) -> Snapshot:
@@ -182,7 +167,7 @@ def snapshot(state_dict, into: Snapshot | None = None, *, pool=None, non_blockin
     pool: the ferry pool to allocate from (default: the process's pinned pool
     for the tensors' GPU, or a pageable ferry Pool when all are CPU tensors).
     """
-    items = _save.collect(state_dict, "snapshot")
+    items = collect(state_dict, "snapshot")
     if into is not None:
         if not isinstance(into, Snapshot):
             raise InvalidArgumentError(f"into must be a Snapshot, not {type(into).__name__}")
@@ -194,9 +179,6 @@ def snapshot(state_dict, into: Snapshot | None = None, *, pool=None, non_blockin
         into.wait_copied()
         into._copy_from(state_dict, non_blocking)
         return into
-    if pool is None:
-        cuda = [it.tensor.device.index for it in items if it.tensor.is_cuda]
-        pool = default_pinned_pool(cuda[0]) if cuda else _save.pageable_pool()
-    s = Snapshot(items, pool)
+    s = Snapshot(items, pool if pool is not None else host_pool(items))
     s._copy_from(state_dict, non_blocking)
     return s
