@@ -28,6 +28,7 @@ from ..errors import InvalidArgumentError
 from ._torch import torch_module as _torch
 from .file_layout import Plan, collect, file_order, prepare, tied_names
 from .save import host_pool, save_items
+from .transfer import HostTarget, to_host
 
 
 class SaveFuture:
@@ -69,7 +70,7 @@ class SaveFuture:
     result = wait
 
 
-class Snapshot:
+class Snapshot(HostTarget):
     """A host copy of a state dict (see the module's text). ``tensors``: {name:
     CPU tensor} views of the snapshot's memory; ``nbytes``; ``pinned``."""
 
@@ -93,8 +94,6 @@ class Snapshot:
         self._copied: list = []  # torch.cuda.Events after a non_blocking copy, until wait_copied()
 
     def _copy_from(self, obj, non_blocking: bool) -> None:
-        from .transfer import to_host
-
         torch = _torch()
         src = {k: v for k, v in obj.items() if k not in self._ties}
         with torch.no_grad():  # parameters that require grad: no autograd record in the snapshot

@@ -21,6 +21,15 @@ _pending_lock = threading.Lock()
 _pending: list = []  # async copies whose tensors must stay alive until done
 
 
+class HostTarget:
+    """Base of the objects ``to_host(out=)`` fills through their ``tensors``
+    (host tensors of obj's shape): ``ferry.torch.Snapshot``. An explicit base,
+    so that no other object with a ``tensors`` attribute is taken for one, and
+    so that transfer imports nothing of the snapshot (which imports it)."""
+
+    tensors: dict
+
+
 def _keep_until_done(c) -> None:
     with _pending_lock:
         _pending[:] = [p for p in _pending if not p.done]
@@ -172,8 +181,11 @@ def to_host(obj, out=None, non_blocking: bool = False):
     leaves: list = []
     template = _flatten(obj, torch, leaves)
     targets: list = [None] * len(leaves)
-    if out is not None and not isinstance(out, (dict, list, tuple, torch.Tensor)) and hasattr(out, "tensors"):
+    if isinstance(out, HostTarget):
         out = out.tensors  # a Snapshot
+    elif out is not None and not isinstance(out, (dict, list, tuple, torch.Tensor)):
+        raise InvalidArgumentError(f"to_host: out must be a tensor, a dict, list or tuple of them, or a "
+                                   f"ferry.torch.Snapshot, not {type(out).__name__}")
     if out is not None:
         out_leaves: list = []
         _flatten(out, torch, out_leaves)
