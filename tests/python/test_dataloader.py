@@ -52,11 +52,13 @@ def assert_same(a, b, where="batch"):
 def both(dataset, **kw):
     """The epochs of PyTorch's loader and ferry's with the same arguments and seed."""
     seed = kw.pop("seed", 1)
+    device = kw.pop("device_for_ferry", None)  # ferry's loader only: "cuda" for GPU batches
     out = []
     for cls in (TorchLoader, ft.DataLoader):
         torch.manual_seed(seed)  # num_workers=0 draws from the main process's generators
         np.random.seed(seed)
-        loader = cls(dataset, generator=torch.Generator().manual_seed(seed), **kw)
+        extra = {"device": device} if cls is ft.DataLoader and device else {}
+        loader = cls(dataset, generator=torch.Generator().manual_seed(seed), **kw, **extra)
         out.append(list(loader))
     return out
 
@@ -362,6 +364,36 @@ def test_device_batches_are_ordered_on_the_current_stream():
     torch.cuda.synchronize()
     expected = sum(ds[i][0].double().sum() for i in range(64))
     assert torch.isclose(total.cpu(), expected.to(torch.float64))
+
+
+@gpu
+def test_device_batch_is_one_ferry_copy(monkeypatch):
+    """A device batch crosses in one ferry copy_many (not one copy per tensor)."""
+    import ferry.copy as fc
+
+    calls = []
+    real = fc.copy_many_async
+
+    def spy(dsts, srcs, *a, **kw):
+        calls.append(len(dsts))
+        return real(dsts, srcs, *a, **kw)
+
+    monkeypatch.setattr(fc, "copy_many_async", spy)
+    ds = cases.NestedSamples(9)
+    theirs, ours = both(ds, batch_size=4, num_workers=0, device_for_ferry="cuda")
+    leaves = [sum(1 for t in _tensors(b) if t.numel()) for b in ours]
+    assert len(ours) == 3 and min(leaves) > 1
+    assert calls == leaves
+    for a, b in zip(theirs, ours):
+        assert_same(_to_cuda(a), b)
+
+
+def _tensors(batch):
+    from ferry.torch.data.batch_layout import map_leaves
+
+    found = []
+    map_leaves(batch, found.append, lambda x: isinstance(x, torch.Tensor))
+    return found
 
 
 @pytest.mark.parametrize("args, message", [

@@ -42,3 +42,39 @@ def test_an_object_with_a_tensors_attribute_is_not_taken_for_a_snapshot():
 def test_out_of_another_kind_is_refused_with_its_type():
     with pytest.raises(ferry.InvalidArgumentError, match="out must be .*not int"):
         ft.to_host({"w": torch.ones(3)}, out=7)
+
+
+# ---- GPU: one ferry copy_many per GPU ----------------------------------------------
+
+
+def _count_calls(monkeypatch):
+    """Counts the ferry copy_many calls (blocking and async) and their items, by
+    wrapping the real functions (the copies still run)."""
+    import ferry.copy as fc
+
+    calls = []
+    for name in ("copy_many", "copy_many_async"):
+        real = getattr(fc, name)
+
+        def spy(dsts, srcs, *a, _real=real, **kw):
+            calls.append(len(dsts))
+            return _real(dsts, srcs, *a, **kw)
+
+        monkeypatch.setattr(fc, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("non_blocking", [False, True])
+def test_to_host_from_two_gpus_is_one_call_per_gpu(gpu, monkeypatch, non_blocking):
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two CUDA devices (PyTorch sees {torch.cuda.device_count()})")
+    g = torch.Generator().manual_seed(7)
+    host = [torch.randn(1000 + 17 * i, generator=g) for i in range(6)]
+    on_gpus = {f"t{i}": t.to(f"cuda:{i % 2}") for i, t in enumerate(host)}  # interleaved devices
+    calls = _count_calls(monkeypatch)
+    back = ft.to_host(on_gpus, non_blocking=non_blocking)
+    for d in range(2):
+        torch.cuda.current_stream(d).synchronize()
+    assert calls == [3, 3]
+    for i, t in enumerate(host):
+        assert torch.equal(back[f"t{i}"], t)

@@ -1,8 +1,9 @@
 """Tensors, and any nesting of dicts, lists and tuples of them (a state_dict, a
-batch), to and from the GPU by ferry's engine in ONE call: every tensor of the
-structure moves through one pipelined copy (``ferry.copy_many``), so the CPU
-copy of one tensor overlaps the DMA of the one before and small tensors share
-staging chunks.
+batch), to and from the GPU by ferry's engine in ONE call per GPU: every tensor
+of the structure on that GPU moves through one pipelined copy
+(``ferry.copy_many``, which serves one device a call: ``copy_per_device``
+groups the tensors), so the CPU copy of one tensor overlaps the DMA of the one
+before and small tensors share staging chunks.
 
 The structure comes back with the same keys, order, container types
 (dict subclasses such as OrderedDict, lists, tuples, named tuples), shapes,
@@ -95,16 +96,37 @@ def _device(torch, device):
     return d if d.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
-def _copy_on_current_stream(torch, dsts, srcs, device, non_blocking):
-    """One copy_many call on `device`'s current torch stream; with non_blocking, the
-    sources and destinations are kept alive until the copy is done."""
+def copy_per_device(dsts, srcs, *, stream=None, wait: bool = True) -> list:
+    """dsts[i] <- srcs[i] (contiguous tensors of equal byte size, one of each
+    pair on a GPU) in ONE ferry copy_many call per GPU: the native call serves
+    one device (copy_bindings.cpp), so the pairs are grouped by the GPU they
+    touch, keeping their order. Each call runs on `stream` (a torch.cuda.Stream,
+    for pairs of one GPU) or else on that GPU's current torch stream. Empty
+    tensors are skipped. wait=False: returns each call's ``ferry.Copy`` once
+    queued; the caller keeps the tensors alive until it is done (a Copy kept
+    does that)."""
     from ..copy import copy_many, copy_many_async
 
-    stream = torch.cuda.current_stream(device)
-    if non_blocking:
-        _keep_until_done(copy_many_async(dsts, srcs, stream=stream))
-    else:
-        copy_many(dsts, srcs, stream=stream)
+    torch = _torch()
+    groups: dict = {}
+    for d, s in zip(dsts, srcs):
+        if d.numel():
+            ds, ss = groups.setdefault(d.device if d.is_cuda else s.device, ([], []))
+            ds.append(d)
+            ss.append(s)
+    if stream is not None and len(groups) > 1:
+        from ..errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"copy_per_device: one stream was given for copies on {len(groups)} GPUs "
+                                   f"({', '.join(map(str, groups))}): a stream belongs to one")
+    copies = []
+    for dev, (ds, ss) in groups.items():
+        on = stream if stream is not None else torch.cuda.current_stream(dev)
+        if wait:
+            copy_many(ds, ss, stream=on)
+        else:
+            copies.append(copy_many_async(ds, ss, stream=on))
+    return copies
 
 
 def _values(t):
@@ -136,11 +158,10 @@ def to_device(obj, device=None, non_blocking: bool = False):
             continue
         src = _values(t)
         out[i] = torch.empty(src.shape, dtype=src.dtype, device=dev)
-        if src.numel():
-            dsts.append(out[i])
-            srcs.append(src)
-    if dsts:
-        _copy_on_current_stream(torch, dsts, srcs, dev, non_blocking)
+        dsts.append(out[i])
+        srcs.append(src)
+    for c in copy_per_device(dsts, srcs, wait=not non_blocking):
+        _keep_until_done(c)
     return _build(template, out)
 
 
@@ -162,20 +183,19 @@ def _new_host(torch, src):
 
 def to_host(obj, out=None, non_blocking: bool = False):
     """A CPU copy of obj (a CUDA tensor or any nesting of dicts, lists and
-    tuples of them), moved by ferry's engine in one call.
+    tuples of them), moved by ferry's engine in one call per GPU it reads from.
 
     `out`: a structure of the same shape whose tensors (CPU tensors of the same
     shapes and dtypes, e.g. pinned buffers from ferry.torch.empty_pinned) are
     filled in place and returned, or a ``ferry.torch.Snapshot`` (its tensors,
     in order: the same copy as ``snapshot(obj, into=out)`` for any nesting of
     obj, without waiting for the snapshot's save); else new (pageable) tensors
-    are made. CPU
-    tensors in obj are returned as they are, or copied into `out`.
+    are made. CPU tensors in obj are returned as they are, or copied into `out`.
+    The copy is ordered on the current stream of each GPU it reads from.
     non_blocking=True returns before the copy is done: read the results after
-    torch.cuda.current_stream().synchronize() (or the returned structure's
-    tensors only after that)."""
+    torch.cuda.current_stream(d).synchronize() for each such GPU d (one GPU:
+    torch.cuda.current_stream().synchronize())."""
     torch = _torch()
-    from ..copy import copy_many
     from ..errors import InvalidArgumentError
 
     leaves: list = []
@@ -198,7 +218,6 @@ def to_host(obj, out=None, non_blocking: bool = False):
                     f"dtype {t.dtype}, not {o.device} {tuple(o.shape)} {o.dtype}")
             targets[i] = o
     dsts, srcs = [], []
-    device = None
     for i, t in enumerate(leaves):
         if not t.is_cuda:
             if targets[i] is None:
@@ -207,18 +226,10 @@ def to_host(obj, out=None, non_blocking: bool = False):
                 targets[i].copy_(t)
             continue
         src = _values(t)
-        if device is not None and src.device != device:
-            # One call serves one device: the others go by themselves.
-            target = targets[i] if targets[i] is not None else _new_host(torch, src)
-            copy_many([target], [src])
-            targets[i] = target
-            continue
-        device = src.device
         if targets[i] is None:
             targets[i] = _new_host(torch, src)
-        if src.numel():
-            dsts.append(targets[i])
-            srcs.append(src)
-    if dsts:
-        _copy_on_current_stream(torch, dsts, srcs, device, non_blocking)
+        dsts.append(targets[i])
+        srcs.append(src)
+    for c in copy_per_device(dsts, srcs, wait=not non_blocking):
+        _keep_until_done(c)
     return _build(template, targets)

@@ -8,10 +8,11 @@ worker writes the slot again: an event recorded on that stream is waited for.
 Copies on other streams are the user's to order, as with any pinned buffer.
 
 ``device="cuda:N"``: GPU tensors, each allocated on the loader's side stream
-and copied there from the slot; the current stream waits for the copy (an
-event), each tensor is recorded on the current stream (so PyTorch's caching
-allocator does not reuse it early), and the slot comes back when the copy's
-event has completed.
+and copied there from the slot, every tensor of the batch in one ferry
+``copy_many`` (``ferry.torch.transfer.copy_per_device``); the current stream
+waits for the copy (an event), each tensor is recorded on the current stream
+(so PyTorch's caching allocator does not reuse it early), and the slot comes
+back when the copy's event has completed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import weakref
 
 import torch
 
+from ..transfer import copy_per_device
 from .batch_layout import Batch, SlotWriter, TensorLeaf, map_leaves
 from .slot_collate import leaf_nbytes, leaf_view
 from .slots import Slot, SlotPool
@@ -97,16 +99,20 @@ class Delivery:
             self._stream = torch.cuda.Stream(device)
         current = torch.cuda.current_stream(device)
         slot_bytes = slot.bytes
-        outs = []
+        outs, srcs = [], []
 
-        def copy(leaf):
+        def target(leaf):
             dst = torch.empty(leaf.shape, dtype=leaf.dtype, device=device)
-            dst.copy_(leaf_view(leaf, slot_bytes), non_blocking=True)
             outs.append(dst)
+            srcs.append(leaf_view(leaf, slot_bytes))
             return dst
 
         with torch.cuda.stream(self._stream):
-            tree = map_leaves(batch.tree, copy, _is_leaf)
+            tree = map_leaves(batch.tree, target, _is_leaf)
+            # Its Copy is not kept: the sources are the slot, held until `event`
+            # (recorded after the copy) has completed; the GPU tensors are freed in
+            # stream order (recorded on the current stream below).
+            copy_per_device(outs, srcs, stream=self._stream, wait=False)
             event = torch.cuda.Event(blocking=True)  # a wait for a slot sleeps instead of spinning a core
             event.record(self._stream)
         current.wait_event(event)
