@@ -211,10 +211,28 @@ def test_cpu_batches_are_writable_views_of_shared_memory():
 
 
 def test_bad_device_is_refused():
-    with pytest.raises(ferry.InvalidArgumentError, match="CUDA device"):
-        ft.DataLoader(cases.SizedByIndex(3), device="cpu")
-    with pytest.raises(ferry.InvalidArgumentError):
-        ft.DataLoader(cases.SizedByIndex(3), device="nonsense")
+    with pytest.raises(ferry.InvalidArgumentError, match="host or to a CUDA device"):
+        ft.DataLoader(cases.SizedByIndex(3), device="meta")
+    for bad in ("nonsense", 2.5):
+        with pytest.raises(ferry.InvalidArgumentError, match="is not a device; expected 'cpu'"):
+            ft.DataLoader(cases.SizedByIndex(3), device=bad)
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu")])
+def test_cpu_batches_are_asked_for_with_device_cpu(device):
+    """ferry.torch's rule: device=None is the current GPU; the host is said aloud."""
+    again, ours = both(cases.NestedSamples(10), batch_size=3, num_workers=1, device_for_ferry=device)
+    for a, b in zip(again, ours):
+        assert_same(a, b)
+        assert not b["image"].is_cuda
+
+
+def test_device_none_still_gives_cpu_batches_with_a_warning():
+    with pytest.warns(FutureWarning, match="pass device='cpu'") as caught:
+        loader = ft.DataLoader(cases.Frames(6, shape=(5, 3)), batch_size=3, num_workers=0, device=None)
+    assert caught[0].filename == __file__  # the warning points at the caller
+    x, idx = next(iter(loader))
+    assert x.device.type == "cpu" and torch.equal(idx, torch.arange(3))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")

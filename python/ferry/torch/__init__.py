@@ -16,6 +16,22 @@
   PyTorch's class, and ``import ferry.torch`` does not import PyTorch).
 
 Everything public is re-exported here: ``ferry.torch.to_device(...)``.
+
+One meaning of ``device`` (``devices`` reads it; tests/python/test_device_rule.py
+holds every public name to it):
+
+- Where a GPU is the destination (``to_device``, ``load_safetensors``,
+  ``DataLoader``), ``device`` takes "cuda:N", N or a torch.device, and
+  ``device=None`` or "cuda" means the calling thread's current CUDA device
+  (``torch.cuda.current_device()``); ``load_safetensors`` with ``out=``
+  tensors all on one GPU: that GPU. A CPU device there is refused
+  (InvalidArgumentError), no GPU is NoDeviceError: never a silent CPU.
+- The host is asked for aloud: ``DataLoader(device="cpu")``, its default
+  (CPU batches). ``DataLoader(device=None)`` still gives CPU batches, as it
+  did before this rule, with a FutureWarning: pass device="cpu".
+- Not destinations: ``default_pinned_pool(device=0)``, ``allocator_stats`` and
+  ``empty_cache`` (``device=-1``: every device) take an int index of a per-GPU
+  resource.
 """
 
 from .allocators import (  # noqa: F401

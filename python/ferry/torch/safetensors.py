@@ -27,6 +27,7 @@ from ..errors import InvalidArgumentError, NoDeviceError
 from ..load import Loader, default_loader, read_catalog, read_shard_index
 from ..measure import gpu_absent_reason
 from ._torch import torch_module as _torch
+from .devices import cuda_device, with_index
 
 # safetensors dtype -> name of the torch dtype (absent: PyTorch has none)
 _TORCH_DTYPE_NAMES = {
@@ -227,11 +228,8 @@ def _storage_key(t):
 
 
 def _device(torch, device, out):
-    dev = torch.device(device) if device is not None else torch.device("cuda")
-    if dev.type != "cuda":
-        raise InvalidArgumentError(
-            f"device={device!r}: load_safetensors loads to CUDA devices (for the CPU: safetensors.torch.load_file)"
-        )
+    dev = cuda_device(device, "load_safetensors",
+                      "load_safetensors loads to CUDA devices (for the CPU: safetensors.torch.load_file)")
     absent = gpu_absent_reason(_ferry.cuda_info())  # ferry's check, before torch.cuda is touched
     if absent is not None:
         raise NoDeviceError(f"load_safetensors(device={device!r}): {absent}; it loads to a CUDA device "
@@ -240,7 +238,7 @@ def _device(torch, device, out):
         devices = {t.device for t in out.values() if isinstance(t, torch.Tensor) and t.is_cuda}
         if len(devices) == 1:
             return devices.pop()
-    return torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+    return with_index(dev, "load_safetensors")
 
 
 def _dtypes(torch, cat: _Catalog, sel, dtype) -> dict:
@@ -318,7 +316,7 @@ def _cast_batches(cat: _Catalog, sel, limit):
 
 def load_safetensors(
     paths,
-    device="cuda",
+    device=None,
     *,
     keys=None,
     dtype=None,
@@ -329,7 +327,9 @@ def load_safetensors(
     """Load safetensors tensors to a GPU; returns {name: tensor}.
 
     paths: a .safetensors file, a shard index (.json), a directory holding
-    either, or a list of these. keys: only these tensors (else all, or with
+    either, or a list of these. device: "cuda:N", N or a torch.device; None
+    or "cuda": the current CUDA device, or with ``out`` the one GPU its
+    tensors sit on (ferry.torch's one rule for ``device``). keys: only these tensors (else all, or with
     ``out`` those of ``out``). dtype: floating-point tensors of 16 bits and
     more are cast to it on the GPU (8- and 4-bit floats and integers keep
     theirs). out: {name: tensor} (e.g. ``model.state_dict()``) filled in place;

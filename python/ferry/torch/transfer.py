@@ -17,6 +17,7 @@ import copy
 import threading
 
 from ._torch import torch_module as _torch
+from .devices import cuda_device, with_index
 
 _pending_lock = threading.Lock()
 _pending: list = []  # async copies whose tensors must stay alive until done
@@ -85,17 +86,6 @@ def _build(template, out: list):
     return type(c)(values)
 
 
-def _device(torch, device):
-    if device is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    d = torch.device(device)
-    if d.type != "cuda":
-        from ..errors import InvalidArgumentError
-
-        raise InvalidArgumentError(f"to_device: device must be a CUDA device, not {device!r}")
-    return d if d.index is not None else torch.device("cuda", torch.cuda.current_device())
-
-
 def copy_per_device(dsts, srcs, *, stream=None, wait: bool = True) -> list:
     """dsts[i] <- srcs[i] (contiguous tensors of equal byte size, one of each
     pair on a GPU) in ONE ferry copy_many call per GPU: the native call serves
@@ -141,13 +131,16 @@ def to_device(obj, device=None, non_blocking: bool = False):
     """obj (a CPU tensor, pageable or pinned, or any nesting of dicts, lists and
     tuples of them) on the GPU, moved by ferry's engine in one call.
 
+    device: "cuda:N", N or a torch.device; None or "cuda": the current CUDA
+    device (ferry.torch's one rule for ``device``).
+
     Tensors already on `device` are returned as they are (as ``Tensor.to``
     does); CUDA tensors on another device are moved by PyTorch. The copy is
     ordered on the device's current stream. non_blocking=True returns once the
     sources have been read (ferry keeps them alive until the copy is done);
     the results are ready for work queued on that stream."""
     torch = _torch()
-    dev = _device(torch, device)
+    dev = with_index(cuda_device(device, "to_device"), "to_device")
     leaves: list = []
     template = _flatten(obj, torch, leaves)
     out: list = [None] * len(leaves)

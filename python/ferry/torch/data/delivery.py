@@ -1,10 +1,11 @@
 """A worker's descriptor made into the batch the user gets.
 
-``device=None``: CPU tensors that are views of the slot (pinned where there is a
-CUDA device). The slot comes back when the last of them is garbage collected;
-copies queued by then on the current CUDA stream (``x.to("cuda",
-non_blocking=True)`` and dropping ``x``: the usual loop) complete before a
-worker writes the slot again: an event recorded on that stream is waited for.
+``device="cpu"`` (``Delivery.device`` None): CPU tensors that are views of
+the slot (pinned where there is a CUDA device). The slot comes back when the
+last of them is garbage collected; copies queued by then on the current CUDA
+stream (``x.to("cuda", non_blocking=True)`` and dropping ``x``: the usual
+loop) complete before a worker writes the slot again: an event recorded on
+that stream is waited for.
 Copies on other streams are the user's to order, as with any pinned buffer.
 
 ``device="cuda:N"``: GPU tensors, each allocated on the loader's side stream

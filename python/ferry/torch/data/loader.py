@@ -24,7 +24,7 @@ its own loader.
 
 Fork: a loader used in a forked child makes new slots there (``slots``). CUDA
 cannot be used in a child forked after CUDA was initialized: there batches of
-``device=None`` come in pageable shared memory (not pinned), and
+``device="cpu"`` come in pageable shared memory (not pinned), and
 ``device="cuda"`` is refused with ``NotSupportedError``.
 """
 
@@ -34,11 +34,13 @@ import contextlib
 import functools
 import os
 import threading
+import warnings
 
 import torch
 import torch.utils.data as _data
 
 from .. import _torch_private as pt
+from ..devices import cuda_device
 from .batch_layout import Batch, SlotWriter, WorkerFailure
 from .chunk_passing import ChunkSender, socket_pair
 from .delivery import Delivery
@@ -50,7 +52,7 @@ from .worker import _samples, worker_loop
 _TorchSingleProcessIter, _TorchMultiProcessIter = pt.iterator_classes()
 
 # Slots beyond the tasks in flight, made at once: the batch being delivered
-# (device=...: while its copy runs), and with device=None the one the user
+# (device=...: while its copy runs), and with device="cpu" the one the user
 # holds while the next is delivered. More are made one by one when needed.
 EXTRA_SLOTS_DEVICE = 1
 EXTRA_SLOTS_CPU = 2
@@ -73,23 +75,23 @@ os.register_at_fork(after_in_child=_new_locks_after_fork)
 
 
 def _device_arg(device):
-    """None, or the torch.device("cuda", N) batches are delivered to."""
+    """None (CPU batches), or the torch.device("cuda"[, N]) batches are delivered to."""
     if device is None:
+        # Before ferry.torch gave device=None one meaning (the current CUDA device), it
+        # meant CPU batches here: it still does, said aloud, so no batch moves silently.
+        warnings.warn("ferry.torch.DataLoader(device=None): pass device='cpu' for CPU batches (the default) or "
+                      "device='cuda' for batches on the current GPU; across ferry.torch None means the current "
+                      "CUDA device, and here it still means CPU batches, for now", FutureWarning, stacklevel=3)
         return None
-    from ...errors import InvalidArgumentError
-
-    try:
-        d = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise InvalidArgumentError(f"DataLoader: device must be None or a CUDA device, not {device!r}") from e
-    if d.type != "cuda":
-        raise InvalidArgumentError(
-            f"DataLoader: device must be None (pinned CPU batches) or a CUDA device, not {device!r}")
+    if isinstance(device, str) and device == "cpu" or isinstance(device, torch.device) and device.type == "cpu":
+        return None
+    d = cuda_device(device, "DataLoader", "batches go to the host or to a CUDA device",
+                    "'cpu' (CPU batches), 'cuda' (the current GPU), 'cuda:N', a torch.device or an int N")
     if not torch.cuda.is_available():
         from ...errors import NoDeviceError
 
         raise NoDeviceError(f"DataLoader(device={device!r}): PyTorch sees no CUDA device on this machine "
-                            "(use device=None for CPU batches)")
+                            "(use device='cpu' for CPU batches)")
     return d
 
 
@@ -104,7 +106,7 @@ def _pinned_device(device):
             raise NotSupportedError(
                 f"DataLoader(device={str(device)!r}) used in a process forked after CUDA was initialized: CUDA "
                 "cannot be used in such a child. Start it with the 'spawn' or 'forkserver' method "
-                "(multiprocessing.get_context('spawn')), or use device=None there (CPU batches, not pinned)")
+                "(multiprocessing.get_context('spawn')), or use device='cpu' there (CPU batches, not pinned)")
         return device.index
     if forked or not torch.cuda.is_available():
         return None
@@ -116,10 +118,12 @@ class DataLoader(_data.DataLoader):
     behaviour) whose batches cross from the workers to the GPU without a copy
     in the main process, plus:
 
-    device: None (default) hands out CPU batches in pinned memory (pageable
-        shared memory where there is no CUDA device); "cuda" or "cuda:N" hands
-        out batches already on that GPU, copied on a side stream, with the
-        current stream ordered after the copy.
+    device: "cpu" (default) hands out CPU batches in pinned memory (pageable
+        shared memory where there is no CUDA device); "cuda" (the current
+        GPU) or "cuda:N" hands out batches already on that GPU, copied on a
+        side stream, with the current stream ordered after the copy. None
+        still means CPU batches here, with a FutureWarning (elsewhere in
+        ferry.torch None means the current CUDA device).
 
     ``pin_memory`` is accepted and has no further effect: batches are pinned
     wherever there is a CUDA device. Tensors of the batch are laid out in the
@@ -130,7 +134,7 @@ class DataLoader(_data.DataLoader):
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, num_workers=0,
                  collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
                  multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
-                 pin_memory_device="", in_order=True, device=None):
+                 pin_memory_device="", in_order=True, device="cpu"):
         target = _device_arg(device)
         super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
                          pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,

@@ -14,7 +14,7 @@ states and their transitions:
       +--writers exited-- quarantined
 
 - held: by the GPU copy (device=...) until its event completes; by the CPU
-  tensors (device=None) until they are garbage collected, then by the copies
+  tensors (device="cpu") until they are garbage collected, then by the copies
   queued on the current stream, until its event.
 - quarantined: a worker of an ended iterator may still write the slot (one
   that outlived PyTorch's shutdown: busy in ``__getitem__``, SIGTERM ignored).
