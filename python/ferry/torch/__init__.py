@@ -7,7 +7,8 @@
 - ``allocators``: managed-memory allocators for PyTorch (``use_allocator``,
   ``mem_pool``, ``allocator_stats``, ``empty_cache``);
 - ``safetensors``: checkpoints to the GPU by ferry's loader (``load_safetensors``);
-- ``save``: state dicts to safetensors files (``save_safetensors``);
+- ``save``: state dicts to safetensors files (``save_safetensors``), what goes
+  in each file (items, header, order, shards, tied weights) in ``file_layout``;
 - ``snapshots``: asynchronous checkpoints (``snapshot``, ``Snapshot.save``);
 - ``offload``: activations saved for backward kept in pinned memory
   (``offload_activations``);
