@@ -1,0 +1,136 @@
+// node_pool.h — one pool of host memory per node, shared by every process
+// (rank) that opens it by name: what one allocates, all can reach by a handle
+// (the block's offset), and allocations of all count against one budget.
+//
+// How: the creator makes a memfd (no /dev/shm, no file) holding a Region
+// (node/node_region.h) and its data; every member maps it MAP_SHARED, so the
+// data pages exist once. A process attaches by asking any live member for the
+// descriptor over an abstract Unix socket (SCM_RIGHTS, same uid only); every
+// member serves that from one idle thread, so the pool outlives its creator.
+// Each member holds a POSIX record lock on its slot's byte of the memfd: the
+// kernel drops it when the process dies, SIGKILL included, which is how the
+// others tell a dead member (F_GETLK) and reclaim its blocks. The memory goes
+// away when the last member closes or exits.
+//
+// Blocks: allocate() gives an unnamed block owned by this process (freed when
+// it frees it, or when the owner exits or dies; take() moves ownership, so a
+// consumer can keep what a producer made); allocate_named() finds or makes a
+// block by key, held by every process that asked for it and freed when the
+// last lets go. Signal words (add, wait_at_least) are 32-bit counters in the
+// data that any member can bump and wait on (futex), for completions.
+//
+// Pinning is not here (no CUDA in this layer): the CUDA layer registers the
+// ranges a process touches (cuda/node_registrar.h).
+//
+// Fork: the mapping is hidden from children (os/dont_fork.h: a tombstone in
+// the child); a NodePool used in a forked child raises NotSupported.
+//
+// Locking: Region's robust mutex guards the shared state (node_region.h);
+// this object's own fields are set at open and read-only after, but for
+// server_ (the serving thread, joined once, in the destructor). The process-
+// wide registry of open pools has its own mutex, held across fork.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "node/node_region.h"
+
+namespace ferry::node {
+
+struct NodePoolOptions {
+  // The creator's: the node-wide budget (bytes of data; rounded up to the
+  // granule) and the allocation unit. An attacher's 0 means "whatever it is";
+  // a non-zero one that differs from the pool's is refused.
+  size_t capacity = 0;
+  size_t granule = size_t{64} << 10;
+  std::string label;            // this process in messages (e.g. "rank 3"); default "pid N"
+  double attach_timeout_s = 10; // for a concurrent creator to finish
+};
+
+struct NodeBlock {
+  uint64_t offset = 0;  // from the start of the data: the handle other processes open it by
+  uint64_t bytes = 0;   // whole granules
+};
+
+struct NodePoolStats {
+  uint64_t capacity = 0, granule = 0, used = 0, largest_free = 0, repairs = 0;
+  uint32_t slot = 0;
+  bool created = false;  // this process made the region
+  std::vector<HolderInfo> members;
+};
+
+class NodePool {
+ public:
+  // Attaches to the pool `name` if a live member serves it, else creates it
+  // (then options.capacity must be > 0). One object per name per process:
+  // a second open() of the same name returns the first (options must agree).
+  // name: 1-64 characters of [A-Za-z0-9._-].
+  static std::shared_ptr<NodePool> open(const std::string& name, const NodePoolOptions& options);
+  ~NodePool();
+  NodePool(const NodePool&) = delete;
+  NodePool& operator=(const NodePool&) = delete;
+
+  const std::string& name() const { return name_; }
+  char* data() const { return data_; }
+  uint64_t capacity() const { return capacity_; }
+  uint64_t granule() const { return granule_; }
+  uint32_t slot() const { return slot_; }
+  void* region_base() const { return map_; }  // the header's address (tests)
+
+  // Throws OutOfMemory naming every holder when the budget (or a long enough
+  // free run) is short, after reclaiming dead members' blocks.
+  NodeBlock allocate(size_t bytes);
+  // Finds the live block named `key` (sizes must agree) or makes it; this
+  // process holds it until release(). *created: whether it was made here.
+  NodeBlock allocate_named(const std::string& key, size_t bytes, bool* created = nullptr);
+  // The live block that starts at `offset` (a handle from another process).
+  NodeBlock find(uint64_t offset) const;
+  // Unnamed: frees it (any member may). Named: this process lets go.
+  void release(uint64_t offset);
+  // This process becomes the owner of an unnamed block.
+  void take(uint64_t offset);
+
+  // Frees the blocks and holds of members that died; the bytes freed.
+  uint64_t reclaim_dead();
+  // Reclaims dead members first, so `members` lists the living.
+  NodePoolStats stats();
+  // "pid 12 (rank 0): 3 blocks, 8.0 GiB; ..." for messages.
+  std::string describe_holders() const;
+
+  // Signal words: the 32-bit word at data() + offset (4-byte aligned, inside
+  // the data). add() returns the value before and wakes every waiter.
+  uint32_t add(uint64_t offset, uint32_t n);
+  uint32_t load(uint64_t offset) const;
+  // Waits until the word is >= value; false on timeout (timeout_s < 0: none).
+  bool wait_at_least(uint64_t offset, uint32_t value, double timeout_s) const;
+
+ private:
+  NodePool(std::string name, int fd, void* map, size_t map_bytes, bool created, const std::string& label);
+  void lock() const;  // the region's lock; reclaims dead members after a repair
+  void check_usable(const char* what) const;
+  void serve();
+  uint32_t* word(uint64_t offset, const char* what) const;
+  NodeBlock checked_block(uint64_t offset, const char* what) const;
+  uint64_t reclaim_dead_locked();
+  std::string out_of_memory(size_t bytes, const char* what) const;
+
+  std::string name_;
+  int fd_;
+  void* map_;
+  size_t map_bytes_;
+  bool created_;
+  mutable Region region_;
+  char* data_;  // copied from the header at open: a forked child must not read the region
+  uint64_t capacity_, granule_;
+  uint32_t slot_ = kMaxMembers;
+  int listen_fd_ = -1;
+  std::thread server_;
+  uint64_t generation_;  // fork_generation() at open
+};
+
+}  // namespace ferry::node
