@@ -34,6 +34,7 @@ void bind_copy(nanobind::module_& m);
 void bind_channel(nanobind::module_& m);  // low-latency channel: channel_bindings.cpp
 void bind_managed(nanobind::module_& m);  // PyTorch allocators: managed_bindings.cpp
 void bind_load(nanobind::module_& m);     // checkpoint loader, safetensors: load_bindings.cpp
+void bind_node(nanobind::module_& m);     // the node pool: node_bindings.cpp
 }
 
 namespace nb = nanobind;
@@ -442,4 +443,5 @@ NB_MODULE(_ferry, m) {
   ferry::python::bind_channel(m);  // low-latency channel
   ferry::python::bind_managed(m);  // PyTorch allocators
   ferry::python::bind_load(m);     // checkpoint loader
+  ferry::python::bind_node(m);     // node pool
 }

@@ -1,0 +1,212 @@
+"""One pool of host memory per node, shared by every process (rank) that opens it.
+
+``NodePool(name, capacity)`` creates the pool, or attaches to it when a live
+process of the node already holds it (then ``capacity`` may be 0). All ranks see
+the same bytes (one memfd, mapped by each; the pages exist once), and every
+allocation, in any process, counts against the one ``capacity``: the error of an
+allocation that does not fit says who holds what.
+
+Blocks:
+
+- ``pool.alloc(n)``: a block owned by this process, freed by ``free()``, or when
+  this process closes the pool, exits or dies. Its ``handle`` (an int) opens it
+  in another process: ``pool.block(handle)``; ``pool.take(block)`` makes the
+  caller its owner (a consumer keeping what a producer made).
+- ``pool.named(key, n)``: finds the block called ``key`` or makes it; every
+  process that asked holds it, and it is freed when the last one lets go
+  (``free()``, close, exit or death).
+- Signal words: ``add(block, i)`` and ``wait(block, i, value)`` on the i-th 32-bit
+  word of a block, across processes (a futex): completions, barriers.
+
+Pinning: with ``device=`` (a GPU index), the pieces of the pool this process
+touches (alloc, named, block) are registered with that GPU in the background;
+``ready(block)`` says whether a block is, ``wait_ready(block)`` waits. Copies from
+and to a block (``ferry.copy(..., block.address, ...)``) run at pinned speed once
+it is ready; each process pins only what it touches.
+
+How processes find each other: an abstract Unix socket per member (no file, no
+/dev/shm; same user and network namespace only) passes the memfd (SCM_RIGHTS).
+The pool lives while any member does. A forked child of a member does not see
+the pool (it opens it again by name if it needs it). See docs/node.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from . import _args, _ferry
+from .errors import InvalidArgumentError
+
+DEFAULT_GRANULE = 64 << 10
+
+
+class NodeBlock:
+    """A block of a NodePool: ``handle`` (send it to other processes), ``nbytes``
+    (whole granules), ``address`` (in this process), ``created`` (for named
+    blocks: whether this call made it)."""
+
+    __slots__ = ("pool", "handle", "nbytes", "created", "key")
+
+    def __init__(self, pool: "NodePool", handle: int, nbytes: int, created: bool = False, key: str | None = None):
+        self.pool = pool
+        self.handle = handle
+        self.nbytes = nbytes
+        self.created = created
+        self.key = key
+
+    @property
+    def address(self) -> int:
+        return self.pool.address + self.handle
+
+    def view(self) -> memoryview:
+        """The block's bytes as a writable memoryview (valid while the block is)."""
+        return memoryview((ctypes.c_char * self.nbytes).from_address(self.address)).cast("B")
+
+    def __repr__(self) -> str:
+        name = f" {self.key!r}" if self.key else ""
+        return f"<NodeBlock{name} handle={self.handle} nbytes={self.nbytes} of {self.pool.name!r}>"
+
+
+def _handle(value, what: str) -> int:
+    if isinstance(value, NodeBlock):
+        return value.handle
+    return _args.integer(value, what, 0, _args.MAX_U64, "a NodeBlock or its handle (an int >= 0)")
+
+
+class NodePool:
+    """A node-wide pool (see the module docstring).
+
+    name: 1-64 characters of letters, digits, '.', '_', '-'; one NodePool object
+    per name per process. capacity: the node-wide budget in bytes, given by the
+    process that creates it (0: attach only; a non-zero one must agree).
+    device: the GPU this process copies with (None: no pinning). granule: the
+    allocation unit (creator only). label: this process in messages (default
+    "pid N"; e.g. "rank 3"). timeout: seconds to wait for a concurrent creator.
+    """
+
+    def __init__(self, name: str, capacity: int = 0, *, device: int | None = None, granule: int = DEFAULT_GRANULE,
+                 label: str | None = None, timeout: float = 10.0):
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"name={_args.quote(name)}: expected a str")
+        capacity = _args.size(capacity, "capacity")
+        granule = _args.size(granule, "granule")
+        if label is not None and not isinstance(label, str):
+            raise InvalidArgumentError(f"label={_args.quote(label)}: expected a str or None")
+        if device is not None:
+            device = _args.integer(device, "device", 0, 1 << 30)
+        self._native = _ferry.NodePool.open(name, capacity, granule, label or "", float(timeout))
+        self.device = device
+        self._registration = _ferry.NodeRegistration(self._native, device) if device is not None else None
+        self._lock = threading.Lock()
+
+    # --- what it is -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._native.name
+
+    @property
+    def capacity(self) -> int:
+        return self._native.capacity
+
+    @property
+    def granule(self) -> int:
+        return self._native.granule
+
+    @property
+    def address(self) -> int:
+        """Where the pool's data starts in this process (block addresses are this + handle)."""
+        return self._native.address
+
+    def stats(self) -> dict:
+        """capacity, used, free, largest_free, granule, repairs, created_here and members
+        (pid, label, bytes, blocks, named, this_process); dead members are reclaimed first."""
+        s = self._native.stats()
+        s["registered_bytes"] = self._registration.registered_bytes() if self._registration else 0
+        return s
+
+    def holders(self) -> str:
+        """Who holds what, as one line (what an allocation error says)."""
+        return self._native.describe_holders()
+
+    def reclaim_dead(self) -> int:
+        """Free the blocks of members that died; the bytes freed."""
+        return self._native.reclaim_dead()
+
+    # --- blocks -----------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> NodeBlock:
+        """A block of at least nbytes, owned by this process."""
+        offset, n = self._native.allocate(_args.size(nbytes))
+        return self._touched(NodeBlock(self, offset, n))
+
+    def named(self, key: str, nbytes: int) -> NodeBlock:
+        """The block called key (made here if no process holds it; sizes must agree)."""
+        if not isinstance(key, str):
+            raise InvalidArgumentError(f"key={_args.quote(key)}: expected a str")
+        offset, n, created = self._native.allocate_named(key, _args.size(nbytes))
+        return self._touched(NodeBlock(self, offset, n, created, key))
+
+    def block(self, handle) -> NodeBlock:
+        """The live block with this handle (from alloc() or named() in any process)."""
+        offset = _handle(handle, "handle")
+        return self._touched(NodeBlock(self, offset, self._native.find(offset)))
+
+    def free(self, block) -> None:
+        """Frees an unnamed block (any member may), or lets go of a named one."""
+        self._native.release(_handle(block, "block"))
+
+    def take(self, block) -> None:
+        """This process becomes the owner of an unnamed block."""
+        self._native.take(_handle(block, "block"))
+
+    # --- signal words -----------------------------------------------------------------------
+    def _word(self, block, index) -> int:
+        if not isinstance(block, NodeBlock):
+            raise InvalidArgumentError(f"block={_args.quote(block)}: expected a NodeBlock")
+        i = _args.integer(index, "index", 0, block.nbytes // 4 - 1)
+        return block.handle + 4 * i
+
+    def add(self, block: NodeBlock, index: int = 0, n: int = 1) -> int:
+        """Adds n to the block's index-th 32-bit word (atomic, any process); returns the value before."""
+        return self._native.add(self._word(block, index), _args.u32(n, "n"))
+
+    def value(self, block: NodeBlock, index: int = 0) -> int:
+        return self._native.load(self._word(block, index))
+
+    def wait(self, block: NodeBlock, index: int = 0, value: int = 1, timeout: float | None = None) -> bool:
+        """Waits until the word is >= value (counters that only grow); False on timeout."""
+        return self._native.wait_at_least(self._word(block, index), _args.u32(value, "value"),
+                                          -1.0 if timeout is None else float(timeout))
+
+    # --- pinning ----------------------------------------------------------------------------
+    def _touched(self, block: NodeBlock) -> NodeBlock:
+        if self._registration is not None:
+            self._registration.touch(block.handle, block.nbytes)
+        return block
+
+    def ready(self, block: NodeBlock) -> bool:
+        """Whether the block is pinned for this process's device (True with no device)."""
+        return self._registration is None or self._registration.ready(block.handle, block.nbytes)
+
+    def wait_ready(self, block: NodeBlock) -> None:
+        """Waits until the block is pinned for this process's device; raises CudaError if pinning failed."""
+        if self._registration is not None:
+            self._registration.wait(block.handle, block.nbytes)
+
+    # --- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unpins, frees this process's unnamed blocks and lets go of its named ones. The
+        pool lives on while another process holds it."""
+        self._registration = None
+        self._native = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._native is None:
+            return "<NodePool closed>"
+        return f"<NodePool {self.name!r} capacity={self.capacity} device={self.device}>"
