@@ -60,8 +60,10 @@ extern "C" {
  * 1.3: the loader's mapped share removed (ferry_loader_options_t's member is
  *      retired_mapped_share, which must be 0; its stats members stay 0).
  * 1.4: ferry_copy_v2 and ferry_copy_many_v2 take a stream and a strategy in the
- *      order of the async calls; ferry_copy and ferry_copy_many are deprecated. */
-#define FERRY_API_MINOR 4
+ *      order of the async calls; ferry_copy and ferry_copy_many are deprecated.
+ * 1.5: the node pool (ferry_node_pool_*): one pool of host memory per node,
+ *      shared by every process that opens it by name. */
+#define FERRY_API_MINOR 5
 #define FERRY_API_VERSION ((FERRY_API_MAJOR << 16) | FERRY_API_MINOR)
 
 #if defined(__GNUC__)
@@ -494,6 +496,64 @@ FERRY_API ferry_status_t ferry_loader_load(ferry_loader_t loader, const char* co
                                            const ferry_load_range_t* ranges, size_t range_count, void* stream,
                                            ferry_load_stats_t* stats);
 /* ---- end of checkpoint loader --------------------------------------------- */
+
+/* ---- node pool (API 1.5) ----------------------------------------------------
+ * One pool of host memory per node, shared by every process that opens it by
+ * name: one memfd every member maps (the pages exist once), one byte budget
+ * for the allocations of all, blocks reachable from any member by their
+ * offset (the handle), named blocks held by every process that asked for
+ * them, 32-bit signal words (futex) for completions. Processes find each
+ * other over abstract Unix sockets (same uid and network namespace). A
+ * member's unnamed blocks are freed when it destroys its handle, exits or
+ * dies (SIGKILL included: the others notice and reclaim); take() moves one to
+ * another member. Pinning: ferry_node_pool_register pins a range for one
+ * device in this process (each process pins only what it uses). A forked
+ * child does not see the pool (its calls fail NOT_SUPPORTED). */
+typedef struct ferry_node_pool* ferry_node_pool_t;
+
+typedef struct ferry_node_pool_options {
+  size_t struct_size;     /* sizeof(ferry_node_pool_options_t) */
+  size_t capacity;        /* the creator's budget in bytes; 0 = attach only */
+  size_t granule;         /* allocation unit (creator only): power of two, 4 KiB .. 1 GiB; default 64 KiB */
+  const char* label;      /* this process in messages, e.g. "rank 3"; NULL = "pid N" */
+  double attach_timeout_s;/* wait for a concurrent creator; default 10 */
+} ferry_node_pool_options_t;
+
+FERRY_API ferry_status_t ferry_node_pool_options_defaults(ferry_node_pool_options_t* out);
+static inline ferry_status_t ferry_node_pool_options_init(ferry_node_pool_options_t* out) {
+  if (out) out->struct_size = sizeof *out;
+  return ferry_node_pool_options_defaults(out);
+}
+/* Attaches to the pool `name` (1-64 of [A-Za-z0-9._-]) or creates it. */
+FERRY_API ferry_status_t ferry_node_pool_open(const char* name, const ferry_node_pool_options_t* options,
+                                              ferry_node_pool_t* out);
+FERRY_API ferry_status_t ferry_node_pool_close(ferry_node_pool_t pool);
+/* Where the data starts in this process, and its size (the budget). */
+FERRY_API ferry_status_t ferry_node_pool_data(ferry_node_pool_t pool, void** data, size_t* capacity);
+/* An unnamed block owned by this process: its handle (offset from data) and size. */
+FERRY_API ferry_status_t ferry_node_pool_alloc(ferry_node_pool_t pool, size_t bytes, uint64_t* handle,
+                                               size_t* block_bytes);
+/* The block called key (made if absent; *created says which); held until released. */
+FERRY_API ferry_status_t ferry_node_pool_alloc_named(ferry_node_pool_t pool, const char* key, size_t bytes,
+                                                     uint64_t* handle, size_t* block_bytes, int* created);
+/* The size of the live block with this handle (from any member). */
+FERRY_API ferry_status_t ferry_node_pool_find(ferry_node_pool_t pool, uint64_t handle, size_t* block_bytes);
+/* Frees an unnamed block, or lets go of a named one. */
+FERRY_API ferry_status_t ferry_node_pool_release(ferry_node_pool_t pool, uint64_t handle);
+/* This process becomes the owner of an unnamed block. */
+FERRY_API ferry_status_t ferry_node_pool_take(ferry_node_pool_t pool, uint64_t handle);
+/* The 32-bit word at data + offset: add n (returns the value before) and wake
+ * waiters; wait until it is >= value (timeout_s < 0: no limit; *reached 0 on timeout). */
+FERRY_API ferry_status_t ferry_node_pool_add(ferry_node_pool_t pool, uint64_t offset, uint32_t n,
+                                             uint32_t* before);
+FERRY_API ferry_status_t ferry_node_pool_wait(ferry_node_pool_t pool, uint64_t offset, uint32_t value,
+                                              double timeout_s, int* reached);
+/* Pins [offset, offset + bytes) of the data for `device` in this process (in
+ * 64 MiB pieces; background threads) and waits until it is pinned. Pins stay
+ * until ferry_node_pool_close. */
+FERRY_API ferry_status_t ferry_node_pool_register(ferry_node_pool_t pool, int device, uint64_t offset,
+                                                  size_t bytes);
+/* ---- end of node pool ------------------------------------------------------ */
 
 #ifdef __cplusplus
 }

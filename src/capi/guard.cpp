@@ -41,7 +41,8 @@ constexpr KnownKind kKinds[] = {{kPoolMagic, "ferry_pool_t"},
                                 {kCopyMagic, "ferry_copy_t"},
                                 {kRegistrationMagic, "ferry_registration_t"},
                                 {kChannelMagic, "ferry_channel_t"},
-                                {kLoaderMagic, "ferry_loader_t"}};
+                                {kLoaderMagic, "ferry_loader_t"},
+                                {kNodePoolMagic, "ferry_node_pool_t"}};
 
 struct Quarantine {
   std::mutex mu;
