@@ -42,7 +42,10 @@ ferry_node_pool_options_t defaults() {
 extern "C" {
 
 ferry_status_t ferry_node_pool_options_defaults(ferry_node_pool_options_t* out) {
-  return guarded([&] { ferry::capi::write_struct(out, defaults(), "out"); });
+  return guarded([&] {
+    require(out, "out");
+    ferry::capi::write_struct(out, defaults(), "out");
+  });
 }
 
 ferry_status_t ferry_node_pool_open(const char* name, const ferry_node_pool_options_t* options,
