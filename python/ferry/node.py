@@ -28,6 +28,10 @@ How processes find each other: an abstract Unix socket per member (no file, no
 /dev/shm; same user and network namespace only) passes the memfd (SCM_RIGHTS).
 The pool lives while any member does. A forked child of a member does not see
 the pool (it opens it again by name if it needs it). See docs/node.md.
+
+Handoff (node_handoff.py): ``Handoff(pool, key, slots, slot_bytes)`` hands batches
+of blocks from one process's GPU to another's through a ring of slots in the
+pool (``send``/``recv``, one copy_many per slot, completions in signal words).
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ import threading
 
 from . import _args, _ferry
 from .errors import InvalidArgumentError
+from .node_handoff import Handoff, HandoffError, HandoffPeerGoneError, HandoffTimeoutError, memmove_many
+
+__all__ = ["NodePool", "NodeBlock", "Handoff", "HandoffError", "HandoffPeerGoneError", "HandoffTimeoutError",
+           "memmove_many", "DEFAULT_GRANULE"]
 
 DEFAULT_GRANULE = 64 << 10
 
