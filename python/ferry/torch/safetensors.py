@@ -27,6 +27,7 @@ from ..errors import InvalidArgumentError, NoDeviceError
 from ..load import Loader, default_loader, read_catalog, read_shard_index
 from ..measure import gpu_absent_reason
 from ._torch import torch_module as _torch
+from . import node_load
 from .devices import cuda_device, with_index
 
 # safetensors dtype -> name of the torch dtype (absent: PyTorch has none)
@@ -323,6 +324,10 @@ def load_safetensors(
     out=None,
     strict: bool = True,
     loader: Loader | None = None,
+    node=None,
+    rank: int | None = None,
+    ranks: int | None = None,
+    timeout: float = node_load.DEFAULT_TIMEOUT,
 ) -> dict:
     """Load safetensors tensors to a GPU; returns {name: tensor}.
 
@@ -339,9 +344,17 @@ def load_safetensors(
     (except a tied weight whose storage is loaded under another name).
     loader: a ``ferry.load.Loader`` (staging size, threads, O_DIRECT);
     default: the process's loader for the device.
+
+    node: a ``ferry.node.NodePool`` (opened with ``device=`` this rank's GPU)
+    to read each file once per node: collective, every one of the node's
+    ``ranks`` processes calls it with the same paths; each reads its part of
+    every file into the pool, then copies what it selected from there (see
+    ``ferry.torch.node_load``). rank, ranks: this process's index and how many
+    load (default: LOCAL_RANK and LOCAL_WORLD_SIZE, which torchrun sets).
+    timeout: seconds a rank waits for the others (NodeLoadTimeout after).
     """
     try:
-        return _load(paths, device, keys, dtype, out, strict, loader)
+        return _load(paths, device, keys, dtype, out, strict, loader, (node, rank, ranks, timeout))
     except BaseException as err:
         # The traceback's frames hold the tensors allocated so far: free them
         # now, not when the caller drops the exception.
@@ -349,7 +362,14 @@ def load_safetensors(
         raise
 
 
-def _load(paths, device, keys, dtype, out, strict, loader) -> dict:
+def _load(paths, device, keys, dtype, out, strict, loader, node_args) -> dict:
+    node, rank, ranks, timeout = node_args
+    if node is not None:  # checked first: bad node arguments are reported with or without a GPU
+        timeout = node_load.check_node(node, timeout)
+        rank, ranks = node_load.node_ranks(rank, ranks)
+        if loader is not None:
+            raise InvalidArgumentError("loader= and node= together: a node load reads into the node pool, not "
+                                       "through a Loader; pass one of them")
     torch = _torch()
     files, index_tensors, index_files = _resolve(paths)
     cat = _catalog(files, index_tensors, index_files)
@@ -357,9 +377,14 @@ def _load(paths, device, keys, dtype, out, strict, loader) -> dict:
     dev = _device(torch, device, out)
     if loader is not None and loader.device != dev.index:
         raise InvalidArgumentError(f"loader is for cuda:{loader.device}, the load goes to {dev}")
+    if node is not None and node.device is not None and node.device != dev.index:
+        raise InvalidArgumentError(f"node={node!r} pins for cuda:{node.device}, the load goes to {dev}; open "
+                                   "the pool with device= the GPU this rank loads to")
     with torch.cuda.device(dev):
-        ld = loader if loader is not None else default_loader(dev.index)
         stream = torch.cuda.current_stream(dev).cuda_stream
+        if node is not None:
+            return _load_node(torch, node, rank, ranks, timeout, files, cat, sel, dtype, out, dev, stream)
+        ld = loader if loader is not None else default_loader(dev.index)
         dts = _dtypes(torch, cat, sel, dtype)
         if out is None and all(a == b for a, b in dts.values()) and len(sel) >= _OVERLAP_MIN_TENSORS:
             return _load_new_overlapped(torch, ld, files, cat, sel, dts, dev, stream)
@@ -369,7 +394,37 @@ def _load(paths, device, keys, dtype, out, strict, loader) -> dict:
             tensors = [result[cat.names[i]] for i in direct]
             _run(ld, files, [cat.file[i] for i in direct], [cat.offset[i] for i in direct],
                  [cat.nbytes[i] for i in direct], [t.data_ptr() for t in tensors], stream)
-        _load_cast(torch, ld, files, cat, cast, result, dev, stream)
+        _load_cast(torch, _loader_fill(ld, files, cat, stream), cat, cast, result, dev)
+    return result
+
+
+def _loader_fill(ld, files, cat: _Catalog, stream):
+    """fill(batch, addresses) for _load_cast: the loader reads the tensors' bytes."""
+    def fill(batch, addresses):
+        _run(ld, files, [cat.file[i] for i in batch], [cat.offset[i] for i in batch],
+             [cat.nbytes[i] for i in batch], addresses, stream)
+    return fill
+
+
+def _load_node(torch, node, rank, ranks, timeout, files, cat: _Catalog, sel, dtype, out, dev, stream) -> dict:
+    """The node path: file by file, every rank reads its part into the node
+    pool (node_load.read_file_once), then copies its tensors from there."""
+    result = _targets(torch, sel, cat, dtype, out, dev)
+    direct, cast = _split(torch, sel, cat, result, dtype, out)
+    names = cat.names
+    for f, path in enumerate(files):  # every file, whatever this rank selected: the call is collective
+        nf = node_load.read_file_once(node, path, rank, ranks, timeout=timeout)
+        try:
+            mine = [i for i in direct if cat.file[i] == f]
+            node_load.copy_from_block(nf, [cat.offset[i] for i in mine], [cat.nbytes[i] for i in mine],
+                                      [result[names[i]].data_ptr() for i in mine], stream, dev.index)
+
+            def fill(batch, addresses, nf=nf):
+                node_load.copy_from_block(nf, [cat.offset[i] for i in batch], [cat.nbytes[i] for i in batch],
+                                          addresses, stream, dev.index)
+            _load_cast(torch, fill, cat, [i for i in cast if cat.file[i] == f], result, dev)
+        finally:
+            nf.release()
     return result
 
 
@@ -462,9 +517,10 @@ def _split(torch, sel, cat: _Catalog, result, dtype, out) -> tuple[list, list]:
     return direct, cast
 
 
-def _load_cast(torch, ld, files, cat: _Catalog, cast, result, dev, stream) -> None:
-    """Loads `cast` raw into device batches of at most _CAST_BATCH_BYTES, then
-    copies each tensor into its destination (casting its dtype)."""
+def _load_cast(torch, fill, cat: _Catalog, cast, result, dev) -> None:
+    """Loads `cast` raw into device batches of at most _CAST_BATCH_BYTES
+    (``fill(batch, addresses)`` puts the bytes there), then copies each tensor
+    into its destination (casting its dtype)."""
     if not cast:
         return
     limit = max(_CAST_BATCH_BYTES, max(cat.nbytes[i] for i in cast))
@@ -474,8 +530,7 @@ def _load_cast(torch, ld, files, cat: _Catalog, cast, result, dev, stream) -> No
         for i in batch:
             addresses.append(raw.data_ptr() + at)
             at += (cat.nbytes[i] + _ALIGN - 1) // _ALIGN * _ALIGN
-        _run(ld, files, [cat.file[i] for i in batch], [cat.offset[i] for i in batch],
-             [cat.nbytes[i] for i in batch], addresses, stream)
+        fill(batch, addresses)
         at = 0
         for i in batch:
             n = cat.nbytes[i]

@@ -1,0 +1,271 @@
+"""Read once per node (ferry.torch.node_load, load_safetensors(node=)).
+
+CPU: real processes (multiprocessing spawn) share one NodePool and read one
+random file of an odd size; each sees every byte of the file, and the kernel's
+count of bytes each read (/proc/self/io rchar) is its part, not the file. A
+block that lands on an earlier block's stale bytes still works (its signal
+words are zeroed before any rank uses them). A rank that never comes, ranks
+that disagree, a rank given twice and bad arguments are clear errors.
+GPU (skipped without a device): two ranks load a real safetensors file with
+node= and get tensors bit-equal to load_safetensors without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import random
+
+import pytest
+
+from ferry.errors import InvalidArgumentError
+from ferry.node import NodePool
+from ferry.torch import node_load
+from ferry.torch.node_load import HEADER_BYTES, NodeLoadTimeout, read_file_once
+
+SIZE = (10 << 20) + 12345
+
+
+def _name(what: str) -> str:
+    return f"nl{os.getpid()}-{what}-{random.randrange(1 << 30)}"
+
+
+def _rchar() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def _rank(name, path, rank, ranks, loads, timeout, conn):
+    """One rank: attach, read the file `loads` times; send back per load
+    (sha256 of the block's file bytes, stats, rchar delta) or the error."""
+    out = []
+    try:
+        pool = NodePool(name, label=f"rank {rank}")
+        for _ in range(loads):
+            before = _rchar()
+            nf = read_file_once(pool, path, rank, ranks, timeout=timeout)
+            delta = _rchar() - before
+            try:
+                out.append((hashlib.sha256(nf.view()).hexdigest(), nf.stats, delta))
+            finally:
+                nf.release()
+    except Exception as e:  # noqa: BLE001 - sent back to the test
+        out.append(f"{type(e).__name__}: {e}")
+    conn.send(out)
+    conn.close()
+
+
+def _ranks(name, path, ranks, loads=1, rank_of=None, ranks_of=None, timeout=60):
+    ctx = mp.get_context("spawn")
+    procs = []
+    for r in range(ranks):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_rank, args=(name, path, rank_of(r) if rank_of else r,
+                                               ranks_of(r) if ranks_of else ranks, loads, timeout, child))
+        p.start()
+        procs.append((p, parent))
+    outs = []
+    for p, parent in procs:
+        assert parent.poll(120), "a rank did not answer"
+        outs.append(parent.recv())
+        p.join(30)
+    return outs
+
+
+@pytest.fixture
+def random_file(tmp_path):
+    data = random.Random(33).randbytes(SIZE)
+    path = tmp_path / "blob.bin"
+    path.write_bytes(data)
+    return str(path), hashlib.sha256(data).hexdigest()
+
+
+def _capacity(size: int, granule: int = 64 << 10) -> int:
+    """Room for one file's block and its marker, nothing more."""
+    return (HEADER_BYTES + size + granule - 1) // granule * granule + granule
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_each_rank_reads_its_part_and_sees_the_whole_file(random_file, ranks):
+    path, sha = random_file
+    name = _name("parts")
+    with NodePool(name, 2 * _capacity(SIZE), label="test"):
+        outs = _ranks(name, path, ranks, loads=2)  # twice: a second load of the same file starts anew
+    for r, out in enumerate(outs):
+        assert len(out) == 2 and not isinstance(out[0], str) and not isinstance(out[1], str), out
+    for load in range(2):
+        got = [out[load] for out in outs]
+        assert all(g[0] == sha for g in got)  # every rank sees the file's bytes
+        parts = sorted(g[1]["part"] for g in got)
+        assert parts[0][0] == 0 and parts[-1][1] == SIZE
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous, no overlap
+        assert sum(g[1]["bytes_read"] for g in got) == SIZE
+        assert sum(g[1]["made_block"] for g in got) == 1
+        for g in got:  # the kernel's count: this rank read its part, not the file
+            lo, hi = g[1]["part"]
+            assert hi - lo <= g[2] <= hi - lo + (256 << 10), (g[1], g[2])
+            assert hi - lo < SIZE
+
+
+def test_a_block_on_stale_bytes_works(random_file):
+    """The pool hands out blocks with whatever bytes were there: an earlier block's
+    0xFF in the signal words must not count as ranks that arrived."""
+    path, sha = random_file
+    name = _name("stale")
+    with NodePool(name, _capacity(SIZE), label="test") as pool:
+        junk = pool.alloc(pool.capacity)
+        junk.view()[:] = b"\xff" * pool.capacity
+        pool.free(junk)
+        outs = _ranks(name, path, 2)
+        assert [out[0][0] for out in outs] == [sha, sha], outs
+
+
+def test_one_rank_alone_reads_everything(random_file):
+    path, sha = random_file
+    with NodePool(_name("one"), _capacity(SIZE)) as pool:
+        nf = read_file_once(pool, path, 0, 1, timeout=10)
+        try:
+            assert hashlib.sha256(nf.view()).hexdigest() == sha
+            assert nf.stats["part"] == (0, SIZE) and nf.stats["made_block"]
+        finally:
+            nf.release()
+        assert pool.stats()["used"] == 0  # block and marker freed
+
+
+def test_a_rank_that_never_comes_times_out_clearly(random_file):
+    path, _ = random_file
+    with NodePool(_name("alone"), _capacity(SIZE)) as pool:
+        with pytest.raises(NodeLoadTimeout, match=r"1 of 2 ranks had read their part after 0.5 s") as e:
+            read_file_once(pool, path, 1, 2, timeout=0.5)
+        assert isinstance(e.value, TimeoutError)
+        assert pool.stats()["used"] == 0  # nothing left held
+
+
+def test_ranks_that_disagree_or_repeat_are_refused(random_file):
+    path, sha = random_file
+    name = _name("twice")
+    with NodePool(name, 2 * _capacity(SIZE), label="test"):
+        twice = _ranks(name, path, 2, rank_of=lambda r: 0, timeout=3)  # both say rank 0
+        differ = _ranks(name, path, 2, ranks_of=lambda r: 2 + r, timeout=3)  # ranks=2 and ranks=3
+    errors = sorted(o[0] for o in twice)
+    assert errors[0].startswith("InvalidArgumentError") and "rank=0 is taken by another process" in errors[0], twice
+    assert errors[1].startswith("NodeLoadTimeout") and "1 of 2 ranks had read their part" in errors[1], twice
+    errors = sorted(o[0] for o in differ)
+    assert all(isinstance(e, str) for e in errors), differ
+    assert any("every rank must pass the same ranks" in e for e in errors), differ
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"rank": 2, "ranks": 2}, r"rank=2.*0-1"),
+    ({"rank": 0, "ranks": 0}, r"ranks=0"),
+    ({"rank": -1, "ranks": 2}, r"rank=-1"),
+    ({"rank": "0", "ranks": 2}, r"rank='0'"),
+])
+def test_bad_rank_arguments(random_file, kwargs, match):
+    path, _ = random_file
+    with NodePool(_name("bad"), _capacity(SIZE)) as pool:
+        with pytest.raises(InvalidArgumentError, match=match):
+            read_file_once(pool, path, timeout=1, **kwargs)
+
+
+def test_ranks_from_the_environment(monkeypatch):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(InvalidArgumentError, match=r"LOCAL_RANK is not set.*pass rank="):
+        node_load.node_ranks(None, None)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert node_load.node_ranks(None, None) == (3, 4)
+    assert node_load.node_ranks(1, None) == (1, 4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "four")
+    with pytest.raises(InvalidArgumentError, match=r"LOCAL_WORLD_SIZE='four' is not an integer"):
+        node_load.node_ranks(0, None)
+
+
+def test_parts_cover_the_file_aligned():
+    for size, ranks in [(0, 3), (1, 4), (SIZE, 3), ((1 << 30) + 7, 8)]:
+        b = node_load.parts(size, ranks)
+        assert b[0] == 0 and b[-1] == size and b == sorted(b) and len(b) == ranks + 1
+        align = (2 << 20) if size >= ranks * (8 << 20) else 4096
+        assert all(x % align == 0 for x in b[:-1])
+
+
+# ---- load_safetensors(node=) ------------------------------------------------------------
+
+
+def test_load_safetensors_refuses_bad_node_arguments(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from ferry.torch import load_safetensors
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    path = str(tmp_path / "none.safetensors")  # node arguments are checked first
+    with pytest.raises(InvalidArgumentError, match=r"node='pool': expected a ferry.node.NodePool"):
+        load_safetensors(path, node="pool", rank=0, ranks=1)
+    with NodePool(_name("st"), 1 << 20) as pool:
+        with pytest.raises(InvalidArgumentError, match=r"pass rank= .*and ranks="):
+            load_safetensors(path, node=pool)
+        with pytest.raises(InvalidArgumentError, match=r"ranks=0"):
+            load_safetensors(path, node=pool, rank=0, ranks=0)
+        with pytest.raises(InvalidArgumentError, match=r"rank=5"):
+            load_safetensors(path, node=pool, rank=5, ranks=2)
+        with pytest.raises(InvalidArgumentError, match=r"timeout=0"):
+            load_safetensors(path, node=pool, rank=0, ranks=1, timeout=0)
+
+
+def _gpu_rank(name, path, rank, ranks, conn):
+    """A rank on GPU rank % count: load with and without node=; send back whether
+    every tensor is bit-equal, or the error."""
+    try:
+        import torch
+
+        from ferry.torch import load_safetensors
+
+        dev = rank % torch.cuda.device_count()
+        pool = NodePool(name, device=dev, label=f"rank {rank}")
+        plain = load_safetensors(path, device=dev)
+        shared = load_safetensors(path, device=dev, node=pool, rank=rank, ranks=ranks, timeout=120)
+        half = load_safetensors(path, device=dev, node=pool, rank=rank, ranks=ranks, dtype=torch.float16,
+                                keys=["w.big", "w.odd"])
+        same = sorted(plain) == sorted(shared) and all(
+            plain[k].dtype == shared[k].dtype and torch.equal(plain[k].view(torch.uint8), shared[k].view(torch.uint8))
+            for k in plain)
+        cast = all(torch.equal(half[k], plain[k].to(torch.float16)) for k in half)
+        conn.send((same, cast, pool.stats()["registered_bytes"]))
+    except Exception as e:  # noqa: BLE001 - sent back to the test
+        conn.send(f"{type(e).__name__}: {e}")
+    conn.close()
+
+
+def test_two_ranks_load_bit_equal_to_a_plain_load(gpu, tmp_path):
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    g = torch.Generator().manual_seed(5)
+    tensors = {
+        "w.big": torch.randn(1031, 4099, generator=g),  # ~16.9 MB: crosses a 2 MiB part bound and a pinned piece
+        "w.odd": torch.randn(7, 13, generator=g).to(torch.bfloat16),
+        "w.int": torch.randint(-9, 9, (12345,), generator=g, dtype=torch.int32),
+        "w.u8": torch.randint(0, 255, (3, 5, 7), generator=g, dtype=torch.uint8),
+        "w.empty": torch.empty(0, 4),
+    }
+    path = str(tmp_path / "model.safetensors")
+    st.save_file(tensors, path)
+    name = _name("gpu")
+    ctx = mp.get_context("spawn")
+    with NodePool(name, 256 << 20, label="test"):
+        procs = []
+        for r in range(2):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_gpu_rank, args=(name, path, r, 2, child))
+            p.start()
+            procs.append((p, parent))
+        outs = []
+        for p, parent in procs:
+            assert parent.poll(300), "a rank did not answer"
+            outs.append(parent.recv())
+            p.join(30)
+    for out in outs:
+        assert not isinstance(out, str), outs
+        same, cast, registered = out
+        assert same and cast, outs
+        assert registered > 0  # the pool was pinned for the rank's GPU
