@@ -230,3 +230,84 @@ def test_the_plan_covers_every_byte_once_within_slots():
                 assert o + n <= sizes[i]
         assert covered == sizes.tolist()
         assert seen.max(initial=0) <= 1  # no two pieces share a byte of the ring
+
+
+# ---- on the GPU: the default copy (ferry.copy_many), GPU -> pinned slots -> GPU ----------
+
+
+def _layout(seed: int, sizes: list[int], salt: int) -> tuple[list[int], int]:
+    """Offsets of the items in a buffer, in a seeded shuffled order (scattered blocks)."""
+    order = np.random.default_rng(seed + salt).permutation(len(sizes))
+    offsets, at = [0] * len(sizes), 0
+    for i in order.tolist():
+        offsets[i] = at
+        at += sizes[i] + 512  # gaps that must stay untouched
+    return offsets, at
+
+
+def _gpu_sizes(seed: int, r: int) -> list[int]:
+    rng = np.random.default_rng(seed * 31 + r)
+    kinds = [64 << 10, 2 << 20, int(rng.integers(1, 3 << 20)), 65535]
+    return [kinds[int(k)] for k in rng.integers(0, len(kinds), size=int(rng.integers(20, 60)))]
+
+
+def _gpu_side(role: str, name: str, key: str, seed: int, device: int, rounds: int, q) -> None:
+    try:
+        import ferry
+        from ferry import _ferry
+
+        _ferry.cuda_warm_up(device)  # the current device: cuda_malloc allocates there
+        pool = NodePool(name, 128 << 20, device=device, label=role)
+        h = Handoff(pool, key, 3, 8 << 20, timeout=60)
+        problems = []
+        for r in range(rounds):
+            sizes = _gpu_sizes(seed, r)
+            src_off, src_n = _layout(seed + r, sizes, 1)
+            dst_off, dst_n = _layout(seed + r, sizes, 2)
+            data = np.random.default_rng(seed + 1000 + r).integers(0, 256, src_n, dtype=np.uint8)
+            if role == "producer":
+                buf = _ferry.cuda_malloc(src_n)
+                ferry.copy(buf, data, src_n, device=device)
+                h.send(np.array(src_off, np.int64) + buf, sizes)
+            else:
+                buf = _ferry.cuda_malloc(dst_n)
+                ferry.copy(buf, np.full(dst_n, 0xEE, np.uint8), dst_n, device=device)
+                h.recv(np.array(dst_off, np.int64) + buf, sizes)
+                got = np.empty(dst_n, np.uint8)
+                ferry.copy(got, buf, dst_n, device=device)
+                written = np.zeros(dst_n, bool)
+                for i, n in enumerate(sizes):
+                    written[dst_off[i]:dst_off[i] + n] = True
+                    if not np.array_equal(got[dst_off[i]:dst_off[i] + n], data[src_off[i]:src_off[i] + n]):
+                        problems.append(f"round {r} item {i} ({n} bytes) differs")
+                if (got[~written] != 0xEE).any():
+                    problems.append(f"round {r}: bytes between the items were written")
+            _ferry.cuda_free(buf)
+        if role == "producer":
+            h.drain()
+        h.close()
+        q.put(("ok", problems))
+    except Exception as e:
+        q.put(("error", f"{type(e).__name__}: {e}"))
+
+
+def test_on_the_gpu_scattered_blocks_cross_from_one_gpu_to_another_bit_exact(gpu):
+    """GPU 0 -> node pool -> GPU 1 (GPU 0 again where there is one), 64 KiB, 2 MiB
+    and odd-sized blocks at shuffled places, the default copy (ferry.copy_many)."""
+    devices = len(gpu["devices"])
+    name, seed = _name(), int.from_bytes(os.urandom(2), "little")
+    qs = {role: CTX.Queue() for role in ("producer", "consumer")}
+    procs = [CTX.Process(target=_gpu_side, args=(role, name, "kv", seed, i % devices, 4, qs[role]))
+             for i, role in enumerate(("producer", "consumer"))]
+    for p in procs:
+        p.start()
+    try:
+        results = {role: q.get(timeout=300) for role, q in qs.items()}
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    for role, (kind, value) in results.items():
+        assert kind == "ok", f"{role}: {value}"
+    assert results["consumer"][1] == [], results["consumer"][1]

@@ -12,8 +12,8 @@ import importlib
 
 from .suite import Suite, Waived  # noqa: F401
 
-SUITE_MODULES = ("apiperf", "blocks", "copy", "dataloader", "fork", "latency", "load", "nixl", "offload", "pool",
-                 "sanity", "save", "tensors", "thp", "uvm")
+SUITE_MODULES = ("apiperf", "blocks", "copy", "dataloader", "fork", "latency", "load", "nixl", "node", "offload",
+                 "pool", "sanity", "save", "tensors", "thp", "uvm")
 
 
 def suites() -> dict[str, Suite]:

@@ -1,0 +1,436 @@
+"""`ferry bench node`: one node pool shared by every rank (ferry.node) beside each
+rank on its own (today's ferry) and beside NIXL, in one run.
+
+The suite spawns --ranks processes (rank i uses GPU i % the GPU count; ranks
+that share a GPU are said so in the output and the records) and measures:
+
+(a) attach: every rank, at once, attaches to one NodePool and registers a
+    --bytes region of it with its GPU (seconds per rank), beside every rank
+    making its own ferry.PinnedPool(target_bytes=--bytes); with the host memory
+    each way used (the drop of MemAvailable in /proc/meminfo while the ranks hold
+    it: the pool's pages exist once, the pinned pools' once per rank).
+(b) DMA: every rank, at once, copies --dma-bytes host->device and back between
+    its GPU and its part of the shared region, beside its own pinned buffer (GB/s
+    per rank, median of --iters).
+(c) KV handoff: rank 0's GPU -> node pool -> rank 1's GPU through a
+    ferry.node.Handoff (--slots slots of --slot-bytes; one copy_many per slot),
+    --handoff-bytes per transfer in blocks of each --blocks size at shuffled
+    places on both GPUs, end to end (rank 1's time from the start to its last
+    block in place), every block checked; beside ferry.nixl (`ferry bench nixl`'s
+    own code: a WRITE of the same blocks, shuffled, from a ferry pinned pool to
+    another process's GPU, a single hop) where NIXL is installed, and a torch
+    `.to()` of one tensor from GPU 0 to GPU 1 (one contiguous peer copy).
+(d) with --checkpoint PATH: load_safetensors on every rank at once, with
+    node= (the shared pool) and without, page cache as it is (warm after the first).
+
+The issue's targets (issue 33) are printed with met / missed. Records: suite
+"node", value ferry's figure, baseline today's (or NIXL's), ratio value/baseline.
+"""
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+
+from ..units import fmt_bytes, parse_size, parse_size_list
+from .records import Records
+from .report import progress, table, write_json
+from .suite import Suite, choices_list, int_at_least, size, size_list
+
+PARTS = ("attach", "dma", "handoff", "load")
+GB = 1e9
+
+# issue 33's targets: (part, what, check on the measured figures)
+TARGET_ATTACH_S = 0.5
+TARGET_DMA_RATIO = 0.9
+TARGET_HANDOFF_GBPS = 45.0  # 2 MiB blocks
+TARGET_NIXL_RATIO = 2.0  # 64 KiB blocks
+
+
+def check_args(args) -> None:
+    """Refuse arguments that argparse's types cannot (InvalidArgumentError), on any machine."""
+    from ..errors import InvalidArgumentError
+
+    args.nbytes, args.dma_nbytes = parse_size(args.bytes), parse_size(args.dma_bytes)
+    args.handoff_nbytes, args.slot_nbytes = parse_size(args.handoff_bytes), parse_size(args.slot_bytes)
+    args.block_list = parse_size_list(args.blocks)
+    args.part_list = [p for p in args.parts.split(",") if p]
+    if args.nbytes < 1 << 20:
+        raise InvalidArgumentError(f"--bytes={args.bytes}: expected at least 1M")
+    too_big = [b for b in args.block_list if b > args.handoff_nbytes]
+    if too_big:
+        raise InvalidArgumentError(f"--blocks: {fmt_bytes(too_big[0])} is more than --handoff-bytes "
+                                   f"({fmt_bytes(args.handoff_nbytes)}): a transfer holds at least one block")
+    if args.timeout <= 0:
+        raise InvalidArgumentError(f"--timeout={args.timeout:g}: expected seconds > 0")
+    if args.checkpoint is not None and not os.path.exists(args.checkpoint):
+        raise InvalidArgumentError(f"--checkpoint={args.checkpoint!r}: no such file or directory")
+    # each rank's DMA uses its own part of the region
+    args.dma_nbytes = min(args.dma_nbytes, args.nbytes // args.ranks)
+
+
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes."""
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts:
+                out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    return out
+
+
+def load_has_node() -> bool:
+    """Whether ferry.torch.load_safetensors takes node= (issue 33 item 2)."""
+    try:
+        from ..torch import load_safetensors
+    except ImportError:
+        return False
+    return "node" in inspect.signature(load_safetensors).parameters
+
+
+class _Ranks:
+    """The spawned ranks, driven over pipes."""
+
+    def __init__(self, ranks: int, timeout: float):
+        from . import node_ranks
+
+        ctx = multiprocessing.get_context("spawn")
+        self.timeout = timeout
+        everyone, pair = ctx.Barrier(ranks), ctx.Barrier(2)
+        self.conns, self.procs = [], []
+        for r in range(ranks):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=node_ranks.serve, args=(child, r, ranks, everyone, pair, timeout), daemon=True)
+            p.start()
+            self.conns.append(parent)
+            self.procs.append(p)
+        self.devices = [self.reply(r)["device"] for r in range(ranks)]
+
+    def reply(self, r: int):
+        from ..errors import FerryError
+
+        limit = 3 * self.timeout + 60
+        if not self.conns[r].poll(limit):
+            raise FerryError(f"bench rank {r} did not answer within {limit:g} s")
+        kind, value = self.conns[r].recv()
+        if kind == "error":
+            raise FerryError(f"bench rank {r}: {value}")
+        return value
+
+    def all(self, *command, ranks=None) -> list:
+        """Sends command to every rank (or `ranks`, each with its own args when command is a
+        function of the rank), then collects the replies in rank order."""
+        targets = range(len(self.conns)) if ranks is None else ranks
+        for r in targets:
+            self.conns[r].send(command[0](r) if callable(command[0]) else command)
+        return [self.reply(r) for r in targets]
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(("quit",))
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self.procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def _gbps(nbytes: int, times: list[float]) -> float:
+    return nbytes / statistics.median(times) / GB
+
+
+def nixl_handoff(args) -> tuple[dict[int, float] | None, str | None]:
+    """{block: GB/s} of `ferry bench nixl`'s WRITE, shuffled, ferry.nixl.agent, from
+    its own measure(), or (None, why not)."""
+    from .. import nixl as fn
+    from . import nixl
+
+    if not fn.available():
+        return None, f"nixl not installed ({fn.unavailable_reason()})"
+    argv = ["--sizes", ",".join(str(b) for b in args.block_list), "--total", str(args.handoff_nbytes),
+            "--ops", "WRITE", "--settings", "ferry", "--layouts", "shuffled", "--iters", str(args.iters),
+            "--timeout", str(args.timeout)]
+    if len(set(args.devices)) > 1:
+        argv += ["--gpu", str(args.devices[0]), "--peer-gpu", str(args.devices[1])]
+    nargs = nixl.SUITE.parser().parse_args(argv)
+    nixl.check_args(nargs)
+    rows = nixl.measure(nargs)
+    bad = [r for r in rows if not r["verified"]]
+    if bad:
+        return None, f"ferry.nixl's transfer was not bit-exact: {bad[0]['problem']}"
+    return {r["block_bytes"]: r["gbps"] for r in rows}, None
+
+
+def measure(args) -> dict:
+    """Every part's figures (the JSON's details)."""
+    out: dict = {"ranks": args.ranks}
+    ranks = _Ranks(args.ranks, args.timeout)
+    try:
+        args.devices = out["devices"] = ranks.devices
+        out["shared_gpu"] = len(set(ranks.devices)) < len(ranks.devices)
+        name = f"ferry-bench-{os.getpid()}"
+        capacity = args.nbytes + args.slots * args.slot_nbytes + (64 << 20)
+        before = meminfo()["MemAvailable"]  # every part needs the pool
+        progress(f"attach: {args.ranks} ranks attach to one node pool, register {fmt_bytes(args.nbytes)}")
+        att = ranks.all("attach", name, capacity, args.nbytes)
+        node_used = before - meminfo()["MemAvailable"]
+        if "attach" in args.part_list:
+            out["attach"] = {"node_seconds": [a["seconds"] for a in att], "node_host_bytes": node_used,
+                             "rss_shmem_bytes": [a["rss_shmem_bytes"] for a in att]}
+        if {"attach", "dma"} & set(args.part_list):
+            before = meminfo()["MemAvailable"]
+            progress(f"attach: each rank its own PinnedPool of {fmt_bytes(args.nbytes)}")
+            own = ranks.all("own_pinned", args.nbytes)
+            out.setdefault("attach", {}).update(pinned_seconds=[a["seconds"] for a in own],
+                                                pinned_host_bytes=before - meminfo()["MemAvailable"])
+        if "dma" in args.part_list:
+            dma = out["dma"] = {}
+            for direction in ("h2d", "d2h"):
+                for where in ("node", "pinned"):
+                    progress(f"dma: {direction}, {args.ranks} ranks at once, {where}")
+                    times = ranks.all("dma", where, direction, args.dma_nbytes, args.iters)
+                    dma[f"{where} {direction}"] = [_gbps(args.dma_nbytes, t) for t in times]
+        if "handoff" in args.part_list:
+            out["handoff"] = handoff(args, ranks)
+    finally:
+        ranks.close()
+    if "handoff" in args.part_list:
+        out["nixl"], out["nixl_note"] = nixl_handoff(args)
+    if "load" in args.part_list and args.checkpoint:
+        out["load"] = load(args)
+    return out
+
+
+def handoff(args, ranks: _Ranks) -> dict:
+    res = {}
+    for block in args.block_list:
+        count = args.handoff_nbytes // block
+        progress(f"handoff: {count} blocks of {fmt_bytes(block)}, GPU {args.devices[0]} -> node pool -> "
+                 f"GPU {args.devices[1]}")
+
+        def command(r, block=block):
+            return ("handoff", "producer" if r == 0 else "consumer", f"kv-{block}", block, args.handoff_nbytes,
+                    args.slots, args.slot_nbytes, args.iters, args.seed)
+
+        prod, cons = ranks.all(command, ranks=[0, 1])
+        res[block] = {"gbps": _gbps(count * block, cons["seconds"]), "verified": cons["verified"],
+                      "problem": cons["problem"], "producer_gbps": _gbps(count * block, prod["seconds"])}
+    try:
+        peer = ranks.all("peer_copy", args.handoff_nbytes, args.iters, ranks=[0])[0]
+        res["torch_peer_gbps"] = None if peer is None else _gbps(args.handoff_nbytes, peer)
+        res["torch_note"] = None if peer is not None else "one GPU: no peer copy"
+    except Exception as e:  # torch missing or failing: the reference is left out, said why
+        res["torch_peer_gbps"], res["torch_note"] = None, str(e)
+    return res
+
+
+def checkpoint_bytes(path: str) -> int:
+    """Bytes of a safetensors file, or of the .safetensors files of a directory."""
+    if os.path.isdir(path):
+        return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".safetensors"))
+    return os.path.getsize(path)
+
+
+def load(args) -> dict:
+    """load_safetensors on every rank at once, alone then with node=; fresh ranks."""
+    if not load_has_node():
+        return {"note": "load_safetensors has no node= here (issue 33 item 2 not in this build)"}
+    ranks = _Ranks(args.ranks, args.timeout)
+    try:
+        capacity = max(args.nbytes, checkpoint_bytes(args.checkpoint)) + (256 << 20)
+        ranks.all("attach", f"ferry-bench-load-{os.getpid()}", capacity, 1 << 20)
+        out = {}
+        for setting in ("alone", "node"):
+            progress(f"load: {args.checkpoint} on {args.ranks} ranks at once, {setting}")
+            got = ranks.all("load", args.checkpoint, setting == "node")
+            out[setting] = {"seconds": [g["seconds"] for g in got], "bytes": got[0]["bytes"]}
+        return out
+    finally:
+        ranks.close()
+
+
+def targets(m: dict, args) -> list[tuple[str, str, str]]:
+    """[(target, measured, met / missed / not measured)] of issue 33's targets."""
+    out = []
+    a = m.get("attach") or {}
+    if "node_seconds" in a:
+        worst = max(a["node_seconds"])
+        out.append((f"attach + register {fmt_bytes(args.nbytes)}: <= {TARGET_ATTACH_S} s per rank",
+                    f"{worst:.3f} s (slowest rank)", "met" if worst <= TARGET_ATTACH_S else "missed"))
+        once = a["node_host_bytes"] <= 1.25 * args.nbytes
+        out.append(("host memory used once, not per rank",
+                    f"{a['node_host_bytes'] / GB:.2f} GB for {args.ranks} ranks (region {args.nbytes / GB:.2f} GB)",
+                    "met" if once else "missed"))
+    d = m.get("dma")
+    if d:
+        ratios = [n / p for key in ("h2d", "d2h") for n, p in zip(d[f"node {key}"], d[f"pinned {key}"])]
+        out.append((f"DMA, all ranks at once: >= {TARGET_DMA_RATIO:.0%} of the pinned rate",
+                    f"{min(ratios):.2f}x (worst rank and direction)",
+                    "met" if min(ratios) >= TARGET_DMA_RATIO else "missed"))
+    h = m.get("handoff") or {}
+    two_mib = h.get(2 << 20)
+    if "handoff" in args.part_list:
+        out.append((f"KV handoff, 2 MiB blocks: >= {TARGET_HANDOFF_GBPS:g} GB/s end to end",
+                    f"{two_mib['gbps']:.1f} GB/s" if two_mib else "-",
+                    "not measured (--blocks has no 2M)" if not two_mib else
+                    ("met" if two_mib["gbps"] >= TARGET_HANDOFF_GBPS else "missed")))
+        small, nixl = h.get(64 << 10), (m.get("nixl") or {}).get(64 << 10)
+        if small and nixl:
+            r = small["gbps"] / nixl
+            out.append((f"KV handoff, 64 KiB blocks: >= {TARGET_NIXL_RATIO:g}x ferry.nixl", f"{r:.2f}x",
+                        "met" if r >= TARGET_NIXL_RATIO else "missed"))
+        else:
+            out.append((f"KV handoff, 64 KiB blocks: >= {TARGET_NIXL_RATIO:g}x ferry.nixl",
+                        "-", "not measured (" + (m.get("nixl_note") or "--blocks has no 64K") + ")"))
+    if m.get("shared_gpu"):
+        out = [(t, v, f"{s} (ranks share a GPU)") for t, v, s in out]
+    return out
+
+
+def records(m: dict, args) -> Records:
+    out = Records("node")
+    common = {"ranks": args.ranks, "shared_gpu": m.get("shared_gpu")}
+    a = m.get("attach") or {}
+    for r, t in enumerate(a.get("node_seconds", [])):
+        own = a.get("pinned_seconds")
+        out.compare({**common, "rank": r, "bytes": args.nbytes}, "time", "s",
+                    {"node pool attach+register": t, "own PinnedPool": own[r] if own else None},
+                    baseline="own PinnedPool")
+    if "node_host_bytes" in a:
+        out.compare({**common, "bytes": args.nbytes}, "host_memory", "GB",
+                    {"node pool": a["node_host_bytes"] / GB,
+                     "own PinnedPool": a["pinned_host_bytes"] / GB if "pinned_host_bytes" in a else None},
+                    baseline="own PinnedPool")
+    for key, values in (m.get("dma") or {}).items():
+        where, direction = key.split()
+        if where != "node":
+            continue
+        for r, v in enumerate(values):
+            out.compare({**common, "rank": r, "direction": direction, "nbytes": args.dma_nbytes}, "bandwidth",
+                        "GB/s", {"node pool": v, "own pinned buffer": m["dma"][f"pinned {direction}"][r]},
+                        baseline="own pinned buffer")
+    h = m.get("handoff") or {}
+    for block in args.block_list:
+        if block not in h:
+            continue
+        count = args.handoff_nbytes // block
+        out.compare({**common, "block_bytes": block, "blocks": count, "bytes": count * block,
+                     "slots": args.slots, "slot_bytes": args.slot_nbytes, "verified": h[block]["verified"]},
+                    "bandwidth", "GB/s",
+                    {"ferry.node handoff": h[block]["gbps"], "ferry.nixl WRITE": (m.get("nixl") or {}).get(block),
+                     "torch .to() peer": h.get("torch_peer_gbps")},
+                    baseline={"ferry.node handoff": "ferry.nixl WRITE"})
+    ld = m.get("load") or {}
+    if "node" in ld:
+        for r, (t, alone) in enumerate(zip(ld["node"]["seconds"], ld["alone"]["seconds"])):
+            out.compare({**common, "rank": r, "bytes": ld["node"]["bytes"], "checkpoint": args.checkpoint},
+                        "time", "s", {"load_safetensors node=": t, "load_safetensors alone": alone},
+                        baseline="load_safetensors alone")
+    for target, value, state in targets(m, args):
+        out.add(target, "target", state, None, measured=value)
+    return out
+
+
+class NodeSuite(Suite):
+    key = "node"
+    description = "one node pool shared by every rank: attach, DMA, KV handoff GPU->GPU vs each rank alone and NIXL"
+
+    def add_arguments(self, p):
+        p.add_argument("--ranks", type=int_at_least(2), default=2, help="rank processes (default: %(default)s)")
+        p.add_argument("--bytes", type=size, default="1G",
+                       help="the shared region, and each rank's own PinnedPool (default %(default)s; the "
+                            "issue's figure: 16G)")
+        p.add_argument("--dma-bytes", type=size, default="256M",
+                       help="bytes per DMA copy, per rank (default %(default)s; at most --bytes / --ranks)")
+        p.add_argument("--handoff-bytes", type=size, default="256M",
+                       help="bytes per handoff transfer (default %(default)s)")
+        p.add_argument("--blocks", type=size_list, default="2M,64K",
+                       help="handoff block sizes (default: %(default)s)")
+        p.add_argument("--slots", type=int_at_least(1), default=4, help="handoff ring slots (default: %(default)s)")
+        p.add_argument("--slot-bytes", type=size, default="64M", help="bytes per slot (default %(default)s)")
+        p.add_argument("--iters", type=int_at_least(1), default=5, help="timed runs per figure (default: %(default)s)")
+        p.add_argument("--parts", type=choices_list(PARTS), default=",".join(PARTS),
+                       help="what to measure (default: %(default)s)")
+        p.add_argument("--checkpoint", default=None, metavar="PATH",
+                       help="a safetensors file or directory for part load (none: load is skipped)")
+        p.add_argument("--timeout", type=float, default=120.0, help="seconds a rank may wait (default: %(default)s)")
+        p.add_argument("--seed", type=int, default=1234, help="the blocks' seed (default: %(default)s)")
+
+    def main(self, argv=None) -> int:
+        from ..errors import InvalidArgumentError
+
+        args = self.parser().parse_args(argv)
+        try:
+            check_args(args)  # on any machine, before the waiver
+        except InvalidArgumentError as e:
+            print(f"ferry bench node: {e}", file=sys.stderr)
+            return 2
+        return super().main(argv)
+
+    def run(self, args) -> int:
+        check_args(args)
+        start = time.monotonic()
+        m = measure(args)
+        recs = records(m, args)
+        gpus = ", ".join(f"rank {r}: GPU {d}" for r, d in enumerate(m["devices"]))
+        print(f"ferry bench node: {args.ranks} ranks ({gpus})"
+              + (" -- ranks SHARE a GPU: correctness only, not the issue's figures" if m["shared_gpu"] else ""))
+        by = {}
+        for rec in recs.items:
+            by.setdefault(rec["metric"], []).append(rec)
+        cells = [[r["case"], r["params"].get("rank", "-"), r["value"], r["baseline"], r["ratio"]]
+                 for r in by.get("time", []) + by.get("host_memory", []) if "baseline_case" in r["params"]]
+        if cells:
+            print(table(f"(a) attach + register {fmt_bytes(args.nbytes)} (s), host memory used (GB)",
+                        ["ferry", "rank", "value", "own PinnedPool", "ratio"], cells))
+        cells = [[r["params"]["direction"], r["params"]["rank"], r["value"], r["baseline"], r["ratio"]]
+                 for r in by.get("bandwidth", []) if r["case"] == "node pool"]
+        if cells:
+            print(table(f"(b) DMA, all ranks at once, {fmt_bytes(args.dma_nbytes)} per copy (GB/s, median of "
+                        f"{args.iters})", ["direction", "rank", "node pool", "own pinned", "ratio"], cells))
+        h = m.get("handoff") or {}
+        cells = [[fmt_bytes(b), args.handoff_nbytes // b, h[b]["gbps"], (m.get("nixl") or {}).get(b),
+                  h.get("torch_peer_gbps"), "yes" if h[b]["verified"] else "NO"] for b in args.block_list if b in h]
+        if cells:
+            print(table(f"(c) KV handoff GPU {m['devices'][0]} -> node pool -> GPU {m['devices'][1]}, "
+                        f"{fmt_bytes(args.handoff_nbytes)} per transfer, scattered (GB/s end to end)",
+                        ["block", "blocks", "ferry.node", "ferry.nixl WRITE", "torch .to()", "verified"], cells))
+            for note in (m.get("nixl_note"), h.get("torch_note")):
+                if note:
+                    print(f"  {note}")
+        ld = m.get("load") or {}
+        if "note" in ld:
+            print(f"(d) load: {ld['note']}")
+        elif ld:
+            cells = [[r, t, a] for r, (t, a) in enumerate(zip(ld["node"]["seconds"], ld["alone"]["seconds"]))]
+            print(table(f"(d) load_safetensors {args.checkpoint}, all ranks at once (s)",
+                        ["rank", "node=", "alone"], cells))
+        print(table("issue 33's targets", ["target", "measured", "state"], targets(m, args)))
+        print(f"[{time.monotonic() - start:.1f} s]")
+        write_json(args.json, self.key, recs.items, details={"measured": _jsonable(m)})
+        verified = all(h[b]["verified"] for b in args.block_list if b in h)
+        return 0 if verified else 1
+
+
+def _jsonable(m: dict) -> dict:
+    """Block sizes as string keys (JSON object keys)."""
+    out = {}
+    for k, v in m.items():
+        out[k] = {str(kk): vv for kk, vv in v.items()} if isinstance(v, dict) else v
+    return out
+
+
+SUITE = NodeSuite()
+main = SUITE.main
+
+if __name__ == "__main__":
+    sys.exit(main())

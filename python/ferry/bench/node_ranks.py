@@ -1,0 +1,210 @@
+"""The rank processes of `ferry bench node`: each is spawned, uses GPU rank % count,
+and answers the parent's commands on a pipe; commands that must run on every
+rank at once meet at a barrier first (one for all ranks, one for ranks 0 and 1).
+
+Replies are ("ok", value) or ("error", "Type: message")."""
+
+from __future__ import annotations
+
+import time
+
+REGION = "bench-region"  # the named block every rank attaches and registers
+POISON = 0xA5
+
+
+def _shmem_kib() -> int:
+    """RssShmem of this process (KiB): the memfd pages it maps and touched."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssShmem:"):
+                return int(line.split()[1])
+    return 0
+
+
+def pattern(seed: int, nbytes: int):
+    """nbytes of seeded bytes (numpy uint8)."""
+    import numpy as np
+
+    words = np.random.default_rng(seed).integers(0, 1 << 63, size=(nbytes + 7) // 8, dtype=np.uint64)
+    return words.view(np.uint8)[:nbytes]
+
+
+def scatter(seed: int, count: int, block: int, base: int):
+    """int64 addresses of `count` blocks at seeded-shuffled places of a buffer at base."""
+    import numpy as np
+
+    return base + np.random.default_rng(seed).permutation(count).astype(np.int64) * block
+
+
+class Rank:
+    def __init__(self, rank: int, ranks: int, everyone, pair, timeout: float):
+        from .. import _ferry
+
+        self.rank, self.ranks, self.everyone, self.pair, self.timeout = rank, ranks, everyone, pair, timeout
+        self.device = rank % max(1, _ferry.device_count())
+        _ferry.cuda_warm_up(self.device)  # this process's current device: cuda_malloc allocates there
+        self.pool = self.region = self.pinned = self.pinned_buf = None
+        self.gpu = {}  # nbytes -> device address (one buffer per size, reused)
+
+    def gpu_buffer(self, nbytes: int) -> int:
+        from .. import _ferry
+
+        if nbytes not in self.gpu:
+            self.gpu[nbytes] = _ferry.cuda_malloc(nbytes)
+        return self.gpu[nbytes]
+
+    def attach(self, name: str, capacity: int, nbytes: int) -> dict:
+        """Attach (or create) the node pool and register the whole region for this GPU."""
+        from ..node import NodePool
+
+        self.everyone.wait(self.timeout)
+        t0 = time.perf_counter()
+        self.pool = NodePool(name, capacity, device=self.device, label=f"rank {self.rank}", timeout=self.timeout)
+        self.region = self.pool.named(REGION, nbytes)
+        self.pool.wait_ready(self.region)
+        seconds = time.perf_counter() - t0
+        self.everyone.wait(self.timeout)  # all hold it before the parent reads /proc/meminfo
+        return {"seconds": seconds, "rss_shmem_bytes": _shmem_kib() << 10, "created": self.region.created,
+                "stats": self.pool.stats()}
+
+    def own_pinned(self, nbytes: int) -> dict:
+        """Today's ferry: this rank's own PinnedPool of nbytes, pinned, one allocation."""
+        import ferry
+
+        self.everyone.wait(self.timeout)
+        t0 = time.perf_counter()
+        self.pinned = ferry.PinnedPool(device=self.device, target_bytes=nbytes)
+        self.pinned.wait_ready()
+        self.pinned_buf = self.pinned.alloc(nbytes)
+        seconds = time.perf_counter() - t0
+        self.everyone.wait(self.timeout)
+        return {"seconds": seconds}
+
+    def dma(self, where: str, direction: str, nbytes: int, iters: int) -> list[float]:
+        """Seconds of each copy of nbytes between this rank's GPU and its part of the
+        shared region (where="node") or its own pinned buffer, every rank at once."""
+        import ferry
+
+        host = self.region.address + self.rank * nbytes if where == "node" else self.pinned_buf.ptr
+        dev = self.gpu_buffer(nbytes)
+        dst, src = (dev, host) if direction == "h2d" else (host, dev)
+        ferry.copy(dst, src, nbytes, device=self.device)  # warm
+        self.everyone.wait(self.timeout)
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            ferry.copy(dst, src, nbytes, device=self.device)
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def handoff(self, role: str, key: str, block: int, total: int, slots: int, slot_bytes: int, iters: int,
+                seed: int) -> dict:
+        """Rank 0 (producer) sends `total // block` scattered blocks of its GPU through a
+        Handoff; rank 1 (consumer) receives them into scattered places of its GPU and
+        times each transfer (barrier to recv's return), then checks every block."""
+        import numpy as np
+
+        import ferry
+        from ..node import Handoff
+
+        count = total // block
+        n = count * block
+        base = self.gpu_buffer(n)
+        if role == "producer":
+            ferry.copy(base, pattern(seed + block, n), n, device=self.device)
+            addrs = scatter(seed + 1, count, block, base)
+        else:
+            ferry.copy(base, np.full(n, POISON, np.uint8), n, device=self.device)
+            addrs = scatter(seed + 2, count, block, base)
+        h = Handoff(self.pool, key, slots, slot_bytes, timeout=self.timeout)
+        times = []
+        try:
+            for i in range(iters + 1):  # the first is not timed
+                self.pair.wait(self.timeout)
+                t0 = time.perf_counter()
+                if role == "producer":
+                    h.send(addrs, block)
+                else:
+                    h.recv(addrs, block)
+                times.append(time.perf_counter() - t0)
+            if role == "producer":
+                h.drain()
+                return {"seconds": times[1:]}
+            got = np.empty(n, np.uint8)
+            ferry.copy(got, base, n, device=self.device)
+            expected = pattern(seed + block, n).reshape(count, block)
+            src_slot = (scatter(seed + 1, count, block, 0) // block).tolist()
+            dst_slot = (scatter(seed + 2, count, block, 0) // block).tolist()
+            blocks = got.reshape(count, block)
+            bad = next((k for k in range(count) if not np.array_equal(blocks[dst_slot[k]], expected[src_slot[k]])),
+                       None)
+            return {"seconds": times[1:], "verified": bad is None,
+                    "problem": None if bad is None else f"block {bad} differs"}
+        finally:
+            h.close()
+
+    def peer_copy(self, total: int, iters: int) -> list[float] | None:
+        """torch: a GPU 0 tensor .to(GPU 1), one contiguous copy, seconds each (None: one GPU)."""
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            return None
+        a = torch.empty(total, dtype=torch.uint8, device="cuda:0")
+        a.to("cuda:1")
+        torch.cuda.synchronize(1)
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            a.to("cuda:1")
+            torch.cuda.synchronize(1)
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def load(self, path: str, node: bool) -> dict:
+        """load_safetensors to this rank's GPU, with node= (the shared pool) or alone, every rank at once."""
+        import torch
+
+        from ..torch import load_safetensors
+
+        kwargs = {"node": self.pool} if node else {}
+        self.everyone.wait(self.timeout)
+        t0 = time.perf_counter()
+        tensors = load_safetensors(path, device=self.device, **kwargs)
+        torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        del tensors
+        return {"seconds": seconds, "bytes": nbytes}
+
+    def close(self) -> None:
+        from .. import _ferry
+
+        for p in self.gpu.values():
+            _ferry.cuda_free(p)
+        self.gpu = {}
+        if self.pinned_buf is not None:
+            self.pinned_buf.release()
+
+
+def serve(conn, rank: int, ranks: int, everyone, pair, timeout: float) -> None:
+    """A rank's loop: commands (name, *args) on conn until ("quit",)."""
+    me = None
+    try:
+        me = Rank(rank, ranks, everyone, pair, timeout)
+        conn.send(("ok", {"device": me.device}))
+        while True:
+            cmd, *args = conn.recv()
+            if cmd == "quit":
+                break
+            try:
+                conn.send(("ok", getattr(me, cmd)(*args)))
+            except Exception as e:  # the parent reports it
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+    except Exception as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        if me is not None:
+            try:
+                me.close()
+            except Exception:
+                pass

@@ -1,0 +1,118 @@
+"""`ferry bench node` on the CPU: its arguments are refused before anything runs,
+it is waived (with the reason, and in --json) without a GPU, it reads
+/proc/meminfo, and its targets and records follow from what it measured (the
+figures below stand in for a GPU run's; the GPU parts run only on a GPU)."""
+
+import json
+
+import pytest
+
+import ferry
+from ferry.bench import node, suites
+from ferry.bench.records import is_record
+
+
+def _no_gpu():
+    if ferry.cuda_info() and ferry.cuda_info().get("devices"):
+        pytest.skip("a CUDA device is present: the suite would run")
+
+
+def test_the_suite_is_registered():
+    assert suites()["node"] is node.SUITE
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ranks", "1"], "--ranks: '1': expected an integer >= 2"),
+    (["--bytes", "lots"], "--bytes"),
+    (["--blocks", "2M,x"], "--blocks"),
+    (["--parts", "attach,teleport"], "--parts"),
+    (["--iters", "0"], "--iters"),
+])
+def test_bad_arguments_are_refused_by_the_parser(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        node.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--blocks", "1G"], "1 GiB is more than --handoff-bytes (256 MiB)"),
+    (["--bytes", "64K"], "--bytes=64K: expected at least 1M"),
+    (["--timeout", "0"], "--timeout=0: expected seconds > 0"),
+    (["--checkpoint", "/nonexistent/ckpt.safetensors"], "no such file"),
+])
+def test_bad_values_are_refused_before_the_waiver(argv, message, capsys):
+    assert node.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_without_a_device_the_suite_is_waived_and_says_why(tmp_path, capsys):
+    _no_gpu()
+    out = tmp_path / "b.json"
+    assert node.main(["--json", str(out)]) == 0
+    assert "ferry bench node: waived: needs a CUDA device" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["suites"]["node"]["waived"].startswith("needs a CUDA device") and doc["records"] == []
+
+
+def test_dma_bytes_is_capped_to_each_ranks_part_of_the_region():
+    args = node.SUITE.parser().parse_args(["--bytes", "1G", "--ranks", "3", "--dma-bytes", "1G"])
+    node.check_args(args)
+    assert args.dma_nbytes == (1 << 30) // 3 and args.block_list == [2 << 20, 64 << 10]
+
+
+def test_meminfo_is_read_in_bytes():
+    m = node.meminfo()
+    assert m["MemTotal"] > m["MemAvailable"] > 0 and m["MemTotal"] % 1024 == 0
+
+
+def _measured(handoff_2m, handoff_64k, nixl_64k, attach_s, node_host, dma_node, shared=False):
+    return {"ranks": 2, "devices": [0, 0] if shared else [0, 1], "shared_gpu": shared,
+            "attach": {"node_seconds": [attach_s, 0.2], "node_host_bytes": node_host,
+                       "pinned_seconds": [1.1, 1.3], "pinned_host_bytes": 2 * (1 << 30)},
+            "dma": {"node h2d": [dma_node, 50.0], "pinned h2d": [50.0, 50.0],
+                    "node d2h": [49.0, 49.0], "pinned d2h": [50.0, 50.0]},
+            "handoff": {2 << 20: {"gbps": handoff_2m, "verified": True, "problem": None},
+                        64 << 10: {"gbps": handoff_64k, "verified": True, "problem": None},
+                        "torch_peer_gbps": 40.0},
+            "nixl": {2 << 20: 30.0, 64 << 10: nixl_64k}, "nixl_note": None}
+
+
+def _args():
+    args = node.SUITE.parser().parse_args([])
+    node.check_args(args)
+    return args
+
+
+def test_targets_are_met_or_missed_from_the_figures():
+    args = _args()
+    met = node.targets(_measured(47.0, 20.0, 4.0, 0.3, 1.05 * (1 << 30), 48.0), args)
+    assert [s for _, _, s in met] == ["met"] * 5, met
+    missed = node.targets(_measured(44.9, 7.9, 4.0, 0.51, 2.0 * (1 << 30), 44.0), args)
+    assert [s for _, _, s in missed] == ["missed"] * 5, missed
+    shared = node.targets(_measured(47.0, 20.0, 4.0, 0.3, 1 << 30, 48.0, shared=True), args)
+    assert all(s.endswith("(ranks share a GPU)") for _, _, s in shared)
+
+
+def test_without_nixl_the_64k_target_says_why_it_was_not_measured():
+    args = _args()
+    m = _measured(47.0, 20.0, None, 0.3, 1 << 30, 48.0)
+    m["nixl"], m["nixl_note"] = None, "nixl not installed (no module nixl)"
+    t = {target: (value, state) for target, value, state in node.targets(m, args)}
+    assert t["KV handoff, 64 KiB blocks: >= 2x ferry.nixl"] == ("-", "not measured (nixl not installed (no "
+                                                                    "module nixl))")
+
+
+def test_records_hold_every_figure_beside_its_baseline():
+    args = _args()
+    recs = node.records(_measured(47.0, 20.0, 4.0, 0.3, 1 << 30, 45.0), args).items
+    assert all(is_record(r) and r["suite"] == "node" for r in recs)
+    h = [r for r in recs if r["case"] == "ferry.node handoff" and r["params"]["block_bytes"] == 64 << 10]
+    assert len(h) == 1 and h[0]["baseline"] == 4.0 and h[0]["ratio"] == pytest.approx(5.0)
+    assert h[0]["params"]["baseline_case"] == "ferry.nixl WRITE" and h[0]["params"]["blocks"] == 4096
+    dma = [r for r in recs if r["case"] == "node pool" and r["metric"] == "bandwidth" and r["params"]["rank"] == 0
+           and r["params"]["direction"] == "h2d"]
+    assert len(dma) == 1 and dma[0]["ratio"] == pytest.approx(0.9)
+    attach = [r for r in recs if r["case"] == "node pool attach+register"]
+    assert [r["params"]["rank"] for r in attach] == [0, 1] and attach[0]["baseline"] == 1.1
+    assert sum(r["metric"] == "target" for r in recs) == 5
+    json.dumps(node._jsonable(_measured(47.0, 20.0, 4.0, 0.3, 1 << 30, 45.0)))  # details are JSON
