@@ -2,6 +2,7 @@
 // and the block, holder and signal-word operations over the shared Region.
 #include "node/node_pool.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -341,6 +342,9 @@ NodeBlock NodePool::allocate_named(const std::string& key, size_t bytes, bool* c
     region_.unlock();
     throw OutOfMemory(m);
   }
+  // Its first page reads as zero before any other process can find it: signal words
+  // there start at 0, not at what an earlier block left in recycled memory.
+  std::memset(data_ + first * g, 0, std::min<uint64_t>(count * g, kZeroedHeadBytes));
   if (region_.create_named(key, first, count, slot_) == kMaxNamed) {
     region_.free_block(first);
     region_.unlock();

@@ -42,6 +42,8 @@
 
 namespace ferry::node {
 
+constexpr size_t kZeroedHeadBytes = 4096;
+
 struct NodePoolOptions {
   // The creator's: the node-wide budget (bytes of data; rounded up to the
   // granule) and the allocation unit. An attacher's 0 means "whatever it is";
@@ -87,6 +89,9 @@ class NodePool {
   NodeBlock allocate(size_t bytes);
   // Finds the live block named `key` (sizes must agree) or makes it; this
   // process holds it until release(). *created: whether it was made here.
+  // A block made here has its first kZeroedHeadBytes zeroed before any other
+  // process can find it (room for signal words); the rest is as it was
+  // (memory recycled from earlier blocks is not cleared).
   NodeBlock allocate_named(const std::string& key, size_t bytes, bool* created = nullptr);
   // The live block that starts at `offset` (a handle from another process).
   NodeBlock find(uint64_t offset) const;

@@ -38,14 +38,19 @@ int record_lock(int fd, int cmd, short type, off_t at, struct flock* out = nullp
   return 0;
 }
 
+// A new socket and the abstract address of `name`, for bind or connect.
+int socket_for(const std::string& name, sockaddr_un* addr, socklen_t* len, int* fd_out) {
+  if (int err = abstract_address(name, addr, len)) return err;
+  return new_socket(fd_out);
+}
+
 }  // namespace
 
 int listen_abstract(const std::string& name, int* fd_out) noexcept {
   sockaddr_un addr;
   socklen_t len;
-  if (int err = abstract_address(name, &addr, &len)) return err;
   int fd = -1;
-  if (int err = new_socket(&fd)) return err;
+  if (int err = socket_for(name, &addr, &len, &fd)) return err;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 64) != 0) {
     const int err = errno;
     ::close(fd);
@@ -58,9 +63,8 @@ int listen_abstract(const std::string& name, int* fd_out) noexcept {
 int connect_abstract(const std::string& name, int* fd_out) noexcept {
   sockaddr_un addr;
   socklen_t len;
-  if (int err = abstract_address(name, &addr, &len)) return err;
   int fd = -1;
-  if (int err = new_socket(&fd)) return err;
+  if (int err = socket_for(name, &addr, &len, &fd)) return err;
   int rc;
   do rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len);
   while (rc != 0 && errno == EINTR);

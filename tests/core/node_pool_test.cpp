@@ -413,6 +413,20 @@ TEST(NodePool, BadInputIsRefusedAndChangesNothing) {
   EXPECT_THROW(pool->allocate_named("", 10), InvalidArgument);
   EXPECT_THROW(pool->allocate_named(std::string(100, 'k'), 10), InvalidArgument);
   EXPECT_THROW(pool->take(pool->allocate_named("n", 10).offset), InvalidArgument);
+  // A named block's first page reads as zero even over recycled memory.
+  std::vector<NodeBlock> dirty;  // every free granule written 0xff, then freed
+  for (;;) {
+    try {
+      dirty.push_back(pool->allocate(65536));
+    } catch (const OutOfMemory&) {
+      break;
+    }
+    std::memset(pool->data() + dirty.back().offset, 0xff, 65536);
+  }
+  for (const NodeBlock& d : dirty) pool->release(d.offset);
+  const NodeBlock fresh = pool->allocate_named("fresh", 8192);
+  for (size_t i = 0; i < kZeroedHeadBytes; ++i) ASSERT_EQ(pool->data()[fresh.offset + i], 0) << i;
+  pool->release(fresh.offset);
   pool->release(b.offset);
   EXPECT_THROW(pool->release(b.offset), InvalidArgument);  // twice
   EXPECT_EQ(pool->stats().used, 65536u);                   // the named block only
