@@ -24,17 +24,31 @@ using Clock = std::chrono::steady_clock;
 
 // Open pools by name: one object per name per process (their record locks are
 // per process, and closing any descriptor of the memfd would drop them).
-// registry_mu guards registry(); held across fork, and across an open() (so
-// two threads opening one name make one object).
+// registry_mu guards registry() and is held across fork (core/fork.h), so it
+// is held only for a lookup or an insert: no other lock, no system call under
+// it. open_mu makes the opens of one process one at a time (two threads
+// opening one name make one object); it is held across the whole open (system
+// calls, fault injection's lock), so it is NOT held across fork: a child
+// gets a fresh one instead (a thread of the parent may have held it).
 std::mutex registry_mu;
+std::mutex open_mu;
 std::map<std::string, std::weak_ptr<NodePool>>& registry() {
   static auto* r = new std::map<std::string, std::weak_ptr<NodePool>>;  // never destroyed: used at exit
   return *r;
+}
+std::shared_ptr<NodePool> registered(const std::string& name) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  return registry()[name].lock();
+}
+void register_pool(const std::string& name, const std::shared_ptr<NodePool>& pool) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  registry()[name] = pool;
 }
 [[maybe_unused]] const bool g_registry_held = (hold_across_fork(&registry_mu), true);
 void forget_registry_in_child() noexcept {
   abandon_in_child(&registry());  // the parent's pools are not the child's
   new (&registry()) std::map<std::string, std::weak_ptr<NodePool>>;
+  new (&open_mu) std::mutex;  // unlocked, whatever a parent's thread was doing
 }
 [[maybe_unused]] const bool g_registry_forgotten = (at_fork_in_child(&forget_registry_in_child), true);
 
@@ -131,8 +145,8 @@ Mapped attach_region(int fd, const Hello& hello, const std::string& name) {
 
 std::shared_ptr<NodePool> NodePool::open(const std::string& name, const NodePoolOptions& options) {
   check_name(name);
-  std::lock_guard<std::mutex> lock(registry_mu);
-  if (auto existing = registry()[name].lock()) {
+  std::lock_guard<std::mutex> opening(open_mu);
+  if (auto existing = registered(name)) {
     if (options.capacity && (options.capacity + existing->granule() - 1) / existing->granule() *
                                     existing->granule() != existing->capacity())
       throw InvalidArgument("node pool '" + name + "' is open in this process with capacity " +
@@ -166,7 +180,7 @@ std::shared_ptr<NodePool> NodePool::open(const std::string& name, const NodePool
       // Keep the election name until this member serves (below), so nobody creates a second pool.
       std::shared_ptr<NodePool> pool(new NodePool(name, m.fd, m.map, m.bytes, true, options.label));
       os::close_fd(election);
-      registry()[name] = pool;
+      register_pool(name, pool);
       return pool;
     }
     if (err != EADDRINUSE) throw OsError("bind of the node pool's socket '" + socket_name(name, "create") + "'", err);
@@ -182,7 +196,7 @@ std::shared_ptr<NodePool> NodePool::open(const std::string& name, const NodePool
     throw InvalidArgument("node pool '" + name + "' exists with capacity " + format_bytes(pool->capacity()) +
                           ", not the " + format_bytes(options.capacity) + " asked; pass capacity=0 to attach to "
                           "whatever it is");
-  registry()[name] = pool;
+  register_pool(name, pool);
   return pool;
 }
 
