@@ -15,7 +15,8 @@ slot's ``filled`` word. ``recv(dsts, sizes)`` waits for ``filled``, copies the
 slot into its GPU with one copy call and bumps ``drained``. So while the
 consumer reads slot k, the producer fills slot k+1: the two links run at once.
 
-Rules: one producer and one consumer per key; each ``recv`` call mirrors one
+Rules: one producer and one consumer per key, one Handoff object per key in a
+process (a process holds a named block once); each ``recv`` call mirrors one
 ``send`` call (the same sizes, in order: checked, a mismatch is
 InvalidArgumentError and consumes nothing). Sizes are anything (an item larger
 than a slot is split across slots). The named block is freed when both let go,
@@ -39,7 +40,7 @@ import time
 
 from . import _args
 from ._resolve import resolve
-from .errors import FerryError, InvalidArgumentError, NotSupportedError
+from .errors import FerryError, InvalidArgumentError, NotSupportedError, OutOfMemoryError
 
 MAGIC = 0x48444F46  # "FODH"
 ALIGN = 256  # items start at this boundary in the stream
@@ -186,20 +187,34 @@ class Handoff:
         self._copy = copy
         header = _align(4 * (HEADER_WORDS + (2 + META_WORDS) * self.slots), pool.granule)
         self._data_offset = header
+        self._marker = None
         self.block = pool.named(key, header + self.slots * self.slot_bytes)
+        try:
+            self._open(header)
+        except BaseException:
+            self.close()  # lets go of what it holds: a failed open leaves nothing behind
+            raise
+
+    def _open(self, header: int) -> None:
+        pool, key = self.pool, self.key
         base = self.block.address
         self._words = (ctypes.c_uint32 * (header // 4)).from_address(base)
         self._slot_base = base + header
         self._filled, self._drained = HEADER_WORDS, HEADER_WORDS + self.slots
         self._meta = HEADER_WORDS + 2 * self.slots
-        if self.block.created:  # zero and describe the header, then mark it ready
+        # The pool hands blocks out unzeroed: a block made again for a new key holds an
+        # old header (ready, counters) until its maker rewrites it. So the maker zeroes
+        # and writes it, then makes a second named block, the marker; the others trust
+        # the header only once the marker exists (and then hold it too).
+        marker = key + ":ready"
+        if self.block.created:
             ctypes.memset(base, 0, 4 * (HEADER_WORDS + (2 + META_WORDS) * self.slots))
             self._words[_W_MAGIC], self._words[_W_SLOTS] = MAGIC, self.slots
             self._words[_W_SLOT_KIB4] = self.slot_bytes // SLOT_ALIGN
             pool.add(self.block, _W_READY)
-        elif not pool.wait(self.block, _W_READY, 1, self.timeout):
-            raise HandoffTimeoutError(f"handoff {key!r}: the process that made its block did not finish "
-                                      f"writing the header within {self.timeout:g} s")
+        else:
+            self._wait_marker(marker)
+        self._marker = pool.named(marker, 1)  # the region's lock orders the header before it
         got = (self._words[_W_MAGIC], self._words[_W_SLOTS], self._words[_W_SLOT_KIB4] * SLOT_ALIGN)
         if got != (MAGIC, self.slots, self.slot_bytes):
             raise InvalidArgumentError(
@@ -269,6 +284,24 @@ class Handoff:
         return sum(self._words[self._filled + s] - self._words[self._drained + s] for s in range(self.slots))
 
     # --- waiting, watching the peer ---------------------------------------------------------
+    def _wait_marker(self, marker: str) -> None:
+        """Waits until the marker block exists, without making it: asking for more than
+        the pool holds fails with OutOfMemoryError while it is absent, and with
+        InvalidArgumentError (another size) once it is there."""
+        deadline, pause = time.monotonic() + self.timeout, 0.0005
+        while True:
+            try:
+                self.pool.named(marker, self.pool.capacity + 1)
+            except InvalidArgumentError:
+                return
+            except OutOfMemoryError:
+                pass
+            if time.monotonic() >= deadline:
+                raise HandoffTimeoutError(f"handoff {self.key!r}: the process that made its block did not "
+                                          f"finish writing the header within {self.timeout:g} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
     def _join(self, role: str) -> None:
         """Writes this process's pool slot and pid for `role`, once, so the peer can watch it."""
         self._check_broken()
@@ -314,9 +347,12 @@ class Handoff:
     def close(self) -> None:
         """Lets go of the named block (freed when both sides did)."""
         if self.block is not None:
+            self._words = None
             self.pool.free(self.block)
             self.block = None
-            self._words = None
+        if self._marker is not None:
+            self.pool.free(self._marker)
+            self._marker = None
 
     def __enter__(self):
         return self

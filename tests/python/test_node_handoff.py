@@ -191,6 +191,41 @@ def test_both_sides_must_give_the_same_slots_and_slot_bytes():
     h.close()
 
 
+def _open_expect_timeout(name, key, q):
+    try:
+        pool = NodePool(name, label="late opener")
+        h = Handoff(pool, key, 2, 4096, timeout=1.0, copy=memmove_many)
+        q.put(("ok", f"opened with sent={h._sent} received={h._received} pending={h.pending}"))
+    except Exception as e:
+        q.put(("error", f"{type(e).__name__}: {e}"))
+
+
+def test_a_stale_header_in_reused_pool_memory_is_not_taken_for_a_ready_one():
+    """The pool hands out blocks unzeroed: a block freed by an earlier handoff and made
+    again for a new key holds the old header (magic, ready, counters) until its
+    maker rewrites it. Another process opening the key in between must wait for
+    the maker, not run on the old counters."""
+    name = _name()
+    pool = NodePool(name, 1 << 20)
+    old = Handoff(pool, "old", 2, 4096, copy=memmove_many)
+    src = bytearray(os.urandom(5000))
+    old.send([src], None)
+    old.recv([bytearray(5000)], None)
+    size, handle = old.block.nbytes, old.block.handle
+    filler = pool.alloc(pool.stats()["free"])  # the old block's bytes are then the only free ones
+    old.close()
+    maker = pool.named("new", size)  # a maker that has not written the header yet
+    assert maker.created and maker.handle == handle  # the same bytes, the old header in them
+    pool.free(filler)
+    q = CTX.Queue()
+    p = CTX.Process(target=_open_expect_timeout, args=(name, "new", q))
+    p.start()
+    kind, msg = q.get(timeout=60)
+    p.join(30)
+    assert kind == "error" and "HandoffTimeoutError" in msg and "did not finish writing the header" in msg, msg
+    pool.free(maker)
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(slots=0), "slots=0"), (dict(slot_bytes=0), "slot_bytes=0"), (dict(timeout=0), "timeout=0"),
     (dict(poll=-1), "poll=-1"), (dict(copy="fast"), "copy='fast'")])
