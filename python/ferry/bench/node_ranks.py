@@ -166,10 +166,10 @@ class Rank:
 
         from ..torch import load_safetensors
 
-        kwargs = {"node": self.pool} if node else {}
+        kwargs = {"node": self.pool, "rank": self.rank, "ranks": self.ranks, "timeout": self.timeout} if node else {}
         self.everyone.wait(self.timeout)
         t0 = time.perf_counter()
-        tensors = load_safetensors(path, device=self.device, **kwargs)
+        tensors = load_safetensors(path, device=f"cuda:{self.device}", **kwargs)
         torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
