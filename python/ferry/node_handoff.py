@@ -202,8 +202,9 @@ class Handoff:
         self._slot_base = base + header
         self._filled, self._drained = HEADER_WORDS, HEADER_WORDS + self.slots
         self._meta = HEADER_WORDS + 2 * self.slots
-        # The pool hands blocks out unzeroed: a block made again for a new key holds an
-        # old header (ready, counters) until its maker rewrites it. So the maker zeroes
+        # The pool zeroes only a named block's first 4 KiB (and builds before that
+        # none): a block made again for a new key may hold an old header (ready,
+        # counters) until its maker rewrites it. So the maker zeroes
         # and writes it, then makes a second named block, the marker; the others trust
         # the header only once the marker exists (and then hold it too).
         marker = key + ":ready"
