@@ -1,6 +1,8 @@
 // pointer_lookup.cpp — one cuPointerGetAttributes per allocation, cached.
 #include "cuda/pointer_lookup.h"
 
+#include <cstdint>
+
 #include "cuda/driver_entry.h"
 
 namespace ferry::cuda {
@@ -72,6 +74,12 @@ Memory PointerLookup::classify(const void* p, size_t bytes) {
   if (first != Memory::pinned_host) return first;
   return find(static_cast<const char*>(p) + bytes - 1).kind == Memory::pinned_host ? first
                                                                                     : Memory::pageable_host;
+}
+
+size_t PointerLookup::pinned_bytes_after(const void* p) {
+  const PointerInfo info = find(p);
+  if (info.kind != Memory::pinned_host || info.size == 0) return SIZE_MAX;
+  return info.start + info.size - reinterpret_cast<uintptr_t>(p);
 }
 
 size_t PointerLookup::device_bytes_after(const void* p) {

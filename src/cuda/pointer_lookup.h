@@ -52,6 +52,11 @@ class PointerLookup {
   // device for device or managed memory; pinned_host only when both ends of
   // [p, p + bytes) are pinned; else pageable_host.
   Memory classify(const void* p, size_t bytes);
+  // Bytes from p to the end of its registration when p is pinned host memory
+  // with a known range; SIZE_MAX otherwise. One DMA must not cross it: a
+  // cudaMemcpyAsync over two adjacent registrations fails (invalid argument),
+  // as the node pool's 64 MiB pieces showed on the H200.
+  size_t pinned_bytes_after(const void* p);
   // Bytes of p's device allocation from p to its end; 0 when unknown.
   size_t device_bytes_after(const void* p);
   // The address a kernel uses for p: device memory as is, pinned host memory

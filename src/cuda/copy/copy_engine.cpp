@@ -33,9 +33,12 @@ void CopyEngine::Impl::count(Strategy s, size_t bytes, size_t chunks, size_t pie
   stats.eager_runs += eager;
 }
 
-void CopyEngine::Impl::dma_and_wait(void* dst, const void* src, size_t n, cudaStream_t stream) {
+void CopyEngine::Impl::dma_and_wait(void* dst, const void* src, size_t n, cudaStream_t stream,
+                                    PointerLookup& lookup) {
   PooledEvent done(events);
-  check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
+  split_at_registrations(dst, src, n, lookup, [&](void* d, const void* s, size_t k) {
+    check(cudaMemcpyAsync(d, s, k, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
+  });
   check(cudaEventRecord(done.get(), stream), "cudaEventRecord");
   check(cudaEventSynchronize(done.get()), "cudaEventSynchronize (copy)");
 }
@@ -144,7 +147,9 @@ Completion CopyEngine::Impl::start(void* dst, const void* src, size_t bytes, cud
   switch (r.path) {
     case Path::dma:
     case Path::cuda:
-      check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
+      split_at_registrations(dst, src, bytes, lookup, [&](void* d, const void* s, size_t k) {
+        check(cudaMemcpyAsync(d, s, k, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
+      });
       check(cudaEventRecord(st->done, stream), "cudaEventRecord");
       break;
     case Path::eager: {
@@ -184,7 +189,7 @@ void CopyEngine::copy(void* dst, const void* src, size_t bytes, cudaStream_t str
   switch (r.path) {
     case Path::dma:
     case Path::cuda:
-      m.dma_and_wait(dst, src, bytes, stream);
+      m.dma_and_wait(dst, src, bytes, stream, lookup);
       m.count(r.strategy, bytes, 0, 0, 0);
       return;
     case Path::eager: {

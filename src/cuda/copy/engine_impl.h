@@ -73,7 +73,7 @@ struct CopyEngine::Impl {
   void count(Strategy s, size_t bytes, size_t chunks, size_t pieces, size_t eager);
 
   // DMAs of pinned memory on `stream`, waited for.
-  void dma_and_wait(void* dst, const void* src, size_t n, cudaStream_t stream);
+  void dma_and_wait(void* dst, const void* src, size_t n, cudaStream_t stream, PointerLookup& lookup);
   // One eager staged run on an area of its own.
   void run_eager_items(Direction dir, std::span<const EagerItem> items, cudaStream_t stream, bool wait);
   // The stream-ordered pipeline for `pieces` of one copy (each at most one slot).

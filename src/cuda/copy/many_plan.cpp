@@ -33,7 +33,9 @@ ManyPlan plan_many(std::span<const CopyOp> ops, std::span<const CopyPair> pairs,
         p.kernel_ops.push_back({lookup.device_view(op.dst), lookup.device_view(op.src), op.bytes});
         break;
       case Path::dma:
-        p.dsts.push_back(op.dst), p.srcs.push_back(op.src), p.sizes.push_back(op.bytes);
+        split_at_registrations(op.dst, op.src, op.bytes, lookup, [&](void* d, const void* s, size_t n) {
+          p.dsts.push_back(d), p.srcs.push_back(s), p.sizes.push_back(n);
+        });
         break;
       case Path::eager:
         p.eager[static_cast<int>(pairs[i].dir)].push_back({op.dst, op.src, op.bytes});

@@ -2,6 +2,8 @@
 // choose_route each, copy/strategy.h) and sorted by the path that moves them.
 #pragma once
 
+#include <algorithm>
+
 #include <span>
 #include <vector>
 
@@ -14,6 +16,21 @@
 namespace ferry::cuda {
 
 class PointerLookup;
+
+// Calls emit(dst, src, n) for the pieces of one DMA copy, cut where either
+// side's pinned registration ends (PointerLookup::pinned_bytes_after).
+template <class Emit>
+void split_at_registrations(void* dst, const void* src, size_t bytes, PointerLookup& lookup, Emit&& emit) {
+  while (bytes > 0) {
+    size_t n = bytes;
+    n = std::min(n, lookup.pinned_bytes_after(src));
+    n = std::min(n, lookup.pinned_bytes_after(dst));
+    emit(dst, src, n);
+    dst = static_cast<char*>(dst) + n;
+    src = static_cast<const char*>(src) + n;
+    bytes -= n;
+  }
+}
 
 struct ManyPlan {
   std::vector<void*> dsts;  // dma: one cudaMemcpyBatchAsync
