@@ -129,7 +129,17 @@ class _Ranks:
         targets = range(len(self.conns)) if ranks is None else ranks
         for r in targets:
             self.conns[r].send(command[0](r) if callable(command[0]) else command)
-        return [self.reply(r) for r in targets]
+        replies, errors = [], []
+        for r in targets:  # every rank's answer before raising: the first error is often a symptom
+            try:
+                replies.append(self.reply(r))
+            except Exception as e:  # noqa: BLE001 - gathered, raised below
+                errors.append(e)
+        if errors:
+            from ..errors import FerryError
+
+            raise FerryError("; ".join(str(e) for e in errors))
+        return replies
 
     def close(self) -> None:
         for c in self.conns:
