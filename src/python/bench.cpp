@@ -187,7 +187,11 @@ void bind_bench(nb::module_& m) {
         },
         "engine"_a, "dev_a"_a, "host_a"_a, "host_b"_a, "dev_b"_a, "nbytes"_a, "strategy"_a = "auto",
         "iterations"_a = 3);
-  m.def("cuda_malloc", [](size_t n) { return reinterpret_cast<uintptr_t>(cuda::device_malloc(n)); });
+  // device -1: the calling thread's current device. cuda_warm_up does not change that (it restores it).
+  m.def(
+      "cuda_malloc",
+      [](size_t n, int device) { return reinterpret_cast<uintptr_t>(cuda::device_malloc(n, device)); },
+      "nbytes"_a, "device"_a = -1);
   m.def("cuda_free", [](uintptr_t p) { cuda::device_free(as_ptr(p)); });
   m.def("cuda_host_alloc", [](size_t n) { return reinterpret_cast<uintptr_t>(cuda::pinned_host_alloc(n)); });
   m.def("cuda_free_host", [](uintptr_t p) { cuda::pinned_host_free(as_ptr(p)); });

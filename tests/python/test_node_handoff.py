@@ -292,7 +292,7 @@ def _gpu_side(role: str, name: str, key: str, seed: int, device: int, rounds: in
         import ferry
         from ferry import _ferry
 
-        _ferry.cuda_warm_up(device)  # the current device: cuda_malloc allocates there
+        _ferry.cuda_warm_up(device)
         pool = NodePool(name, 128 << 20, device=device, label=role)
         h = Handoff(pool, key, 3, 8 << 20, timeout=60)
         problems = []
@@ -302,11 +302,11 @@ def _gpu_side(role: str, name: str, key: str, seed: int, device: int, rounds: in
             dst_off, dst_n = _layout(seed + r, sizes, 2)
             data = np.random.default_rng(seed + 1000 + r).integers(0, 256, src_n, dtype=np.uint8)
             if role == "producer":
-                buf = _ferry.cuda_malloc(src_n)
+                buf = _ferry.cuda_malloc(src_n, device)
                 ferry.copy(buf, data, src_n, device=device)
                 h.send(np.array(src_off, np.int64) + buf, sizes)
             else:
-                buf = _ferry.cuda_malloc(dst_n)
+                buf = _ferry.cuda_malloc(dst_n, device)
                 ferry.copy(buf, np.full(dst_n, 0xEE, np.uint8), dst_n, device=device)
                 h.recv(np.array(dst_off, np.int64) + buf, sizes)
                 got = np.empty(dst_n, np.uint8)

@@ -42,7 +42,7 @@ class Rank:
 
         self.rank, self.ranks, self.everyone, self.pair, self.timeout = rank, ranks, everyone, pair, timeout
         self.device = rank % max(1, _ferry.device_count())
-        _ferry.cuda_warm_up(self.device)  # this process's current device: cuda_malloc allocates there
+        _ferry.cuda_warm_up(self.device)  # the context made before timing (it leaves the current device as it was)
         self.pool = self.region = self.pinned = self.pinned_buf = None
         self.gpu = {}  # nbytes -> device address (one buffer per size, reused)
 
@@ -50,7 +50,7 @@ class Rank:
         from .. import _ferry
 
         if nbytes not in self.gpu:
-            self.gpu[nbytes] = _ferry.cuda_malloc(nbytes)
+            self.gpu[nbytes] = _ferry.cuda_malloc(nbytes, self.device)
         return self.gpu[nbytes]
 
     def attach(self, name: str, capacity: int, nbytes: int) -> dict:

@@ -135,7 +135,9 @@ StreamHandle::StreamHandle() {
 }
 StreamHandle::~StreamHandle() { cudaStreamDestroy(stream_); }
 
-void* device_malloc(size_t bytes) {
+void* device_malloc(size_t bytes, int device) {
+  ScopedDevice restore;
+  if (device >= 0) make_current(device);
   void* p = nullptr;
   check(cudaMalloc(&p, bytes), "cudaMalloc");
   return p;

@@ -58,7 +58,9 @@ class StreamHandle {
 };
 
 // Plain allocations for benchmarks and tests (throw on failure).
-void* device_malloc(size_t bytes);
+// device -1: the calling thread's current device (of this runtime copy); else that device,
+// the current one left as it was.
+void* device_malloc(size_t bytes, int device = -1);
 void device_free(void* p);
 void* pinned_host_alloc(size_t bytes);
 void pinned_host_free(void* p);
