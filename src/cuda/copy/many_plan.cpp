@@ -30,7 +30,10 @@ ManyPlan plan_many(std::span<const CopyOp> ops, std::span<const CopyPair> pairs,
     if (op.bytes > p.largest) p.largest = op.bytes, p.main = r.strategy;
     switch (r.path) {
       case Path::sm_kernel:
-        p.kernel_ops.push_back({lookup.device_view(op.dst), lookup.device_view(op.src), op.bytes});
+        // Per registration: two registrations' device mappings are not contiguous.
+        split_at_registrations(op.dst, op.src, op.bytes, lookup, [&](void* d, const void* s, size_t n) {
+          p.kernel_ops.push_back({lookup.device_view(d), lookup.device_view(s), n});
+        });
         break;
       case Path::dma:
         split_at_registrations(op.dst, op.src, op.bytes, lookup, [&](void* d, const void* s, size_t n) {
