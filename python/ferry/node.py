@@ -68,8 +68,12 @@ class NodeBlock:
         return self.pool.address + self.handle
 
     def view(self) -> memoryview:
-        """The block's bytes as a writable memoryview (valid while the block is)."""
-        return memoryview((ctypes.c_char * self.nbytes).from_address(self.address)).cast("B")
+        """The block's bytes as a writable memoryview, valid while the block is. The view
+        keeps this process's mapping of the pool alive (a close() meanwhile unmaps nothing)."""
+        native = self.pool._live()
+        array = (ctypes.c_char * self.nbytes).from_address(native.address + self.handle)
+        array._ferry_pool = native  # the mapping lives as long as the view's buffer
+        return memoryview(array).cast("B")
 
     def __repr__(self) -> str:
         name = f" {self.key!r}" if self.key else ""
@@ -108,64 +112,69 @@ class NodePool:
         self._registration = _ferry.NodeRegistration(self._native, device) if device is not None else None
         self._lock = threading.Lock()
 
+    def _live(self):
+        if self._native is None:
+            raise InvalidArgumentError("this NodePool was closed: open it again with NodePool(name)")
+        return self._native
+
     # --- what it is -------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        return self._native.name
+        return self._live().name
 
     @property
     def capacity(self) -> int:
-        return self._native.capacity
+        return self._live().capacity
 
     @property
     def granule(self) -> int:
-        return self._native.granule
+        return self._live().granule
 
     @property
     def address(self) -> int:
         """Where the pool's data starts in this process (block addresses are this + handle)."""
-        return self._native.address
+        return self._live().address
 
     def stats(self) -> dict:
         """capacity, used, free, largest_free, granule, repairs, created_here and members
         (pid, label, bytes, blocks, named, this_process); dead members are reclaimed first."""
-        s = self._native.stats()
+        s = self._live().stats()
         s["registered_bytes"] = self._registration.registered_bytes() if self._registration else 0
         return s
 
     def holders(self) -> str:
         """Who holds what, as one line (what an allocation error says)."""
-        return self._native.describe_holders()
+        return self._live().describe_holders()
 
     def reclaim_dead(self) -> int:
         """Free the blocks of members that died; the bytes freed."""
-        return self._native.reclaim_dead()
+        return self._live().reclaim_dead()
 
     # --- blocks -----------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> NodeBlock:
         """A block of at least nbytes, owned by this process."""
-        offset, n = self._native.allocate(_args.size(nbytes))
+        offset, n = self._live().allocate(_args.size(nbytes))
         return self._touched(NodeBlock(self, offset, n))
 
     def named(self, key: str, nbytes: int) -> NodeBlock:
         """The block called key (made here if no process holds it; sizes must agree)."""
         if not isinstance(key, str):
             raise InvalidArgumentError(f"key={_args.quote(key)}: expected a str")
-        offset, n, created = self._native.allocate_named(key, _args.size(nbytes))
+        offset, n, created = self._live().allocate_named(key, _args.size(nbytes))
         return self._touched(NodeBlock(self, offset, n, created, key))
 
     def block(self, handle) -> NodeBlock:
         """The live block with this handle (from alloc() or named() in any process)."""
         offset = _handle(handle, "handle")
-        return self._touched(NodeBlock(self, offset, self._native.find(offset)))
+        return self._touched(NodeBlock(self, offset, self._live().find(offset)))
 
     def free(self, block) -> None:
         """Frees an unnamed block (any member may), or lets go of a named one."""
-        self._native.release(_handle(block, "block"))
+        self._live().release(_handle(block, "block"))
 
     def take(self, block) -> None:
         """This process becomes the owner of an unnamed block."""
-        self._native.take(_handle(block, "block"))
+        self._live().take(_handle(block, "block"))
 
     # --- signal words -----------------------------------------------------------------------
     def _word(self, block, index) -> int:
@@ -176,14 +185,14 @@ class NodePool:
 
     def add(self, block: NodeBlock, index: int = 0, n: int = 1) -> int:
         """Adds n to the block's index-th 32-bit word (atomic, any process); returns the value before."""
-        return self._native.add(self._word(block, index), _args.u32(n, "n"))
+        return self._live().add(self._word(block, index), _args.u32(n, "n"))
 
     def value(self, block: NodeBlock, index: int = 0) -> int:
-        return self._native.load(self._word(block, index))
+        return self._live().load(self._word(block, index))
 
     def wait(self, block: NodeBlock, index: int = 0, value: int = 1, timeout: float | None = None) -> bool:
         """Waits until the word is >= value (counters that only grow); False on timeout."""
-        return self._native.wait_at_least(self._word(block, index), _args.u32(value, "value"),
+        return self._live().wait_at_least(self._word(block, index), _args.u32(value, "value"),
                                           -1.0 if timeout is None else float(timeout))
 
     # --- pinning ----------------------------------------------------------------------------
@@ -194,17 +203,20 @@ class NodePool:
 
     def ready(self, block: NodeBlock) -> bool:
         """Whether the block is pinned for this process's device (True with no device)."""
+        self._live()
         return self._registration is None or self._registration.ready(block.handle, block.nbytes)
 
     def wait_ready(self, block: NodeBlock) -> None:
         """Waits until the block is pinned for this process's device; raises CudaError if pinning failed."""
+        self._live()
         if self._registration is not None:
             self._registration.wait(block.handle, block.nbytes)
 
     # --- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Unpins, frees this process's unnamed blocks and lets go of its named ones. The
-        pool lives on while another process holds it."""
+        """Unpins, frees this process's unnamed blocks and lets go of its named ones (once no
+        view() of a block is alive: views keep the mapping). The pool lives on while
+        another process holds it. Later calls raise InvalidArgumentError."""
         self._registration = None
         self._native = None
 

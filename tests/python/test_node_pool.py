@@ -151,6 +151,25 @@ def test_bad_arguments_are_ferry_errors():
         assert pool.stats()["used"] == 0
 
 
+def test_a_view_outlives_close_and_calls_after_close_are_ferry_errors():
+    name = _name("close")
+    pool = NodePool(name, 1 << 20)
+    b = pool.alloc(70_000)
+    v = b.view()
+    data = random.Random(5).randbytes(70_000)
+    v[:70_000] = data
+    pool.close()
+    assert bytes(v[:70_000]) == data  # still mapped: the view holds this process's mapping
+    for call in (lambda: pool.alloc(1), lambda: pool.stats(), lambda: b.view(), lambda: pool.ready(b),
+                 lambda: pool.add(b, 0), lambda: pool.name):
+        with pytest.raises(InvalidArgumentError, match="closed"):
+            call()
+    del v
+    again = NodePool(name, 1 << 20)  # this process's last reference is gone: a fresh pool
+    assert again.stats()["created_here"] and again.stats()["used"] == 0
+    again.close()
+
+
 def test_a_forked_child_gets_a_clear_refusal():
     if not hasattr(os, "fork"):
         pytest.skip("no fork")
