@@ -94,14 +94,29 @@ int peer_uid(int fd, uid_t* uid_out) noexcept {
   return 0;
 }
 
-int send_with_fd(int fd, const void* data, size_t bytes, int passed) noexcept {
-  iovec iov{const_cast<void*>(data), bytes};
+namespace {
+
+// One message of one buffer with room for one descriptor: what both ends pass.
+// Not copyable: msg points into it.
+struct FdMessage {
+  iovec iov;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  FdMessage(void* data, size_t bytes) : iov{data, bytes} {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
+}  // namespace
+
+int send_with_fd(int fd, const void* data, size_t bytes, int passed) noexcept {
+  FdMessage m(const_cast<void*>(data), bytes);
+  msghdr& msg = m.msg;
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
@@ -115,13 +130,8 @@ int send_with_fd(int fd, const void* data, size_t bytes, int passed) noexcept {
 }
 
 int receive_with_fd(int fd, void* data, size_t bytes, size_t* got, int* passed_out) noexcept {
-  iovec iov{data, bytes};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  FdMessage m(data, bytes);
+  msghdr& msg = m.msg;
   ssize_t n;
   do n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
   while (n < 0 && errno == EINTR);
