@@ -1,7 +1,9 @@
 // staging_area.h — the one ring of pinned staging slots: `slots` slots of
 // `chunk_bytes` each, contiguous in one allocation of a pinned pool, each with
 // the event of the last DMA that read or wrote it. A slot may be written (by
-// the CPU, or by a DMA into it) only once its event is complete.
+// the CPU, or by a DMA into it) only once its event is complete: the slot
+// ring's "in flight until it lands" (core/slot_ring.h, where every ring's
+// states are written down).
 //
 // Two users, one shape:
 //   - the copy engine lends an area to each eager staged copy (copy/area_pool.h,

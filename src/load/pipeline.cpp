@@ -8,11 +8,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <deque>
 #include <exception>
 #include <mutex>
 
 #include "core/error.h"
+#include "core/slot_ring.h"
 #include "core/worker_pool.h"
 #include "os/file.h"
 #include "os/memory.h"
@@ -30,22 +30,22 @@ std::string range_of(const FileSet::File& f, uint64_t offset, uint64_t bytes) {
 
 // The state of one run_pipeline call, shared by its workers.
 //
-// Locking: mu guards free_slots, next_read, error, running and notes. stop is
-// atomic so that workers can look at it without the lock. No system call and
-// no Target call is made while mu is held.
+// Locking: mu guards next_read, error, running and notes. stop is atomic so
+// that workers can look at it without the lock. The slots' states and order
+// are the ring's (core/slot_ring.h, its own lock). No system call and no
+// Target call is made while mu is held.
 struct Run {
   Run(const ReadPlan& p, const FileSet& f, Target& t, const PipelineOptions& o)
-      : plan(p), files(f), target(t), opt(o), direct_refused(f.size()) {}
+      : plan(p), files(f), target(t), opt(o), ring(t.slot_count()), direct_refused(f.size()) {}
 
   const ReadPlan& plan;
   const FileSet& files;
   Target& target;
   const PipelineOptions& opt;
 
+  SlotRing ring;  // the Target's slots: landing = Target::wait_slot_free
   std::mutex mu;
-  std::condition_variable slot_cv;   // a slot came back, or a failure
   std::condition_variable end_cv;    // a worker ended (the load's thread waits on it)
-  std::deque<size_t> free_slots;     // guarded by mu; oldest first
   size_t next_read = 0;              // guarded by mu; readers' cursor into plan.reads
   std::exception_ptr error;          // guarded by mu; the first failure
   int running = 0;                   // guarded by mu; workers not yet returned
@@ -65,7 +65,7 @@ struct Run {
       if (!error) error = e;
       stop = true;
     }
-    slot_cv.notify_all();
+    ring.stop();
   }
   // A worker's last touch of the Run: notified under the lock, so that the
   // load's thread (which may destroy the Run once running is 0) cannot run
@@ -74,22 +74,6 @@ struct Run {
     std::lock_guard<std::mutex> lock(mu);
     --running;
     end_cv.notify_all();
-  }
-  // The oldest free slot; SIZE_MAX when the run is stopping.
-  size_t take_slot() {
-    std::unique_lock<std::mutex> lock(mu);
-    slot_cv.wait(lock, [&] { return stop || !free_slots.empty(); });
-    if (stop) return SIZE_MAX;
-    size_t s = free_slots.front();
-    free_slots.pop_front();
-    return s;
-  }
-  void give_slot(size_t s) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      free_slots.push_back(s);
-    }
-    slot_cv.notify_one();
   }
   // The next read for the readers; SIZE_MAX when none is left or stopping.
   size_t next_staged_read() {
@@ -142,12 +126,13 @@ size_t read_into_slot(Run& r, const PlannedRead& rd, unsigned char* buf) {
 
 // One staged read: a slot, the read, its copies. False when the run stops.
 bool staged_read(Run& r, size_t i) {
-  const size_t s = r.take_slot();
-  if (s == SIZE_MAX) return false;
+  const SlotRing::Taken taken = r.ring.take();
+  const size_t s = taken.slot;
+  if (s == SlotRing::kStopped) return false;
   try {
     const PlannedRead& rd = r.plan.reads[i];
     const FileSet::File& f = r.files[rd.file];
-    for_range(f, rd, [&] { r.target.wait_slot_free(s); });
+    if (taken.landing_pending) for_range(f, rd, [&] { r.target.wait_slot_free(s); });
     unsigned char* buf = r.target.slot(s);
     const size_t head = read_into_slot(r, rd, buf);
     for_range(f, rd, [&] {
@@ -160,10 +145,10 @@ bool staged_read(Run& r, size_t i) {
     r.staged_bytes += rd.bytes;
     r.done_bytes += rd.bytes;
   } catch (...) {
-    r.give_slot(s);
+    r.ring.hand_off(s);  // copies may be enqueued from it: the next taker waits for them
     throw;
   }
-  r.give_slot(s);
+  r.ring.hand_off(s);
   return true;
 }
 
@@ -182,7 +167,6 @@ void check_fits(const Run& r) {
                             format_bytes(r.target.slot_bytes()) + " staging slot (plan window too large)");
   }
   if (r.opt.threads < 1) throw InvalidArgument("load: threads=" + std::to_string(r.opt.threads) + ": expected >= 1");
-  if (r.target.slot_count() == 0) throw InvalidArgument("load: the target has no staging slots");
 }
 
 class ProgressLine {
@@ -344,9 +328,9 @@ PipelineStats run_pipeline(const ReadPlan& plan, const FileSet& files, Target& t
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - start).count(); };
+  if (target.slot_count() == 0) throw InvalidArgument("load: the target has no staging slots");
   Run r(plan, files, target, options);
   check_fits(r);
-  for (size_t s = 0; s < target.slot_count(); ++s) r.free_slots.push_back(s);
   launch_workers(r, pool, std::max(1, std::min<int>(options.threads, static_cast<int>(plan.reads.size()))));
   ProgressLine progress(options.progress, options.progress_after_s, plan.read_bytes);
   wait_for_workers(r, progress, elapsed);
