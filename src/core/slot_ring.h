@@ -18,7 +18,8 @@
 // The users, each an instance of this shape:
 //   - the loader's pipeline (load/pipeline.cpp): a SlotRing over the Target's
 //     slots; landing = Target::wait_slot_free (the GPU target: the slot's
-//     event; the host target: nothing, its copies are done when enqueued).
+//     event; the host target: nothing, its copies are done when enqueued),
+//     asked before every fill, since the Target's slots outlive one run.
 //   - the copy engine's eager staging and the loader's staging area
 //     (cuda/staging_area.h): landing = the slot's event, polled or slept on.
 //   - the copy engine's lanes (cuda/copy/lane_pool.h): landing = a GPU-written

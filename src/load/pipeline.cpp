@@ -132,7 +132,10 @@ bool staged_read(Run& r, size_t i) {
   try {
     const PlannedRead& rd = r.plan.reads[i];
     const FileSet::File& f = r.files[rd.file];
-    if (taken.landing_pending) for_range(f, rd, [&] { r.target.wait_slot_free(s); });
+    // Always asked, not only when taken.landing_pending: a slot may still carry an
+    // earlier run's copies (the Target's slots outlive a run), and the GPU target
+    // also makes its device current for this thread there.
+    for_range(f, rd, [&] { r.target.wait_slot_free(s); });
     unsigned char* buf = r.target.slot(s);
     const size_t head = read_into_slot(r, rd, buf);
     for_range(f, rd, [&] {
