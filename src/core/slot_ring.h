@@ -24,12 +24,14 @@
 //     (cuda/staging_area.h): landing = the slot's event, polled or slept on.
 //   - the copy engine's lanes (cuda/copy/lane_pool.h): landing = a GPU-written
 //     flag per lane.
-//   - save's ring (python/ferry/torch/save.py, _Ring): landing = the writer
-//     thread has written the slot's bytes.
+//   - save's ring (python/ferry/torch/save.py, _Ring, through
+//     ferry._ferry.SlotRing): landing = a writer thread has written the
+//     slot's bytes (a threading.Event per slot).
 //   - the DataLoader's slots (python/ferry/torch/data/slots.py): landing = the
 //     batch's event, recorded after the copies that read the slot.
-// Only the loader's pipeline is this class today; the others keep their own
-// code with the same states (issue 32 item 1 moves them next).
+// The loader's pipeline and save's ring are this class; the staging area,
+// the lanes and the DataLoader's slots keep their own code with these states
+// (they run on the GPU; moving them waits for a session with GPU time).
 //
 // Locking: mu_ guards order_, state_ and stopped_; no call of the user's (no
 // landing wait, no system call) is made under it. Thread-safe.

@@ -99,6 +99,30 @@ def test_large_tensor_crosses_slots(tmp_path, monkeypatch):
         v.numel() * v.element_size() for v in sd.values())
 
 
+def test_two_slots_reused_many_times_land_before_refill(tmp_path, monkeypatch):
+    """Two 4 KiB slots for ~1.2 MB: every slot is refilled hundreds of times, each
+    time only after the writer has written it (the slot ring's landing); the file
+    must be byte-exact and the ring left with no slot being filled."""
+    monkeypatch.setattr(save_mod, "SLOT_BYTES", 1 << 12)
+    monkeypatch.setattr(save_mod, "SLOTS", 2)
+    rings = []
+    real = save_mod._Ring
+
+    class Watched(real):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            rings.append(self)
+
+    monkeypatch.setattr(save_mod, "_Ring", Watched)
+    g = torch.Generator().manual_seed(11)
+    for round_ in range(3):
+        sd = {f"t{i}": rand((int(torch.randint(1, 90_000, (1,), generator=g)),), torch.uint8, g) for i in range(25)}
+        p = tmp_path / f"r{round_}.safetensors"
+        ft.save_safetensors(sd, p)
+        check_file(str(p), sd)
+    assert rings and all(r.slots.state(i) != "filling" for r in rings for i in range(len(r.slots)))
+
+
 def test_buffered_file_system(tmp_path):
     """/dev/shm (tmpfs) refuses O_DIRECT: the same file, buffered."""
     if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):

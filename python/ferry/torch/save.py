@@ -29,8 +29,10 @@ whole: ``ferry.torch.publish``.
 
 Locking: ``_lock`` guards ``_pageable_pool`` (made once per process: a forked
 child drops the parent's reference and makes its own). Each save's ring
-belongs to that save; its free and full queues are ``queue.Queue``s. No CUDA
-call is made under a lock.
+belongs to that save: its slots are a ``SlotRing`` (core/slot_ring.h, whose
+lock is held for no call of ours) with a ``threading.Event`` per slot for
+"written"; the writers' queue is a ``queue.Queue``. No CUDA call is made
+under a lock.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import queue
 import threading
 import traceback
 
-from .. import temp_names
+from .. import _ferry, temp_names
 from ..atomic_file import DIRECT_ALIGN, AtomicFile
 from ..pool import Pool
 from . import publish as _publish
@@ -91,16 +93,33 @@ def host_pool(items: list[Item]) -> Pool:
 
 
 class _Ring:
-    """SLOTS slots of SLOT_BYTES from a ferry pool (freed with the ring)."""
+    """SLOTS slots of SLOT_BYTES from a ferry pool (freed with the ring): an
+    instance of the one slot ring (core/slot_ring.h: free, filling, in flight
+    until it lands). This thread fills, a writer thread is the consumer, and a
+    slot lands when its bytes are written (landed[slot] set)."""
 
     def __init__(self, pool, nbytes: int):
         count = max(1, min(SLOTS, -(-nbytes // SLOT_BYTES)))
         self.buffers = [pool.alloc(SLOT_BYTES, alignment=DIRECT_ALIGN) for _ in range(count)]
         self.views = [memoryview(b).cast("B") for b in self.buffers]
         self.addresses = [b.ptr for b in self.buffers]
-        self.free: queue.Queue = queue.Queue()  # slots not being filled or written
-        for i in range(count):
-            self.free.put(i)
+        self.slots = _ferry.SlotRing(count)
+        self.landed = [threading.Event() for _ in range(count)]
+
+    def take(self) -> int:
+        """The oldest slot not being filled, once a write of its earlier bytes has landed."""
+        slot, landing_pending = self.slots.take()
+        if landing_pending:
+            self.landed[slot].wait()
+        return slot
+
+    def hand_off(self, slot: int) -> None:
+        """The slot's bytes go to a writer: in flight until landed(slot)."""
+        self.landed[slot].clear()
+        self.slots.hand_off(slot)
+
+    def landed_now(self, slot: int) -> None:
+        self.landed[slot].set()
 
     def release(self) -> None:
         """Back to the pool now; a slot still viewed (by an error's traceback)
@@ -214,8 +233,13 @@ def _ring_jobs(torch, ring: _Ring, stream, total: int):
     """Writes as (view, file offset, slot), filling each slot on this thread.
     The last view is padded to DIRECT_ALIGN (commit() cuts the file)."""
     for off, n, pieces in _slot_pieces(stream, total):
-        slot = ring.free.get()
-        _fill(torch, ring, slot, pieces)
+        slot = ring.take()
+        try:
+            _fill(torch, ring, slot, pieces)
+        except BaseException:
+            ring.slots.give_back(slot)
+            raise
+        ring.hand_off(slot)
         yield ring.views[slot][: _padded(n)], off, slot
 
 
@@ -234,7 +258,7 @@ def _direct_jobs(ring: _Ring, head_len: int, source, data_len: int):
 
 def _pump(f: AtomicFile, jobs, ring: _Ring) -> None:
     """Writes (view, file offset, slot or None) jobs on WRITERS threads, a slot
-    going back to ring.free once written; re-raises the first error."""
+    landing once written (ring.landed_now); re-raises the first error."""
     full: queue.Queue = queue.Queue(maxsize=SLOTS)
     errors: list = []  # the writers' exceptions (list.append is atomic)
 
@@ -251,7 +275,7 @@ def _pump(f: AtomicFile, jobs, ring: _Ring) -> None:
             slot = job[2]
             job = None  # drops the view before its slot is reused or released
             if slot is not None:
-                ring.free.put(slot)
+                ring.landed_now(slot)
 
     threads = [threading.Thread(target=writer, name=f"ferry-save-{i}", daemon=True) for i in range(WRITERS)]
     for t in threads:
