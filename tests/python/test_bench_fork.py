@@ -136,7 +136,8 @@ def test_mapping_summary_reads_smaps_for_real_mappings():
             m[0] = 1
             addr = int(_address(m))
             assert fork.mapping_summary(smaps, addr, addr + 4 * MiB) == expected
-            assert fork.mapping_summary(smaps, addr + 4 * MiB, addr + 4 * MiB) == "-"
+            assert fork.mapping_summary(smaps, addr + 4 * MiB, addr + 4 * MiB) == "-"  # empty, even where
+            # the kernel merged the mapping with a neighbour (failed so on the 2x H200 machine)
     finally:
         for m in (private, hidden, shared):
             m.close()

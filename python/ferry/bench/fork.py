@@ -102,7 +102,10 @@ def hold(holder: str, nbytes: int):
 def mapping_summary(smaps: str, lo: int, hi: int) -> str:
     """What /proc/self/smaps says of the mappings over [lo, hi): "anon dc",
     "memfd sh", "/dev/nvidiactl io", ... (kind, then those of the VmFlags sh, dc,
-    io, pf it has), distinct ones joined by ", "; "-" when none."""
+    io, pf it has), distinct ones joined by ", "; "-" when none (an empty range
+    covers nothing, even inside a mapping)."""
+    if hi <= lo:
+        return "-"
     labels, inside = [], False
     for line in smaps.splitlines():
         head = line.split(maxsplit=5)
