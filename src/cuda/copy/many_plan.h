@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "copy/split_at_ends.h"
 #include "copy/strategy.h"
 #include "cuda/copy/block_copy.h"
 #include "cuda/copy/copy_engine.h"
@@ -21,15 +22,8 @@ class PointerLookup;
 // side's pinned registration ends (PointerLookup::pinned_bytes_after).
 template <class Emit>
 void split_at_registrations(void* dst, const void* src, size_t bytes, PointerLookup& lookup, Emit&& emit) {
-  while (bytes > 0) {
-    size_t n = bytes;
-    n = std::min(n, lookup.pinned_bytes_after(src));
-    n = std::min(n, lookup.pinned_bytes_after(dst));
-    emit(dst, src, n);
-    dst = static_cast<char*>(dst) + n;
-    src = static_cast<const char*>(src) + n;
-    bytes -= n;
-  }
+  split_at_ends(dst, src, bytes, [&](const void* p) { return lookup.pinned_bytes_after(p); },
+                std::forward<Emit>(emit));
 }
 
 struct ManyPlan {
