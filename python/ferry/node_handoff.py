@@ -40,7 +40,7 @@ import time
 
 from . import _args
 from ._resolve import resolve
-from .errors import FerryError, InvalidArgumentError, NotSupportedError, OutOfMemoryError
+from .errors import FerryError, InvalidArgumentError, NotSupportedError
 
 MAGIC = 0x48444F46  # "FODH"
 ALIGN = 256  # items start at this boundary in the stream
@@ -187,7 +187,6 @@ class Handoff:
         self._copy = copy
         header = _align(4 * (HEADER_WORDS + (2 + META_WORDS) * self.slots), pool.granule)
         self._data_offset = header
-        self._marker = None
         self.block = pool.named(key, header + self.slots * self.slot_bytes)
         try:
             self._open(header)
@@ -202,20 +201,17 @@ class Handoff:
         self._slot_base = base + header
         self._filled, self._drained = HEADER_WORDS, HEADER_WORDS + self.slots
         self._meta = HEADER_WORDS + 2 * self.slots
-        # The pool zeroes only a named block's first 4 KiB (and builds before that
-        # none): a block made again for a new key may hold an old header (ready,
-        # counters) until its maker rewrites it. So the maker zeroes
-        # and writes it, then makes a second named block, the marker; the others trust
-        # the header only once the marker exists (and then hold it too).
-        marker = key + ":ready"
+        # The pool zeroes a named block's first 4 KiB when it makes it, so READY
+        # reads 0 until the maker has written the whole header (which may run
+        # past 4 KiB: it clears that part first) and bumped READY.
         if self.block.created:
             ctypes.memset(base, 0, 4 * (HEADER_WORDS + (2 + META_WORDS) * self.slots))
             self._words[_W_MAGIC], self._words[_W_SLOTS] = MAGIC, self.slots
             self._words[_W_SLOT_KIB4] = self.slot_bytes // SLOT_ALIGN
             pool.add(self.block, _W_READY)
-        else:
-            self._wait_marker(marker)
-        self._marker = pool.named(marker, 1)  # the region's lock orders the header before it
+        elif not pool.wait(self.block, _W_READY, 1, self.timeout):
+            raise HandoffTimeoutError(f"handoff {key!r}: the process that made its block did not "
+                                      f"finish writing the header within {self.timeout:g} s")
         got = (self._words[_W_MAGIC], self._words[_W_SLOTS], self._words[_W_SLOT_KIB4] * SLOT_ALIGN)
         if got != (MAGIC, self.slots, self.slot_bytes):
             raise InvalidArgumentError(
@@ -285,24 +281,6 @@ class Handoff:
         return sum(self._words[self._filled + s] - self._words[self._drained + s] for s in range(self.slots))
 
     # --- waiting, watching the peer ---------------------------------------------------------
-    def _wait_marker(self, marker: str) -> None:
-        """Waits until the marker block exists, without making it: asking for more than
-        the pool holds fails with OutOfMemoryError while it is absent, and with
-        InvalidArgumentError (another size) once it is there."""
-        deadline, pause = time.monotonic() + self.timeout, 0.0005
-        while True:
-            try:
-                self.pool.named(marker, self.pool.capacity + 1)
-            except InvalidArgumentError:
-                return
-            except OutOfMemoryError:
-                pass
-            if time.monotonic() >= deadline:
-                raise HandoffTimeoutError(f"handoff {self.key!r}: the process that made its block did not "
-                                          f"finish writing the header within {self.timeout:g} s")
-            time.sleep(pause)
-            pause = min(pause * 2, 0.02)
-
     def _join(self, role: str) -> None:
         """Writes this process's pool slot and pid for `role`, once, so the peer can watch it."""
         self._check_broken()
@@ -351,9 +329,6 @@ class Handoff:
             self._words = None
             self.pool.free(self.block)
             self.block = None
-        if self._marker is not None:
-            self.pool.free(self._marker)
-            self._marker = None
 
     def __enter__(self):
         return self

@@ -8,12 +8,9 @@ every part is in, and then each rank copies the tensors it wants from the
 block to its GPU (``copy_from_block``: one ``ferry.copy_many``). The block is
 freed when the last rank lets go of it, so no second barrier is needed.
 
-Why a marker block: the pool does not zero a block it hands out (its bytes are
-whatever an earlier block left), so the signal words are trusted only after
-the rank that made the block zeroed them and then made a second named block
-(the marker). The other ranks test for the marker without making it: asking
-for it with a size larger than the pool fails with OutOfMemoryError while it
-is absent and with InvalidArgumentError ("exists with ...") once it is there.
+The signal words start at zero: the pool zeroes a named block's first 4 KiB
+when it makes it. The rank that made the block writes the number of ranks
+there last; the others wait for it before they trust the words.
 
 Keys: a hash of the file's identity (device, inode, size, mtime) and this
 process's count of node loads of that file, so a new load never joins the
@@ -31,7 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import _args
-from ..errors import FerryError, InvalidArgumentError, OutOfMemoryError
+from ..errors import FerryError, InvalidArgumentError
 
 HEADER_BYTES = 4096  # the block's first page: signal words; the file starts after it
 DEFAULT_TIMEOUT = 600.0  # seconds a rank waits for the others (a slow disk, a big shard)
@@ -110,8 +107,8 @@ class NodeFile:
     ``size``, ``block``, and this rank's ``stats`` (part, bytes_read,
     read_seconds, wait_seconds, made_block). ``release()`` lets go of it."""
 
-    def __init__(self, pool, block, marker, size, stats):
-        self.pool, self.block, self._marker, self.size, self.stats = pool, block, marker, size, stats
+    def __init__(self, pool, block, size, stats):
+        self.pool, self.block, self.size, self.stats = pool, block, size, stats
 
     @property
     def address(self) -> int:
@@ -121,9 +118,6 @@ class NodeFile:
         return self.block.view()[HEADER_BYTES:HEADER_BYTES + self.size]
 
     def release(self) -> None:
-        if self._marker is not None:
-            self.pool.free(self._marker)
-            self._marker = None
         if self.block is not None:
             self.pool.free(self.block)
             self.block = None
@@ -144,19 +138,18 @@ def read_file_once(pool, path, rank: int, ranks: int, *, timeout: float = DEFAUL
         digest = hashlib.blake2b(repr(identity).encode(), digest_size=16).hexdigest()
         key = f"ferry.load:{digest}:{_next_round(pool.name, identity)}"
         block = pool.named(key, HEADER_BYTES + st.st_size)
-        marker = None
         try:
             deadline = time.monotonic() + timeout
             if block.created:
-                block.view()[:HEADER_BYTES] = bytes(HEADER_BYTES)  # stale bytes of an earlier block
                 pool.add(block, _W_RANKS, ranks)
-                marker = pool.named(key + ":m", 1)  # the region's lock orders the zeroing before it
-            else:
-                _wait_marker(pool, key + ":m", name, deadline, timeout)
-                if pool.value(block, _W_RANKS) != ranks:
-                    raise InvalidArgumentError(
-                        f"{name}: this rank loads with ranks={ranks}, the rank that made the node block with "
-                        f"ranks={pool.value(block, _W_RANKS)}; every rank must pass the same ranks")
+            elif not pool.wait(block, _W_RANKS, 1, timeout):
+                raise NodeLoadTimeout(
+                    f"{name}: the rank that made this file's node block did not set it up within {timeout:g} s "
+                    "(it died, or was stopped); every rank of the node must call the load with the same files")
+            elif pool.value(block, _W_RANKS) != ranks:
+                raise InvalidArgumentError(
+                    f"{name}: this rank loads with ranks={ranks}, the rank that made the node block with "
+                    f"ranks={pool.value(block, _W_RANKS)}; every rank must pass the same ranks")
             if pool.add(block, _W_CLAIM + rank) != 0:
                 raise InvalidArgumentError(f"{name}: rank={rank} is taken by another process of this load; "
                                            "each process of the node needs its own rank")
@@ -177,36 +170,12 @@ def read_file_once(pool, path, rank: int, ranks: int, *, timeout: float = DEFAUL
                     "files (a larger timeout= waits longer)")
             stats = {"part": (lo, hi), "bytes_read": hi - lo, "read_seconds": t1 - t0,
                      "wait_seconds": time.monotonic() - t1, "made_block": block.created}
-            return NodeFile(pool, block, marker, st.st_size, stats)
+            return NodeFile(pool, block, st.st_size, stats)
         except BaseException:
-            if marker is not None:
-                pool.free(marker)
             pool.free(block)
             raise
     finally:
         os.close(fd)
-
-
-def _wait_marker(pool, key: str, name: str, deadline: float, timeout: float) -> None:
-    """Waits until the named block `key` exists, without making it (see the module text)."""
-    probe, pause = pool.capacity + pool.granule, 0.0002
-    while True:
-        try:
-            pool.named(key, probe)
-        except OutOfMemoryError:
-            pass  # absent
-        except InvalidArgumentError as err:
-            if "exists with" in str(err):
-                return
-            raise
-        else:  # cannot happen (larger than the pool), but never keep it
-            raise InvalidArgumentError(f"node pool {pool.name!r}: a block of {probe} bytes fit in the pool")
-        if time.monotonic() >= deadline:
-            raise NodeLoadTimeout(
-                f"{name}: the rank that made this file's node block did not set it up within {timeout:g} s "
-                "(it died, or was stopped); every rank of the node must call the load with the same files")
-        time.sleep(pause)
-        pause = min(pause * 2, 0.02)
 
 
 def _read_part(fd: int, name: str, view: memoryview, lo: int, hi: int) -> None:
