@@ -46,11 +46,18 @@ void register_pool(const std::string& name, const std::shared_ptr<NodePool>& poo
 }
 [[maybe_unused]] const bool g_registry_held = (hold_across_fork(&registry_mu), true);
 void forget_registry_in_child() noexcept {
+  // The child must not keep the parent's listening sockets (an attacher would
+  // connect to one nobody serves once the parent is gone) nor its memfds (they
+  // would keep the pool's memory after its last member left).
+  for (auto& entry : registry())
+    if (auto pool = entry.second.lock()) pool->drop_descriptors_in_child();
   abandon_in_child(&registry());  // the parent's pools are not the child's
   new (&registry()) std::map<std::string, std::weak_ptr<NodePool>>;
   new (&open_mu) std::mutex;  // unlocked, whatever a parent's thread was doing
 }
 [[maybe_unused]] const bool g_registry_forgotten = (at_fork_in_child(&forget_registry_in_child), true);
+
+constexpr int kServeTimeoutMs = 2000;
 
 struct Hello {  // what a member sends with the descriptor
   uint64_t magic;
@@ -76,6 +83,7 @@ int ask_members(const std::string& name, Hello* hello) {
   for (uint32_t s = 0; s < kMaxMembers; ++s) {
     int sock = -1;
     if (os::connect_abstract(socket_name(name, std::to_string(s)), &sock) != 0) continue;
+    os::set_receive_timeout(sock, kServeTimeoutMs);  // a socket nobody serves must not hang the open
     int fd = -1;
     size_t got = 0;
     const int err = os::receive_with_fd(sock, hello, sizeof *hello, &got, &fd);
@@ -243,6 +251,12 @@ NodePool::~NodePool() {
   os::forget_hidden(map_);
   os::unmap(map_, map_bytes_);
   os::close_fd(fd_);
+}
+
+void NodePool::drop_descriptors_in_child() noexcept {
+  if (listen_fd_ >= 0) os::close_fd(listen_fd_);
+  os::close_fd(fd_);
+  listen_fd_ = fd_ = -1;
 }
 
 void NodePool::lock() const {

@@ -83,6 +83,9 @@ class NodePool {
   uint64_t granule() const { return granule_; }
   uint32_t slot() const { return slot_; }
   void* region_base() const { return map_; }  // the header's address (tests)
+  // In a forked child only (inside fork): closes this object's listening
+  // socket and memfd, which the child inherited and must not keep.
+  void drop_descriptors_in_child() noexcept;
 
   // Throws OutOfMemory naming every holder when the budget (or a long enough
   // free run) is short, after reclaiming dead members' blocks.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -75,6 +76,11 @@ int connect_abstract(const std::string& name, int* fd_out) noexcept {
   }
   *fd_out = fd;
   return 0;
+}
+
+int set_receive_timeout(int fd, int ms) noexcept {
+  timeval tv{ms / 1000, (ms % 1000) * 1000};
+  return ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 ? 0 : errno;
 }
 
 int accept_connection(int listen_fd, int* fd_out) noexcept {

@@ -27,6 +27,9 @@ int listen_abstract(const std::string& name, int* fd_out) noexcept;
 // Connects to the abstract name. ECONNREFUSED: nobody listens there.
 int connect_abstract(const std::string& name, int* fd_out) noexcept;
 
+// SO_RCVTIMEO: a receive on fd fails with EAGAIN after `ms` milliseconds.
+int set_receive_timeout(int fd, int ms) noexcept;
+
 // accept4(SOCK_CLOEXEC), retrying EINTR. EINVAL once the socket was shut down.
 int accept_connection(int listen_fd, int* fd_out) noexcept;
 

@@ -6,12 +6,14 @@
 // of a threaded process may not start threads under ThreadSanitizer) running
 // NodePoolMember.DISABLED_Serve, which reads commands on stdin and answers on
 // stdout lines that start with "@@ ".
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -493,6 +495,51 @@ TEST(NodePool, AForkedChildOfAMemberFindsATombstoneAndARefusal) {
   });
   EXPECT_TRUE(end.clean()) << end.describe();
   EXPECT_EQ(pool->stats().used, 65536u);
+}
+
+TEST(NodePool, AForkedChildKeepsNeitherTheSocketNorTheMemfd) {
+  FERRYTEST_SKIP_IF_TSAN_CHILD_THREADS();  // the child below starts no thread, but forks a threaded parent
+  const std::string name = unique_name("childfds");
+  NodePoolOptions o;
+  o.capacity = size_t{1} << 20;
+  auto pool = NodePool::open(name, o);
+  int report[2], hold[2];
+  ASSERT_EQ(::pipe2(report, O_CLOEXEC), 0);  // close-on-exec: the member exec'd below must not hold them
+  ASSERT_EQ(::pipe2(hold, O_CLOEXEC), 0);
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  if (child == 0) {  // look at our descriptors, say what we found, then live until told
+    ::close(report[0]);
+    ::close(hold[1]);
+    char found = '0';
+    char link[512];
+    for (int fd = 0; fd < 1024; ++fd) {
+      const std::string path = "/proc/self/fd/" + std::to_string(fd);
+      const ssize_t n = ::readlink(path.c_str(), link, sizeof link - 1);
+      if (n <= 0) continue;
+      link[n] = '\0';
+      if (std::strstr(link, ("memfd:ferry-node:" + name).c_str())) found = '1';
+    }
+    (void)!::write(report[1], &found, 1);
+    char c;
+    (void)!::read(hold[0], &c, 1);
+    ::_exit(0);
+  }
+  ::close(report[1]);
+  ::close(hold[0]);
+  char found = '?';
+  ASSERT_EQ(::read(report[0], &found, 1), 1);
+  EXPECT_EQ(found, '0') << "the forked child kept the pool's memfd";
+  pool.reset();  // the only member leaves while the child lives
+  MemberProcess m;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string opened = m.ask("open " + name + " 1048576 late");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(opened.substr(0, 2), "1 ") << opened;  // a fresh pool: nobody serves the old one
+  EXPECT_LT(s, 1.5) << "the new member waited on a socket the child inherited and nobody serves";
+  ::close(hold[1]);
+  ::waitpid(child, nullptr, 0);
+  ::close(report[0]);
 }
 
 }  // namespace ferry::node
