@@ -33,7 +33,6 @@ from ..errors import FerryError, InvalidArgumentError
 HEADER_BYTES = 4096  # the block's first page: signal words; the file starts after it
 DEFAULT_TIMEOUT = 600.0  # seconds a rank waits for the others (a slow disk, a big shard)
 MAX_RANKS = 1000  # one claim word per rank fits the header page
-PIECE_BYTES = 64 << 20  # NodeRegistration's piece: a copy item stays inside one registration
 _READ_CHUNK = 32 << 20  # one os.preadv; a rank's part is read by several threads
 _READ_THREADS = 8
 
@@ -202,21 +201,17 @@ def _read_part(fd: int, name: str, view: memoryview, lo: int, hi: int) -> None:
 
 def copy_from_block(nf: NodeFile, offsets, sizes, addresses, stream, device) -> None:
     """Copies file bytes [offsets[i], +sizes[i]) from the node block to device
-    `addresses[i]`, in one copy_many; items are split where the pool's pinned
-    pieces end (each piece is its own registration)."""
+    `addresses[i]`, in one copy_many (the copy engine cuts an item where the
+    pool's pinned pieces end: each piece is its own registration)."""
     from ..copy import copy_many
 
     base = nf.address
-    pool_base = nf.pool.address
     dsts, srcs, lens = [], [], []
     for off, n, dst in zip(offsets, sizes, addresses):
-        src = base + off
-        while n > 0:
-            take = min(n, PIECE_BYTES - (src - pool_base) % PIECE_BYTES)
+        if n > 0:
             dsts.append(dst)
-            srcs.append(src)
-            lens.append(take)
-            src, dst, n = src + take, dst + take, n - take
+            srcs.append(base + off)
+            lens.append(n)
     if dsts:
         nf.pool.wait_ready(nf.block)
         copy_many(dsts, srcs, lens, stream=stream, device=device)
