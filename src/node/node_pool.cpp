@@ -3,16 +3,17 @@
 #include "node/node_pool.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/error.h"
 #include "core/fork.h"
 #include "os/dont_fork.h"
+#include "os/file.h"
 #include "os/futex.h"
 #include "os/memory.h"
 #include "os/unix_socket.h"
@@ -138,8 +139,8 @@ Mapped create_region(const std::string& name, const NodePoolOptions& o) {
 }
 
 Mapped attach_region(int fd, const Hello& hello, const std::string& name) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != hello.file_bytes ||
+  uint64_t size = 0;
+  if (os::regular_file_size(fd, &size) != 0 || size != hello.file_bytes ||
       hello.version != kVersion) {
     os::close_fd(fd);
     throw NotSupported("node pool '" + name + "': a member sent a region of version " +
