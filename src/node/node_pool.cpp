@@ -411,6 +411,12 @@ void NodePool::release(uint64_t offset) {
   const uint64_t first = offset / granule();
   if (region_.block_owner(first) == kNamedOwner) {
     const uint32_t i = region_.named_of_block(first);
+    if (i == kMaxNamed || !region_.holds_named(i, slot_)) {
+      region_.unlock();
+      throw InvalidArgument("node pool '" + name_ + "': release: this process does not hold the named block at " +
+                            std::to_string(offset) + " (named blocks are let go of by the processes that asked "
+                            "for them with allocate_named)");
+    }
     region_.drop_named(i, slot_);
   } else {
     region_.free_block(first);

@@ -193,6 +193,8 @@ uint32_t Region::named_of_block(uint64_t first) const {
   return kMaxNamed;
 }
 
+bool Region::holds_named(uint32_t index, uint32_t slot) const { return has_bit(named(index), slot); }
+
 void Region::hold_named(uint32_t index, uint32_t slot) {
   if (has_bit(named(index), slot)) return;
   set_bit(named(index), slot);

@@ -116,6 +116,7 @@ class Region {
   uint32_t create_named(const std::string& key, uint64_t first, uint64_t count, uint32_t slot);
   uint32_t named_of_block(uint64_t first) const;       // kMaxNamed when none
   void hold_named(uint32_t index, uint32_t slot);
+  bool holds_named(uint32_t index, uint32_t slot) const;
   void drop_named(uint32_t index, uint32_t slot);      // frees the block after the last holder
 
   uint64_t largest_free_run() const;

@@ -333,6 +333,9 @@ TEST(NodePool, ThePoolOutlivesItsCreatorAndALateProcessAttaches) {
   EXPECT_EQ(late.ask("named weights 3000000"), std::to_string(off) + " 0");
   EXPECT_EQ(late.ask("check " + std::to_string(off) + " 3000000 44"), "ok");
   EXPECT_EQ(late.ask("named weights 4000000").rfind("error", 0), 0u);  // sizes must agree
+  MemberProcess stranger;
+  stranger.ask("open " + name + " 0 stranger");
+  EXPECT_EQ(stranger.ask("release " + std::to_string(off)).rfind("error", 0), 0u);  // it never asked for it
   pool->release(off);
   EXPECT_EQ(late.ask("check " + std::to_string(off) + " 3000000 44"), "ok");  // late still holds it
   EXPECT_EQ(late.ask("release " + std::to_string(off)), "ok");
