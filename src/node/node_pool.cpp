@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -234,8 +235,10 @@ NodePool::NodePool(std::string name, int fd, void* map, size_t map_bytes, bool c
     throw OutOfMemory("node pool '" + name_ + "' has " + std::to_string(kMaxMembers) + " live members already");
   }
   // Serve attachers; a name still held by a leaving process means this member does not serve (others do).
-  if (os::listen_abstract(socket_name(name_, std::to_string(slot_)), &listen_fd_) == 0)
+  if (os::listen_abstract(socket_name(name_, std::to_string(slot_)), &listen_fd_) == 0) {
     server_ = std::thread([this] { serve(); });
+    pthread_setname_np(server_.native_handle(), "ferry-node");  // named before open returns: ps, /proc/*/task/*/comm
+  }
 }
 
 NodePool::~NodePool() {

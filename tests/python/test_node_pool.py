@@ -170,6 +170,35 @@ def test_a_view_outlives_close_and_calls_after_close_are_ferry_errors():
     again.close()
 
 
+def test_an_open_pool_holds_one_idle_thread_and_two_fds_and_close_gives_them_back():
+    name = _name("holds")
+
+    def held():
+        threads = 0
+        for t in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{t}/comm") as f:
+                    threads += f.read().strip() == "ferry-node"
+            except OSError:
+                pass  # a thread that ended meanwhile
+        links = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        return threads, sum(f"memfd:ferry-node:{name}" in link for link in links), sum(
+            link.startswith("socket:") for link in links)
+
+    threads, memfds, sockets = held()
+    pool = NodePool(name, 8 << 20)
+    b = pool.alloc(4 << 20)
+    b.view()[:] = bytes(b.nbytes)  # touched: the pages exist
+    assert held() == (threads + 1, 1, sockets + 1)  # the server thread, the memfd, the listening socket
+    pool.close()
+    assert held() == (threads, memfds, sockets)
+
+
 def test_a_forked_child_gets_a_clear_refusal():
     if not hasattr(os, "fork"):
         pytest.skip("no fork")
