@@ -116,3 +116,40 @@ def test_records_hold_every_figure_beside_its_baseline():
     assert [r["params"]["rank"] for r in attach] == [0, 1] and attach[0]["baseline"] == 1.1
     assert sum(r["metric"] == "target" for r in recs) == 5
     json.dumps(node._jsonable(_measured(47.0, 20.0, 4.0, 0.3, 1 << 30, 45.0)))  # details are JSON
+
+
+def _load(node_warm, one, cold_node=None, cold_alone=None, nbytes=10 * 10**9):
+    ld = {"alone": {"seconds": [2.0, 2.1], "bytes": nbytes}, "node": {"seconds": node_warm, "bytes": nbytes},
+          "one rank": {"seconds": [one], "bytes": nbytes}}
+    if cold_node is not None:
+        ld["cold node"] = {"seconds": cold_node, "bytes": nbytes}
+        ld["cold alone"] = {"seconds": cold_alone, "bytes": nbytes}
+    else:
+        ld["cold_note"] = "cold loads skipped: --no-cold"
+    return ld
+
+
+def test_checkpoint_targets_follow_from_the_slowest_rank():
+    # warm: 2 ranks x 10 GB in 1.2 s = 16.7 GB/s vs one rank's 10 GB / 1.0 s: 1.67x, met;
+    # cold: slowest node= rank 6 s vs slowest alone 10 s: 0.6x, met
+    t = node.load_targets(_load([1.0, 1.2], 1.0, [5.0, 6.0], [9.0, 10.0]), 2)
+    assert [s for _, _, s in t] == ["met", "met"], t
+    assert "1.67x" in t[1][1] and "0.60x" in t[0][1]
+    t = node.load_targets(_load([1.0, 1.3], 1.0, [5.0, 6.1], [9.0, 10.0]), 2)
+    assert [s for _, _, s in t] == ["missed", "missed"], t
+    t = node.load_targets(_load([1.0, 1.0], 1.0), 2)
+    assert t[0][2] == "not measured (cold loads skipped: --no-cold)" and t[1][2] == "met"
+
+
+def test_load_records_say_which_page_cache():
+    args = _args()
+    args.checkpoint = "/x.safetensors"
+    m = _measured(47.0, 20.0, 4.0, 0.3, 1 << 30, 45.0)
+    m["load"] = _load([1.0, 1.2], 1.0, [5.0, 6.0], [9.0, 10.0])
+    recs = node.records(m, args).items
+    loads = [r for r in recs if r["case"] == "load_safetensors node="]
+    assert sorted((r["params"]["page_cache"], r["params"]["rank"]) for r in loads) == [
+        ("cold", 0), ("cold", 1), ("warm", 0), ("warm", 1)]
+    cold1 = [r for r in loads if r["params"]["page_cache"] == "cold" and r["params"]["rank"] == 1][0]
+    assert cold1["value"] == 6.0 and cold1["baseline"] == 10.0
+    assert sum(r["metric"] == "target" for r in recs) == 7

@@ -21,7 +21,9 @@ that share a GPU are said so in the output and the records) and measures:
     another process's GPU, a single hop) where NIXL is installed, and a torch
     `.to()` of one tensor from GPU 0 to GPU 1 (one contiguous peer copy).
 (d) with --checkpoint PATH: load_safetensors on every rank at once, with
-    node= (the shared pool) and without, page cache warm (an untimed load first).
+    node= (the shared pool) and without, page cache warm (an untimed load first),
+    and rank 0 alone; then, where the page cache can be dropped (root; not with
+    --no-cold), every rank at once with and without node=, cold.
 
 The issue's targets (issue 33) are printed with met / missed. Records: suite
 "node", value ferry's figure, baseline today's (or NIXL's), ratio value/baseline.
@@ -49,6 +51,8 @@ TARGET_ATTACH_S = 0.5
 TARGET_DMA_RATIO = 0.9
 TARGET_HANDOFF_GBPS = 45.0  # 2 MiB blocks
 TARGET_NIXL_RATIO = 2.0  # 64 KiB blocks
+TARGET_COLD_RATIO = 0.6  # node= time / each rank alone, page cache dropped
+TARGET_WARM_RATIO = 1.6  # all ranks' GB/s with node= / one rank alone, warm
 
 
 def check_args(args) -> None:
@@ -254,21 +258,64 @@ def checkpoint_bytes(path: str) -> int:
 
 
 def load(args) -> dict:
-    """load_safetensors on every rank at once, alone then with node=; fresh ranks."""
+    """load_safetensors on every rank at once, alone then with node=, page cache
+    warm; then one rank alone (the warm target's baseline); then, where this
+    process may drop the page cache (root) and --no-cold is not given, the
+    same two with the page cache dropped before each. Fresh ranks."""
     if not load_has_node():
         return {"note": "load_safetensors has no node= here (issue 33 item 2 not in this build)"}
+    from .load_measures import drop_page_cache
+
     ranks = _Ranks(args.ranks, args.timeout)
     try:
         capacity = max(args.nbytes, checkpoint_bytes(args.checkpoint)) + (256 << 20)
         ranks.all("attach", f"ferry-bench-load-{os.getpid()}", capacity, 1 << 20)
         out = {}
-        for setting in ("warm-up", "alone", "node"):  # the warm-up fills the page cache: both timed runs warm
-            progress(f"load: {args.checkpoint} on {args.ranks} ranks at once, {setting}")
-            got = ranks.all("load", args.checkpoint, setting == "node")
+
+        def timed(setting, node, only=None, cold=False):
+            progress(f"load: {args.checkpoint} on " + ("rank 0 alone" if only else f"{args.ranks} ranks at once")
+                     + f", {setting}")
+            if cold:
+                drop_page_cache()
+            got = ranks.all("load", args.checkpoint, node, only is None, ranks=only)
             out[setting] = {"seconds": [g["seconds"] for g in got], "bytes": got[0]["bytes"]}
+
+        timed("warm-up", False)  # fills the page cache: the warm runs are warm
+        timed("alone", False)
+        timed("node", True)
+        timed("one rank", False, only=[0])
+        cold_why = "--no-cold" if args.no_cold else drop_page_cache()
+        if cold_why is None:
+            timed("cold alone", False, cold=True)
+            timed("cold node", True, cold=True)
+        else:
+            out["cold_note"] = f"cold loads skipped: {cold_why}"
         return out
     finally:
         ranks.close()
+
+
+def load_targets(ld: dict, ranks: int) -> list[tuple[str, str, str]]:
+    """issue 33's checkpoint targets from load()'s figures."""
+    out = []
+    if "cold node" in ld:
+        node, alone = max(ld["cold node"]["seconds"]), max(ld["cold alone"]["seconds"])
+        r = node / alone
+        out.append((f"checkpoint, page cache dropped: node= <= {TARGET_COLD_RATIO}x each rank alone",
+                    f"{r:.2f}x ({node:.2f} s vs {alone:.2f} s, slowest rank)",
+                    "met" if r <= TARGET_COLD_RATIO else "missed"))
+    else:
+        out.append((f"checkpoint, page cache dropped: node= <= {TARGET_COLD_RATIO}x each rank alone", "-",
+                    "not measured (" + ld.get("cold_note", "no cold runs") + ")"))
+    if "one rank" in ld:
+        nbytes = ld["node"]["bytes"]
+        together = ranks * nbytes / max(ld["node"]["seconds"]) / GB
+        one = nbytes / ld["one rank"]["seconds"][0] / GB
+        r = together / one
+        out.append((f"checkpoint, warm: node= on all ranks >= {TARGET_WARM_RATIO}x one rank's GB/s",
+                    f"{r:.2f}x ({together:.1f} GB/s in all vs {one:.1f} GB/s)",
+                    "met" if r >= TARGET_WARM_RATIO else "missed"))
+    return out
 
 
 def targets(m: dict, args) -> list[tuple[str, str, str]]:
@@ -304,6 +351,9 @@ def targets(m: dict, args) -> list[tuple[str, str, str]]:
         else:
             out.append((f"KV handoff, 64 KiB blocks: >= {TARGET_NIXL_RATIO:g}x ferry.nixl",
                         "-", "not measured (" + (m.get("nixl_note") or "--blocks has no 64K") + ")"))
+    ld = m.get("load") or {}
+    if "node" in ld:
+        out += load_targets(ld, args.ranks)
     if m.get("shared_gpu"):
         out = [(t, v, f"{s} (ranks share a GPU)") for t, v, s in out]
     return out
@@ -343,9 +393,12 @@ def records(m: dict, args) -> Records:
                      "torch .to() peer": h.get("torch_peer_gbps")},
                     baseline={"ferry.node handoff": "ferry.nixl WRITE"})
     ld = m.get("load") or {}
-    if "node" in ld:
-        for r, (t, alone) in enumerate(zip(ld["node"]["seconds"], ld["alone"]["seconds"])):
-            out.compare({**common, "rank": r, "bytes": ld["node"]["bytes"], "checkpoint": args.checkpoint},
+    for cache, node_key, alone_key in (("warm", "node", "alone"), ("cold", "cold node", "cold alone")):
+        if node_key not in ld:
+            continue
+        for r, (t, alone) in enumerate(zip(ld[node_key]["seconds"], ld[alone_key]["seconds"])):
+            out.compare({**common, "rank": r, "bytes": ld[node_key]["bytes"], "checkpoint": args.checkpoint,
+                         "page_cache": cache},
                         "time", "s", {"load_safetensors node=": t, "load_safetensors alone": alone},
                         baseline="load_safetensors alone")
     for target, value, state in targets(m, args):
@@ -377,6 +430,7 @@ class NodeSuite(Suite):
                        help="what to measure (default: %(default)s)")
         p.add_argument("--checkpoint", default=None, metavar="PATH",
                        help="a safetensors file or directory for part load (none: load is skipped)")
+        p.add_argument("--no-cold", action="store_true", help="skip the cold (page cache dropped) loads")
         p.add_argument("--timeout", type=float, default=120.0, help="seconds a rank may wait (default: %(default)s)")
         p.add_argument("--seed", type=int, default=1234, help="the blocks' seed (default: %(default)s)")
 
@@ -428,9 +482,15 @@ class NodeSuite(Suite):
         if "note" in ld:
             print(f"(d) load: {ld['note']}")
         elif ld:
-            cells = [[r, t, a] for r, (t, a) in enumerate(zip(ld["node"]["seconds"], ld["alone"]["seconds"]))]
-            print(table(f"(d) load_safetensors {args.checkpoint}, all ranks at once, page cache warm (s)",
-                        ["rank", "node=", "alone"], cells))
+            cold = "cold node" in ld
+            cells = [[r, t, a] + ([ld["cold node"]["seconds"][r], ld["cold alone"]["seconds"][r]] if cold else [])
+                     for r, (t, a) in enumerate(zip(ld["node"]["seconds"], ld["alone"]["seconds"]))]
+            print(table(f"(d) load_safetensors {args.checkpoint} ({fmt_bytes(ld['node']['bytes'])}), all ranks at "
+                        f"once (s); rank 0 alone, warm: {ld['one rank']['seconds'][0]:.3f} s",
+                        ["rank", "node= warm", "alone warm"] + (["node= cold", "alone cold"] if cold else []),
+                        cells))
+            if ld.get("cold_note"):
+                print(f"  {ld['cold_note']}")
         print(table("issue 33's targets", ["target", "measured", "state"], targets(m, args)))
         print(f"[{time.monotonic() - start:.1f} s]")
         write_json(args.json, self.key, recs.items, details={"measured": _jsonable(m)})

@@ -160,14 +160,16 @@ class Rank:
             times.append(time.perf_counter() - t0)
         return times
 
-    def load(self, path: str, node: bool) -> dict:
-        """load_safetensors to this rank's GPU, with node= (the shared pool) or alone, every rank at once."""
+    def load(self, path: str, node: bool, together: bool = True) -> dict:
+        """load_safetensors to this rank's GPU, with node= (the shared pool) or alone; every rank at
+        once (together: they start at a barrier) or this one only."""
         import torch
 
         from ..torch import load_safetensors
 
         kwargs = {"node": self.pool, "rank": self.rank, "ranks": self.ranks, "timeout": self.timeout} if node else {}
-        self.everyone.wait(self.timeout)
+        if together:
+            self.everyone.wait(self.timeout)
         t0 = time.perf_counter()
         tensors = load_safetensors(path, device=f"cuda:{self.device}", **kwargs)
         torch.cuda.synchronize(self.device)
