@@ -2,6 +2,7 @@
 to_host takes (a structure of tensors, or a Snapshot, known by its class, not by
 a `tensors` attribute). The GPU paths: test_copy.py."""
 
+import importlib
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -50,7 +51,7 @@ def test_out_of_another_kind_is_refused_with_its_type():
 def _count_calls(monkeypatch):
     """Counts the ferry copy_many calls (blocking and async) and their items, by
     wrapping the real functions (the copies still run)."""
-    import ferry.copy as fc
+    fc = importlib.import_module("ferry.copy")  # the module: ferry.copy, the attribute, is the function
 
     calls = []
     for name in ("copy_many", "copy_many_async"):
