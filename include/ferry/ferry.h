@@ -517,6 +517,8 @@ typedef struct ferry_node_pool_options {
   size_t granule;         /* allocation unit (creator only): power of two, 4 KiB .. 1 GiB; default 64 KiB */
   const char* label;      /* this process in messages, e.g. "rank 3"; NULL = "pid N" */
   double attach_timeout_s;/* wait for a concurrent creator; default 10 */
+  /* The creator's pages follow FERRY_HUGE_PAGES: 2 MiB hugetlb pages when enough
+   * are free (auto), else shmem; pieces pinned per FERRY_NODE_PIN_PIECE. */
 } ferry_node_pool_options_t;
 
 FERRY_API ferry_status_t ferry_node_pool_options_defaults(ferry_node_pool_options_t* out);

@@ -10,6 +10,7 @@
 
 #include "capi/guard.h"
 #include "capi/struct_size.h"
+#include "core/options.h"
 #include "cuda/node_registration.h"
 #include "node/node_pool.h"
 
@@ -59,6 +60,7 @@ ferry_status_t ferry_node_pool_open(const char* name, const ferry_node_pool_opti
     o.granule = c.granule;
     o.label = c.label ? c.label : "";
     o.attach_timeout_s = c.attach_timeout_s;
+    o.huge_pages = ferry::parse_huge_policy(ferry::options().text("FERRY_HUGE_PAGES"));  // the creator's
     auto h = std::make_unique<ferry_node_pool>();
     h->pool = ferry::node::NodePool::open(name, o);
     *out = h.release();

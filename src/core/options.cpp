@@ -49,6 +49,10 @@ const OptionSpec kOptions[] = {
      0, 0},
     {"FERRY_LOAD_THREADS", "0", "checkpoint loads: reader threads, 0 .. 1024; 0 = one per core, at most 16",
      OptionType::integer, nullptr, 0, kMaxThreads},
+    {"FERRY_NODE_PIN_PIECE", "1GiB",
+     "node pools: bytes of one cudaHostRegister, the unit a process pins of what it touches (a multiple of "
+     "2 MiB; each call costs about 8 ms, docs/node.md)",
+     OptionType::size, nullptr, 0, 0, check_chunk_bytes},
     {"FERRY_PROFILE", "",
      "machine profile file for the copy engine; empty = $XDG_CACHE_HOME/ferry/profile.txt "
      "(written by `ferry bench copy --calibrate`), built-in defaults when absent",

@@ -6,13 +6,19 @@
 
 #include "core/error.h"
 #include "core/fork.h"
+#include "core/options.h"
 #include "cuda/registration.h"
+#include "os/memory.h"
 
 namespace ferry::cuda {
 
-NodeRegistration::NodeRegistration(std::shared_ptr<node::NodePool> pool, int device)
-    : pool_(std::move(pool)), device_(device), generation_(fork_generation()) {
-  pieces_.assign((pool_->capacity() + kPieceBytes - 1) / kPieceBytes, none);
+NodeRegistration::NodeRegistration(std::shared_ptr<node::NodePool> pool, int device, size_t piece_bytes)
+    : pool_(std::move(pool)),
+      device_(device),
+      piece_(piece_bytes ? piece_bytes : options().size("FERRY_NODE_PIN_PIECE")),
+      generation_(fork_generation()) {
+  check_chunk_bytes(piece_, "node pool piece_bytes=" + std::to_string(piece_));
+  pieces_.assign((pool_->capacity() + piece_ - 1) / piece_, none);
   pins_.resize(pieces_.size());
 }
 
@@ -40,7 +46,7 @@ void NodeRegistration::check_range(uint64_t offset, uint64_t bytes) const {
 void NodeRegistration::touch(uint64_t offset, uint64_t bytes) {
   check_range(offset, bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  for (size_t p = offset / kPieceBytes; p <= (offset + bytes - 1) / kPieceBytes; ++p)
+  for (size_t p = offset / piece_; p <= (offset + bytes - 1) / piece_; ++p)
     if (pieces_[p] == none) {
       pieces_[p] = queued;
       queue_.push_back(p);
@@ -59,10 +65,15 @@ void NodeRegistration::work() {
     queue_.pop_front();
     pieces_[p] = registering;
     lock.unlock();
-    const uint64_t at = p * kPieceBytes;
-    const uint64_t n = std::min<uint64_t>(kPieceBytes, pool_->capacity() - at);
+    const uint64_t at = p * piece_;
+    const uint64_t n = std::min<uint64_t>(piece_, pool_->capacity() - at);
     std::unique_ptr<Registration> pin;
     std::string error;
+    // Faulted in here, side by side with the other helpers (the kernel zeroes
+    // new pages); the driver would do it inside its one-at-a-time register.
+    // A kernel before 5.14 says EINVAL: the driver faults them in then. Whole
+    // 2 MiB pages (hugetlb wants them; the file ends on one).
+    os::populate_write(pool_->data() + at, (n + (size_t{2} << 20) - 1) / (size_t{2} << 20) * (size_t{2} << 20));
     try {
       pin = std::make_unique<Registration>(pool_->data() + at, n, device_);
     } catch (const std::exception& e) {
@@ -81,7 +92,7 @@ void NodeRegistration::work() {
 bool NodeRegistration::ready(uint64_t offset, uint64_t bytes) {
   check_range(offset, bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  for (size_t p = offset / kPieceBytes; p <= (offset + bytes - 1) / kPieceBytes; ++p)
+  for (size_t p = offset / piece_; p <= (offset + bytes - 1) / piece_; ++p)
     if (pieces_[p] != done) return false;
   return true;
 }
@@ -89,7 +100,7 @@ bool NodeRegistration::ready(uint64_t offset, uint64_t bytes) {
 void NodeRegistration::wait(uint64_t offset, uint64_t bytes) {
   touch(offset, bytes);
   std::unique_lock<std::mutex> lock(mu_);
-  for (size_t p = offset / kPieceBytes; p <= (offset + bytes - 1) / kPieceBytes; ++p) {
+  for (size_t p = offset / piece_; p <= (offset + bytes - 1) / piece_; ++p) {
     changed_.wait(lock, [&] { return pieces_[p] == done || pieces_[p] == failed; });
     if (pieces_[p] == failed) throw CudaError(failure_, 0);
   }

@@ -3,9 +3,13 @@
 // background, so that a rank that uses 1 GiB of a 1 TiB node pool pins 1 GiB,
 // and asking for a range does not wait for the driver.
 //
-// Pieces: kPieceBytes of the data, each one cudaHostRegister (2 MiB aligned,
+// Pieces: piece_bytes of the data (FERRY_NODE_PIN_PIECE, 1 GiB by default:
+// each cudaHostRegister costs about 8 ms whatever its size, so 64 MiB pieces
+// spent 1.1 s of 1.5 s on 8 GiB), each one cudaHostRegister (2 MiB aligned,
 // since the data starts on a 2 MiB boundary), in one of four states: none,
-// queued, registering, ready (or failed, with the driver's message). touch()
+// queued, registering, ready (or failed, with the driver's message). A helper
+// faults a piece in (MADV_POPULATE_WRITE) before registering it: the helpers
+// do that side by side, while the driver registers one piece at a time. touch()
 // queues the pieces of a range and starts helper threads (at most
 // kMaxThreads; they end when the queue is empty: an idle process holds no
 // thread); ready() answers without waiting; wait() blocks until the range's
@@ -33,10 +37,10 @@ class Registration;
 
 class NodeRegistration {
  public:
-  static constexpr size_t kPieceBytes = size_t{64} << 20;
   static constexpr int kMaxThreads = 8;
 
-  NodeRegistration(std::shared_ptr<node::NodePool> pool, int device);
+  // piece_bytes: a multiple of 2 MiB; 0 = FERRY_NODE_PIN_PIECE.
+  NodeRegistration(std::shared_ptr<node::NodePool> pool, int device, size_t piece_bytes = 0);
   ~NodeRegistration();  // waits for the helpers, unregisters every piece
   NodeRegistration(const NodeRegistration&) = delete;
   NodeRegistration& operator=(const NodeRegistration&) = delete;
@@ -49,6 +53,7 @@ class NodeRegistration {
   void wait(uint64_t offset, uint64_t bytes);
   uint64_t registered_bytes();
   int device() const { return device_; }
+  size_t piece_bytes() const { return piece_; }
 
  private:
   enum State : uint8_t { none, queued, registering, done, failed };
@@ -57,6 +62,7 @@ class NodeRegistration {
 
   std::shared_ptr<node::NodePool> pool_;
   int device_;
+  size_t piece_;
   uint64_t generation_;
   std::mutex mu_;
   std::condition_variable changed_;

@@ -17,6 +17,7 @@
 #include "os/file.h"
 #include "os/futex.h"
 #include "os/memory.h"
+#include "os/sysfs.h"
 #include "os/unix_socket.h"
 
 namespace ferry::node {
@@ -116,6 +117,19 @@ Mapped map_region(int fd, size_t bytes, const std::string& name) {
   return m;
 }
 
+// Why the file cannot have 2 MiB hugetlb pages under `policy` ("" if it can:
+// enough are free for all of it).
+std::string hugetlb_shortfall(uint64_t file_bytes, HugePolicy policy) {
+  if (policy == HugePolicy::thp || policy == HugePolicy::off) return "not asked for";
+  uint64_t free_pages = 0;
+  if (int err = os::read_free_hugepages(os::kHugePage2MBytes, &free_pages))
+    return "no 2 MiB hugetlb pool (" + std::string(std::strerror(err)) + ")";
+  const uint64_t needed = file_bytes / os::kHugePage2MBytes;
+  if (free_pages < needed)
+    return std::to_string(free_pages) + " free 2 MiB hugetlb pages, " + std::to_string(needed) + " needed";
+  return "";
+}
+
 Mapped create_region(const std::string& name, const NodePoolOptions& o) {
   const size_t granule = o.granule;
   if (granule < 4096 || granule > (size_t{1} << 30) || (granule & (granule - 1)))
@@ -130,12 +144,35 @@ Mapped create_region(const std::string& name, const NodePoolOptions& o) {
     throw InvalidArgument("node pool '" + name + "': capacity " + format_bytes(o.capacity) +
                           " is over 2^32 granules of " + format_bytes(granule) + "; use a larger granule");
   const Region::Layout l = Region::layout(capacity, granule);
+  const std::string memfd_name = "ferry-node:" + name;
   int fd = -1;
-  if (int err = os::create_memfd(("ferry-node:" + name).c_str(), l.file_bytes, 0, &fd))
-    throw OsError("memfd_create for node pool '" + name + "' (" + format_bytes(l.file_bytes) + ")", err);
-  Mapped m = map_region(fd, l.file_bytes, name);
-  Region(m.map).init(capacity, granule, getpid());
-  os::advise_huge(static_cast<char*>(m.map) + l.data_offset, capacity);  // shmem THP where the system allows it
+  Mapped m;
+  std::string no_hugetlb = hugetlb_shortfall(l.file_bytes, o.huge_pages);
+  if (no_hugetlb.empty()) {  // hugetlb: the mmap reserves every page, so a shortfall shows here, not as SIGBUS later
+    int err = os::create_memfd(memfd_name.c_str(), l.file_bytes, os::kHugePage2MBytes, &fd);
+    if (err == 0) {
+      try {
+        m = map_region(fd, l.file_bytes, name);
+      } catch (const OsError& e) {
+        no_hugetlb = e.what();
+      }
+    } else {
+      no_hugetlb = std::string("memfd_create(MFD_HUGETLB): ") + std::strerror(err);
+    }
+  }
+  if (!no_hugetlb.empty() && o.huge_pages == HugePolicy::hugetlb)
+    throw NotSupported("node pool '" + name + "': huge_pages=hugetlb, but " + no_hugetlb +
+                       " (reserve them: echo N > " + os::hugepages_dir(os::kHugePage2MBytes) +
+                       "/nr_hugepages, as root)");
+  const bool hugetlb = no_hugetlb.empty();
+  if (!hugetlb) {
+    if (int err = os::create_memfd(memfd_name.c_str(), l.file_bytes, 0, &fd))
+      throw OsError("memfd_create for node pool '" + name + "' (" + format_bytes(l.file_bytes) + ")", err);
+    m = map_region(fd, l.file_bytes, name);
+    if (o.huge_pages != HugePolicy::off)  // shmem THP where shmem_enabled allows it
+      os::advise_huge(static_cast<char*>(m.map) + l.data_offset, capacity);
+  }
+  Region(m.map).init(capacity, granule, getpid(), hugetlb ? os::kHugePage2MBytes : os::kSmallPageBytes);
   return m;
 }
 
@@ -452,6 +489,7 @@ NodePoolStats NodePool::stats() {
   s.used = h.used_granules * h.granule;
   s.largest_free = region_.largest_free_run();
   s.repairs = h.repairs;
+  s.page_bytes = h.page_bytes;
   s.members = region_.holders();
   region_.unlock();
   s.slot = slot_;

@@ -30,11 +30,11 @@ Region::Layout Region::layout(uint64_t capacity, uint64_t granule) {
   l.owner_offset = kArraysOffset;
   l.head_offset = round_up(l.owner_offset + l.granules * sizeof(uint16_t), 4096);
   l.data_offset = round_up(l.head_offset + l.granules * sizeof(uint32_t), uint64_t{2} << 20);
-  l.file_bytes = l.data_offset + capacity;
+  l.file_bytes = round_up(l.data_offset + capacity, uint64_t{2} << 20);
   return l;
 }
 
-void Region::init(uint64_t capacity, uint64_t granule, int creator_pid) {
+void Region::init(uint64_t capacity, uint64_t granule, int creator_pid, uint64_t page_bytes) {
   const Layout l = layout(capacity, granule);
   Header& h = header();
   h.version = kVersion;
@@ -46,6 +46,7 @@ void Region::init(uint64_t capacity, uint64_t granule, int creator_pid) {
   h.head_offset = l.head_offset;
   h.data_offset = l.data_offset;
   h.file_bytes = l.file_bytes;
+  h.page_bytes = page_bytes;
   pthread_mutexattr_t a;
   pthread_mutexattr_init(&a);
   pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);

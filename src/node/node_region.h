@@ -27,7 +27,7 @@
 namespace ferry::node {
 
 constexpr uint64_t kMagic = 0x3150444f4e595246ull;  // "FRYNODP1", little end first
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: Header::page_bytes
 constexpr uint32_t kMaxMembers = 256;
 constexpr uint32_t kMaxNamed = 1024;
 constexpr size_t kLabelBytes = 40;
@@ -64,7 +64,8 @@ struct Header {
   uint64_t owner_offset;  // uint16_t[granules]
   uint64_t head_offset;   // uint32_t[granules]
   uint64_t data_offset;   // 2 MiB aligned
-  uint64_t file_bytes;
+  uint64_t file_bytes;    // a multiple of 2 MiB (a hugetlb file's must be)
+  uint64_t page_bytes;    // the file's pages: 2 MiB (hugetlb) or 4 KiB (shmem, THP or not)
   uint64_t used_granules;
   uint64_t next_fit;      // where the next search starts
   uint64_t repairs;       // times a dead lock holder was repaired after
@@ -90,7 +91,7 @@ class Region {
 
   explicit Region(void* base) : base_(static_cast<char*>(base)) {}
   // Writes an empty region over zeroed memory (the creator, before anyone can attach).
-  void init(uint64_t capacity, uint64_t granule, int creator_pid);
+  void init(uint64_t capacity, uint64_t granule, int creator_pid, uint64_t page_bytes);
 
   Header& header() const { return *reinterpret_cast<Header*>(base_); }
   Member& member(uint32_t slot) const;

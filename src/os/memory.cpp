@@ -108,6 +108,13 @@ int advise_no_huge(void* p, size_t bytes) noexcept { return advise(p, bytes, MAD
 int advise_dont_need(void* p, size_t bytes) noexcept { return advise(p, bytes, MADV_DONTNEED); }
 int advise_remove(void* p, size_t bytes) noexcept { return advise(p, bytes, MADV_REMOVE); }
 
+int populate_write(void* p, size_t bytes) noexcept {
+#ifndef MADV_POPULATE_WRITE
+  constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older headers lack the name
+#endif
+  return advise(p, bytes, MADV_POPULATE_WRITE);
+}
+
 int bind_to_node(void* p, size_t bytes, int node) noexcept {
   constexpr int kMaxNodes = 1024;
   constexpr int kBitsPerWord = 8 * sizeof(unsigned long);

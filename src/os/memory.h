@@ -44,6 +44,9 @@ int advise_huge(void* p, size_t bytes) noexcept;
 int advise_no_huge(void* p, size_t bytes) noexcept;
 int advise_dont_need(void* p, size_t bytes) noexcept;
 int advise_remove(void* p, size_t bytes) noexcept;
+// MADV_POPULATE_WRITE (Linux 5.14): faults the range in, writable, as a write
+// would, in one call and without touching the bytes. Older kernels: EINVAL.
+int populate_write(void* p, size_t bytes) noexcept;
 
 // mbind(MPOL_BIND) of the range to one NUMA node, through syscall(SYS_mbind)
 // (no libnuma). Pages already touched stay where they are: bind before touching.

@@ -46,14 +46,18 @@ void PoolOptions::validate() const {
                       format_bytes(memory) + ")");
 }
 
+HugePolicy parse_huge_policy(const std::string& text) {
+  if (text == "auto") return HugePolicy::automatic;
+  if (text == "hugetlb") return HugePolicy::hugetlb;
+  if (text == "thp") return HugePolicy::thp;
+  if (text == "off") return HugePolicy::off;
+  throw InvalidArgument("huge_pages='" + text + "': expected auto, hugetlb, thp or off");
+}
+
 PoolOptions PoolOptions::from_options(const Options& o) {
   PoolOptions p;
   p.chunk_bytes = o.size("FERRY_CHUNK_SIZE");  // checked by the table (check_chunk_bytes)
-  const std::string& huge = o.text("FERRY_HUGE_PAGES");
-  p.huge_pages = huge == "hugetlb" ? HugePolicy::hugetlb
-                 : huge == "thp"   ? HugePolicy::thp
-                 : huge == "off"   ? HugePolicy::off
-                                   : HugePolicy::automatic;
+  p.huge_pages = parse_huge_policy(o.text("FERRY_HUGE_PAGES"));
   p.limit_bytes = o.size("FERRY_POOL_LIMIT");
   p.release_batch_bytes = o.size("FERRY_RELEASE_BATCH");
   p.release_delay_ms = o.integer("FERRY_RELEASE_DELAY_MS");  // range-checked by the table

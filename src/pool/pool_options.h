@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace ferry {
 
@@ -24,6 +25,8 @@ enum class HugeWant { automatic, yes, no };
 
 // How huge chunks get their huge pages.
 enum class HugePolicy { automatic, hugetlb, thp, off };
+// "auto", "hugetlb", "thp", "off" (FERRY_HUGE_PAGES's words); else InvalidArgument.
+HugePolicy parse_huge_policy(const std::string& text);
 
 inline constexpr int kMaxNumaNode = 1023;  // Linux: at most 1024 NUMA nodes
 // PoolOptions::numa_node for "no binding, not even the GPU's node": -1 already

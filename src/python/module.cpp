@@ -158,14 +158,8 @@ ferry::PoolOptions pool_options(const nb::dict& d) {
     const char* name = k.c_str();
     if (k == "chunk_bytes") o.chunk_bytes = size_arg(value, name);
     else if (k == "memfd") o.memfd = bool_arg(value, name);
-    else if (k == "huge_pages") {
-      std::string v = ferry::python::str_arg(value, name);
-      if (v == "auto") o.huge_pages = ferry::HugePolicy::automatic;
-      else if (v == "hugetlb") o.huge_pages = ferry::HugePolicy::hugetlb;
-      else if (v == "thp") o.huge_pages = ferry::HugePolicy::thp;
-      else if (v == "off") o.huge_pages = ferry::HugePolicy::off;
-      else throw ferry::InvalidArgument("huge_pages='" + v + "': expected auto, hugetlb, thp or off");
-    } else if (k == "limit_bytes") o.limit_bytes = size_arg(value, name);
+    else if (k == "huge_pages") o.huge_pages = ferry::parse_huge_policy(ferry::python::str_arg(value, name));
+    else if (k == "limit_bytes") o.limit_bytes = size_arg(value, name);
     else if (k == "zero_recycled") o.zero_recycled = bool_arg(value, name);
     else if (k == "touch_threads") o.touch_threads = int_arg<int>(value, name, 0, ferry::kMaxThreads);
     else if (k == "release_delay_ms")

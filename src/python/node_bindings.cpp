@@ -9,6 +9,7 @@
 
 #include <memory>
 
+#include "core/options.h"
 #include "cuda/node_registration.h"
 #include "node/node_pool.h"
 #include "python/gil.h"
@@ -25,8 +26,9 @@ void bind_node(nb::module_& m) {
       .def_static(
           "open",
           [](const std::string& name, uint64_t capacity, uint64_t granule, const std::string& label,
-             double timeout_s) {
+             double timeout_s, const std::string& huge_pages) {
             node::NodePoolOptions o;
+            o.huge_pages = parse_huge_policy(huge_pages.empty() ? options().text("FERRY_HUGE_PAGES") : huge_pages);
             o.capacity = capacity;
             o.granule = granule;
             o.label = label;
@@ -34,7 +36,7 @@ void bind_node(nb::module_& m) {
             GilRelease unlocked;
             return NodePool::open(name, o);
           },
-          "name"_a, "capacity"_a, "granule"_a, "label"_a, "timeout_s"_a)
+          "name"_a, "capacity"_a, "granule"_a, "label"_a, "timeout_s"_a, "huge_pages"_a = "")
       .def_prop_ro("name", &NodePool::name)
       .def_prop_ro("address", [](const NodePool& p) { return reinterpret_cast<uintptr_t>(p.data()); })
       .def_prop_ro("capacity", &NodePool::capacity)
@@ -78,6 +80,7 @@ void bind_node(nb::module_& m) {
              d["free"] = s.capacity - s.used;
              d["largest_free"] = s.largest_free;
              d["repairs"] = s.repairs;
+             d["page_bytes"] = s.page_bytes;
              d["created_here"] = s.created;
              d["members"] = members;
              return d;
@@ -95,6 +98,7 @@ void bind_node(nb::module_& m) {
              new (r) cuda::NodeRegistration(std::move(pool), device);
            })
       .def_prop_ro("device", &cuda::NodeRegistration::device)
+      .def_prop_ro("piece_bytes", &cuda::NodeRegistration::piece_bytes)
       .def("touch", &cuda::NodeRegistration::touch)
       .def("ready", &cuda::NodeRegistration::ready)
       .def("wait",

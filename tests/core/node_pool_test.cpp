@@ -28,6 +28,8 @@
 #include "core/error.h"
 #include "node/node_pool.h"
 #include "os/dont_fork.h"
+#include "os/memory.h"
+#include "os/sysfs.h"
 
 namespace ferry::node {
 namespace {
@@ -243,6 +245,61 @@ TEST(NodePool, AnotherProcessAttachesAndSharesTheBytes) {
   EXPECT_EQ(pool->stats().members.size(), 1u);
   EXPECT_TRUE(holds(pool->data() + mine.offset, 3 * 65536 + 17, 7));
   EXPECT_THROW(pool->find(theirs), InvalidArgument);
+}
+
+// Free 2 MiB hugetlb pages that no mapping has reserved.
+uint64_t unreserved_hugetlb_pages() {
+  uint64_t free_pages = 0, reserved = 0;
+  std::string text;
+  EXPECT_EQ(os::read_free_hugepages(os::kHugePage2MBytes, &free_pages), 0);
+  EXPECT_EQ(os::read_file((os::hugepages_dir(os::kHugePage2MBytes) + "/resv_hugepages").c_str(), &text), 0);
+  EXPECT_TRUE(os::parse_unsigned(text, &reserved)) << text;
+  return free_pages - reserved;
+}
+
+// The data's pages: 4 KiB shmem unless hugetlb pages are asked for and free.
+// With hugetlb pages free (root: echo N > /proc/sys/vm/nr_hugepages), auto
+// takes them, another process attaches and shares the bytes, and the pages
+// come back when the pool goes.
+TEST(NodePool, HugetlbPagesWhenFreeElseShmemOrAClearRefusal) {
+  NodePoolOptions o;
+  o.capacity = size_t{8} << 20;
+  o.huge_pages = HugePolicy::off;
+  EXPECT_EQ(NodePool::open(unique_name("pages-off"), o)->stats().page_bytes, 4096u);
+  uint64_t free_pages = 0;
+  const bool have_pool = os::read_free_hugepages(os::kHugePage2MBytes, &free_pages) == 0;
+  // file = header and arrays (2 MiB) + 8 MiB of data: 5 pages
+  if (!have_pool || free_pages < 5) {
+    o.huge_pages = HugePolicy::hugetlb;
+    try {
+      NodePool::open(unique_name("pages-hugetlb"), o);
+      ADD_FAILURE() << "huge_pages=hugetlb with " << free_pages << " free hugetlb pages opened a pool";
+    } catch (const NotSupported& e) {
+      EXPECT_NE(std::string(e.what()).find("nr_hugepages"), std::string::npos) << e.what();
+    }
+    o.huge_pages = HugePolicy::automatic;
+    EXPECT_EQ(NodePool::open(unique_name("pages-auto"), o)->stats().page_bytes, 4096u);
+    GTEST_SKIP() << "only " << free_pages << " free 2 MiB hugetlb pages (5 needed): the hugetlb pool is not tried";
+  }
+  const std::string name = unique_name("pages-auto");
+  o.huge_pages = HugePolicy::automatic;
+  const uint64_t unreserved = unreserved_hugetlb_pages();
+  auto pool = NodePool::open(name, o);
+  ASSERT_EQ(pool->stats().page_bytes, os::kHugePage2MBytes);
+  EXPECT_LE(unreserved_hugetlb_pages() + 5, unreserved);  // reserved at mmap for the whole file (no SIGBUS later)
+  const NodeBlock b = pool->allocate((size_t{5} << 20) + 3);
+  fill(pool->data() + b.offset, (size_t{5} << 20) + 3, 21);
+  EXPECT_EQ(os::populate_write(pool->data() + b.offset, size_t{6} << 20), 0);  // what registration does first
+  EXPECT_TRUE(holds(pool->data() + b.offset, (size_t{5} << 20) + 3, 21));
+  MemberProcess m;
+  const std::string opened = m.ask("open " + name + " 0 child");
+  ASSERT_EQ(opened.substr(0, 2), "0 ") << opened;
+  EXPECT_EQ(m.ask("check " + std::to_string(b.offset) + " " + std::to_string((size_t{5} << 20) + 3) + " 21"), "ok");
+  const uint64_t theirs = number(m.ask("alloc 1000003 22"));
+  EXPECT_TRUE(holds(pool->data() + theirs, 1000003, 22));
+  EXPECT_EQ(m.finish(), 0);
+  pool.reset();
+  EXPECT_EQ(unreserved_hugetlb_pages(), unreserved);  // the last member gone, every page back
 }
 
 TEST(NodePool, TheBudgetCountsEveryProcessAndTheErrorNamesWhoHoldsWhat) {

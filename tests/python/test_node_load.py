@@ -237,12 +237,13 @@ def _gpu_rank(name, path, rank, ranks, conn):
     conn.close()
 
 
-def test_two_ranks_load_bit_equal_to_a_plain_load(gpu, tmp_path):
+def test_two_ranks_load_bit_equal_to_a_plain_load(gpu, tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
+    monkeypatch.setenv("FERRY_NODE_PIN_PIECE", "4MiB")  # the ranks' pinned pieces: w.big crosses several
     st = pytest.importorskip("safetensors.torch")
     g = torch.Generator().manual_seed(5)
     tensors = {
-        "w.big": torch.randn(1031, 4099, generator=g),  # ~16.9 MB: crosses a 2 MiB part bound and a pinned piece
+        "w.big": torch.randn(1031, 4099, generator=g),  # ~16.9 MB: crosses a 2 MiB part bound and pinned pieces
         "w.odd": torch.randn(7, 13, generator=g).to(torch.bfloat16),
         "w.int": torch.randint(-9, 9, (12345,), generator=g, dtype=torch.int32),
         "w.u8": torch.randint(0, 255, (3, 5, 7), generator=g, dtype=torch.uint8),

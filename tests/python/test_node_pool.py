@@ -10,6 +10,7 @@ import os
 import random
 import signal
 
+import numpy as np
 import pytest
 
 from ferry.errors import InvalidArgumentError, NotSupportedError, OutOfMemoryError
@@ -137,6 +138,8 @@ def test_bad_arguments_are_ferry_errors():
         NodePool(_name("x"), -1)
     with pytest.raises(InvalidArgumentError):
         NodePool(_name("x"), 1 << 20, device="cuda")
+    with pytest.raises(InvalidArgumentError, match="huge_pages='huge'"):
+        NodePool(_name("x"), 1 << 20, huge_pages="huge")
     with NodePool(_name("bad"), 1 << 20) as pool:
         with pytest.raises(OutOfMemoryError, match="Held: pid"):
             pool.alloc(2 << 20)
@@ -149,6 +152,18 @@ def test_bad_arguments_are_ferry_errors():
         with pytest.raises(InvalidArgumentError, match="no live block"):
             pool.free(b)
         assert pool.stats()["used"] == 0
+
+
+def test_the_pages_come_as_asked_and_stats_say_which():
+    with NodePool(_name("off"), 4 << 20, huge_pages="off") as pool:
+        s = pool.stats()
+        assert s["page_bytes"] == 4096 and s["piece_bytes"] == 0  # no device: nothing pinned
+        b = pool.alloc(3 << 20)
+        data = np.random.default_rng(5).integers(0, 256, 3 << 20, dtype=np.uint8)
+        np.frombuffer(b.view(), np.uint8)[:] = data
+        assert np.array_equal(np.frombuffer(b.view(), np.uint8), data)
+    with NodePool(_name("auto"), 4 << 20) as pool:  # hugetlb only where enough pages are free: either works
+        assert pool.stats()["page_bytes"] in (4096, 2 << 20)
 
 
 def test_a_view_outlives_close_and_calls_after_close_are_ferry_errors():
@@ -238,11 +253,12 @@ def _gpu_member(name, device, handle, nbytes, conn):
     conn.close()
 
 
-def test_two_processes_pin_and_copy_through_the_pool(gpu):
+def test_two_processes_pin_and_copy_through_the_pool(gpu, monkeypatch):
     import torch
 
     devices = torch.cuda.device_count()
     name = _name("gpu")
+    monkeypatch.setenv("FERRY_NODE_PIN_PIECE", "64MiB")  # the child's pieces: its copies cross one's end
     nbytes = (96 << 20) + 12345  # over a 64 MiB piece boundary
     with NodePool(name, 512 << 20, device=0) as pool:
         src = pool.alloc(nbytes)

@@ -89,6 +89,13 @@ def meminfo() -> dict[str, int]:
     return out
 
 
+def host_available(m: dict) -> int:
+    """Bytes of memory a new allocation could still take: MemAvailable plus the
+    free 2 MiB hugetlb pages (which MemAvailable leaves out: a hugetlb node pool
+    takes from those)."""
+    return m["MemAvailable"] + m.get("HugePages_Free", 0) * m.get("Hugepagesize", 0)
+
+
 def load_has_node() -> bool:
     """Whether ferry.torch.load_safetensors takes node= (issue 33 item 2)."""
     try:
@@ -193,19 +200,20 @@ def measure(args) -> dict:
         out["shared_gpu"] = len(set(ranks.devices)) < len(ranks.devices)
         name = f"ferry-bench-{os.getpid()}"
         capacity = args.nbytes + args.slots * args.slot_nbytes + (64 << 20)
-        before = meminfo()["MemAvailable"]  # every part needs the pool
+        before = host_available(meminfo())  # every part needs the pool
         progress(f"attach: {args.ranks} ranks attach to one node pool, register {fmt_bytes(args.nbytes)}")
         att = ranks.all("attach", name, capacity, args.nbytes)
-        node_used = before - meminfo()["MemAvailable"]
+        node_used = before - host_available(meminfo())
+        out["pages"] = {"page_bytes": att[0]["stats"]["page_bytes"], "piece_bytes": att[0]["stats"]["piece_bytes"]}
         if "attach" in args.part_list:
             out["attach"] = {"node_seconds": [a["seconds"] for a in att], "node_host_bytes": node_used,
                              "rss_shmem_bytes": [a["rss_shmem_bytes"] for a in att]}
         if {"attach", "dma"} & set(args.part_list):
-            before = meminfo()["MemAvailable"]
+            before = host_available(meminfo())
             progress(f"attach: each rank its own PinnedPool of {fmt_bytes(args.nbytes)}")
             own = ranks.all("own_pinned", args.nbytes)
             out.setdefault("attach", {}).update(pinned_seconds=[a["seconds"] for a in own],
-                                                pinned_host_bytes=before - meminfo()["MemAvailable"])
+                                                pinned_host_bytes=before - host_available(meminfo()))
         if "dma" in args.part_list:
             dma = out["dma"] = {}
             for direction in ("h2d", "d2h"):
@@ -361,7 +369,8 @@ def targets(m: dict, args) -> list[tuple[str, str, str]]:
 
 def records(m: dict, args) -> Records:
     out = Records("node")
-    common = {"ranks": args.ranks, "shared_gpu": m.get("shared_gpu")}
+    common = {"ranks": args.ranks, "shared_gpu": m.get("shared_gpu"),
+              "page_bytes": (m.get("pages") or {}).get("page_bytes")}
     a = m.get("attach") or {}
     for r, t in enumerate(a.get("node_seconds", [])):
         own = a.get("pinned_seconds")
@@ -463,6 +472,11 @@ class NodeSuite(Suite):
         if cells:
             print(table(f"(a) attach + register {fmt_bytes(args.nbytes)}, every rank at once",
                         ["ferry", "rank", "value", "own PinnedPool", "ratio"], cells))
+            pages = m.get("pages") or {}
+            if pages:
+                kind = "2 MiB hugetlb" if pages["page_bytes"] == 2 << 20 else "4 KiB shmem (THP where shmem allows)"
+                print(f"  node pool pages: {kind}; pinned in pieces of {fmt_bytes(pages['piece_bytes'])} "
+                      "(FERRY_HUGE_PAGES, FERRY_NODE_PIN_PIECE)")
         cells = [[r["params"]["direction"], r["params"]["rank"], r["value"], r["baseline"], r["ratio"]]
                  for r in by.get("bandwidth", []) if r["case"] == "node pool"]
         if cells:
