@@ -231,7 +231,14 @@ def _gpu_rank(name, path, rank, ranks, conn):
             plain[k].dtype == shared[k].dtype and torch.equal(plain[k].view(torch.uint8), shared[k].view(torch.uint8))
             for k in plain)
         cast = all(torch.equal(half[k], plain[k].to(torch.float16)) for k in half)
-        conn.send((same, cast, pool.stats()["registered_bytes"]))
+        cols = plain["w.big"].shape[1]  # tensor parallel: this rank's columns of w.big, rows of w.int
+        mine = (1, cols * rank // ranks, cols * (rank + 1) // ranks)
+        rows = (0, 12345 * rank // ranks, 12345 * (rank + 1) // ranks)
+        tp = load_safetensors(path, device=dev, node=pool, rank=rank, ranks=ranks, keys=["w.big", "w.int"],
+                              slices={"w.big": mine, "w.int": rows})
+        parts = torch.equal(tp["w.big"], plain["w.big"][:, mine[1]:mine[2]]) and torch.equal(
+            tp["w.int"], plain["w.int"][rows[1]:rows[2]])
+        conn.send((same, cast and parts, pool.stats()["registered_bytes"]))
     except Exception as e:  # noqa: BLE001 - sent back to the test
         conn.send(f"{type(e).__name__}: {e}")
     conn.close()

@@ -28,6 +28,7 @@ from ..load import Loader, default_loader, read_catalog, read_shard_index
 from ..measure import gpu_absent_reason
 from ._torch import torch_module as _torch
 from . import node_load
+from . import slices as _slices
 from .devices import cuda_device, with_index
 
 # safetensors dtype -> name of the torch dtype (absent: PyTorch has none)
@@ -320,6 +321,7 @@ def load_safetensors(
     device=None,
     *,
     keys=None,
+    slices=None,
     dtype=None,
     out=None,
     strict: bool = True,
@@ -335,7 +337,10 @@ def load_safetensors(
     either, or a list of these. device: "cuda:N", N or a torch.device; None
     or "cuda": the current CUDA device, or with ``out`` the one GPU its
     tensors sit on (ferry.torch's one rule for ``device``). keys: only these tensors (else all, or with
-    ``out`` those of ``out``). dtype: floating-point tensors of 16 bits and
+    ``out`` those of ``out``). slices: {name: (dim, start, stop)}, for
+    tensor parallelism: those tensors load only indexes [start, stop) of
+    dimension dim (the file's bytes of that part, nothing else; see
+    ``ferry.torch.slices``), also with node=. dtype: floating-point tensors of 16 bits and
     more are cast to it on the GPU (8- and 4-bit floats and integers keep
     theirs). out: {name: tensor} (e.g. ``model.state_dict()``) filled in place;
     each tensor must have the file's shape, the dtype it loads as and sit on
@@ -354,7 +359,7 @@ def load_safetensors(
     timeout: seconds a rank waits for the others (NodeLoadTimeout after).
     """
     try:
-        return _load(paths, device, keys, dtype, out, strict, loader, (node, rank, ranks, timeout))
+        return _load(paths, device, (keys, slices), dtype, out, strict, loader, (node, rank, ranks, timeout))
     except BaseException as err:
         # The traceback's frames hold the tensors allocated so far: free them
         # now, not when the caller drops the exception.
@@ -362,8 +367,8 @@ def load_safetensors(
         raise
 
 
-def _load(paths, device, keys, dtype, out, strict, loader, node_args) -> dict:
-    node, rank, ranks, timeout = node_args
+def _load(paths, device, selection, dtype, out, strict, loader, node_args) -> dict:
+    (keys, slices), (node, rank, ranks, timeout) = selection, node_args
     if node is not None:  # checked first: bad node arguments are reported with or without a GPU
         timeout = node_load.check_node(node, timeout)
         rank, ranks = node_load.node_ranks(rank, ranks)
@@ -374,6 +379,9 @@ def _load(paths, device, keys, dtype, out, strict, loader, node_args) -> dict:
     files, index_tensors, index_files = _resolve(paths)
     cat = _catalog(files, index_tensors, index_files)
     sel = _select(cat, keys, out, strict)
+    sliced = _slices.check(slices, cat, sel)
+    if sliced:
+        sel = [i for i in sel if i not in sliced]
     dev = _device(torch, device, out)
     if loader is not None and loader.device != dev.index:
         raise InvalidArgumentError(f"loader is for cuda:{loader.device}, the load goes to {dev}")
@@ -383,18 +391,23 @@ def _load(paths, device, keys, dtype, out, strict, loader, node_args) -> dict:
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
         if node is not None:
-            return _load_node(torch, node, rank, ranks, timeout, files, cat, sel, dtype, out, dev, stream)
+            return _load_node(torch, node, rank, ranks, timeout, files, cat, (sel, sliced), dtype, out, dev, stream)
         ld = loader if loader is not None else default_loader(dev.index)
         dts = _dtypes(torch, cat, sel, dtype)
         if out is None and all(a == b for a, b in dts.values()) and len(sel) >= _OVERLAP_MIN_TENSORS:
-            return _load_new_overlapped(torch, ld, files, cat, sel, dts, dev, stream)
-        result = _targets(torch, sel, cat, dtype, out, dev)
-        direct, cast = _split(torch, sel, cat, result, dtype, out)
-        if direct:
-            tensors = [result[cat.names[i]] for i in direct]
-            _run(ld, files, [cat.file[i] for i in direct], [cat.offset[i] for i in direct],
-                 [cat.nbytes[i] for i in direct], [t.data_ptr() for t in tensors], stream)
-        _load_cast(torch, _loader_fill(ld, files, cat, stream), cat, cast, result, dev)
+            result = _load_new_overlapped(torch, ld, files, cat, sel, dts, dev, stream)
+        else:
+            result = _targets(torch, sel, cat, dtype, out, dev)
+            direct, cast = _split(torch, sel, cat, result, dtype, out)
+            if direct:
+                tensors = [result[cat.names[i]] for i in direct]
+                _run(ld, files, [cat.file[i] for i in direct], [cat.offset[i] for i in direct],
+                     [cat.nbytes[i] for i in direct], [t.data_ptr() for t in tensors], stream)
+            _load_cast(torch, _loader_fill(ld, files, cat, stream), cat, cast, result, dev)
+        if sliced:
+            def fetch(idx, offsets, sizes, addresses):
+                _run(ld, files, [cat.file[i] for i in idx], offsets, sizes, addresses, stream)
+            result.update(_slices.load(torch, fetch, cat, sliced, _dtypes(torch, cat, list(sliced), dtype), out, dev))
     return result
 
 
@@ -406,10 +419,13 @@ def _loader_fill(ld, files, cat: _Catalog, stream):
     return fill
 
 
-def _load_node(torch, node, rank, ranks, timeout, files, cat: _Catalog, sel, dtype, out, dev, stream) -> dict:
+def _load_node(torch, node, rank, ranks, timeout, files, cat: _Catalog, selection, dtype, out, dev, stream) -> dict:
     """The node path: file by file, every rank reads its part into the node
-    pool (node_load.read_file_once), then copies its tensors from there."""
+    pool (node_load.read_file_once), then copies its tensors (and the slices
+    it takes of others) from there."""
+    sel, sliced = selection
     result = _targets(torch, sel, cat, dtype, out, dev)
+    slice_dts = _dtypes(torch, cat, list(sliced), dtype)
     direct, cast = _split(torch, sel, cat, result, dtype, out)
     names = cat.names
     for f, path in enumerate(files):  # every file, whatever this rank selected: the call is collective
@@ -423,6 +439,11 @@ def _load_node(torch, node, rank, ranks, timeout, files, cat: _Catalog, sel, dty
                 node_load.copy_from_block(nf, [cat.offset[i] for i in batch], [cat.nbytes[i] for i in batch],
                                           addresses, stream, dev.index)
             _load_cast(torch, fill, cat, [i for i in cast if cat.file[i] == f], result, dev)
+            here = {i: s for i, s in sliced.items() if cat.file[i] == f}
+            if here:
+                def fetch(idx, offsets, sizes, addresses, nf=nf):
+                    node_load.copy_from_block(nf, offsets, sizes, addresses, stream, dev.index)
+                result.update(_slices.load(torch, fetch, cat, here, slice_dts, out, dev))
         finally:
             nf.release()
     return result
