@@ -216,11 +216,24 @@ class NodePool:
         self._live()
         return self._registration is None or self._registration.ready(block.handle, block.nbytes)
 
-    def wait_ready(self, block: NodeBlock) -> None:
-        """Waits until the block is pinned for this process's device; raises CudaError if pinning failed."""
+    def wait_ready(self, block: NodeBlock | None = None) -> None:
+        """Waits until the block (None: the whole pool, after pin_all()) is pinned for this
+        process's device; raises CudaError if pinning failed."""
         self._live()
         if self._registration is not None:
-            self._registration.wait(block.handle, block.nbytes)
+            if block is None:
+                self._registration.wait(0, self.capacity)
+            else:
+                self._registration.wait(block.handle, block.nbytes)
+
+    def pin_all(self) -> None:
+        """Starts pinning the whole pool for this process's device in the background (a
+        rank that will use most of it, e.g. for checkpoint loads: blocks made later are
+        ready at once); wait_ready() waits for it. InvalidArgumentError without device=."""
+        self._live()
+        if self._registration is None:
+            raise InvalidArgumentError("pin_all: this NodePool was opened without device=: nothing to pin for")
+        self._registration.touch(0, self.capacity)
 
     # --- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:

@@ -139,6 +139,10 @@ def test_checkpoint_targets_follow_from_the_slowest_rank():
     assert [s for _, _, s in t] == ["missed", "missed"], t
     t = node.load_targets(_load([1.0, 1.0], 1.0), 2)
     assert t[0][2] == "not measured (cold loads skipped: --no-cold)" and t[1][2] == "met"
+    ld = _load([3.0, 3.0], 1.0)
+    ld["node pinned"] = {"seconds": [1.1, 1.2], "bytes": 10 * 10**9}  # 1.67x once the pool is pinned
+    t = node.load_targets(ld, 2)
+    assert [s for _, _, s in t[1:]] == ["missed", "met"] and "pool pinned beforehand" in t[2][0], t
 
 
 def test_load_records_say_which_page_cache():

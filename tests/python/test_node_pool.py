@@ -147,6 +147,8 @@ def test_bad_arguments_are_ferry_errors():
             pool.named(5, 10)
         with pytest.raises(InvalidArgumentError):
             pool.block("0")
+        with pytest.raises(InvalidArgumentError, match="pin_all: this NodePool was opened without device="):
+            pool.pin_all()
         b = pool.alloc(1)
         pool.free(b)
         with pytest.raises(InvalidArgumentError, match="no live block"):
@@ -278,6 +280,9 @@ def test_two_processes_pin_and_copy_through_the_pool(gpu, monkeypatch):
 
         ferry.copy(gpu_copy, back.address, nbytes)
         assert torch.equal(gpu_copy.cpu(), data)
+        pool.pin_all()  # the rest of the pool, in the background
+        pool.wait_ready()
+        assert pool.stats()["registered_bytes"] == pool.capacity
         parent.send(True)
         p.join(60)
         assert p.exitcode == 0

@@ -160,6 +160,14 @@ class Rank:
             times.append(time.perf_counter() - t0)
         return times
 
+    def pin_all(self) -> dict:
+        """Pins the whole pool for this rank's GPU (all ranks at once); the seconds it took."""
+        self.everyone.wait(self.timeout)
+        t0 = time.perf_counter()
+        self.pool.pin_all()
+        self.pool.wait_ready()
+        return {"seconds": time.perf_counter() - t0}
+
     def load(self, path: str, node: bool, together: bool = True) -> dict:
         """load_safetensors to this rank's GPU, with node= (the shared pool) or alone; every rank at
         once (together: they start at a barrier) or this one only."""
