@@ -1,4 +1,4 @@
-// file.cpp — open/fstat/pread/preadv2/posix_fadvise, errno returns.
+// file.cpp — open/fstat/pread/pwrite/preadv2/posix_fadvise, errno returns.
 #include "os/file.h"
 
 #include <fcntl.h>
@@ -52,6 +52,36 @@ int read_at(int fd, void* buffer, size_t bytes, uint64_t offset, size_t* got) no
   }
   *got = done;
   return 0;
+}
+
+int open_for_writing(const char* path, int* fd_out) noexcept {
+  int fd;
+  do {
+    fd = ::open(path, O_WRONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return errno;
+  *fd_out = fd;
+  return 0;
+}
+
+int write_at(int fd, const void* buffer, size_t bytes, uint64_t offset, size_t* done) noexcept {
+  size_t at = 0;
+  int err = 0;
+  while (at < bytes) {
+    ssize_t n = ::pwrite(fd, static_cast<const char*>(buffer) + at, bytes - at, static_cast<off_t>(offset + at));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      err = errno;
+      break;
+    }
+    if (n == 0) {  // no progress and no errno: a full disk in all but name
+      err = ENOSPC;
+      break;
+    }
+    at += static_cast<size_t>(n);
+  }
+  *done = at;
+  return err;
 }
 
 int is_cached(int fd, uint64_t offset, bool* cached_out) noexcept {

@@ -1,6 +1,6 @@
-// file.h — the system calls a checkpoint loader makes on files: open for
-// reading (buffered or O_DIRECT), size, positioned reads, read-only mappings,
-// page-cache residency and read-ahead advice.
+// file.h — the system calls a checkpoint loader and writer make on files:
+// open for reading (buffered or O_DIRECT) or writing, size, positioned reads
+// and writes, page-cache residency and read-ahead advice.
 //
 // The contract of memory.h: every function returns 0 or an errno value, sets
 // its outputs only on success, throws nothing and applies no policy (when to
@@ -31,6 +31,18 @@ int regular_file_size(int fd, uint64_t* bytes_out) noexcept;
 // the file). O_DIRECT descriptors need buffer, offset and bytes aligned to
 // kDirectIoAlignment.
 int read_at(int fd, void* buffer, size_t bytes, uint64_t offset, size_t* got) noexcept;
+
+// open(path, O_WRONLY | O_CLOEXEC): an existing file (no O_CREAT), written
+// through the page cache; the buffered twin of an O_DIRECT descriptor whose
+// writes the file system refused (load/write_pipeline.h).
+int open_for_writing(const char* path, int* fd_out) noexcept;
+
+// pwrite until all `bytes` are written (retrying EINTR and partial writes).
+// A write that makes no progress and sets no errno gives ENOSPC. *done is how
+// many bytes were written before an error (all of them on success). O_DIRECT
+// descriptors need buffer, offset and bytes aligned to kDirectIoAlignment
+// (EINVAL otherwise, or where the file system refuses direct writes).
+int write_at(int fd, const void* buffer, size_t bytes, uint64_t offset, size_t* done) noexcept;
 
 // Whether the page of fd holding byte `offset` is in the page cache: a
 // one-byte preadv2(RWF_NOWAIT), which reads only cached data (EAGAIN
