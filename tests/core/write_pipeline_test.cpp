@@ -1,0 +1,278 @@
+// write_pipeline_test.cpp — save's threads (load/write_pipeline.h) on real
+// files in a temporary directory: random bytes of odd sizes (not slot
+// multiples) through 1..8 slots and 1..4 writers, buffered and O_DIRECT, at
+// file offset 0 and at an offset; slots refilled many times arrive intact
+// (a slot refilled before its write landed would tear the file). Errors: a
+// Source that throws mid-file, a write error (EBADF from a read-only
+// descriptor), each stopping the run with the range named; O_DIRECT writes the
+// file system refuses (EINVAL) fall back to a buffered descriptor.
+#include "load/write_pipeline.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <random>
+
+#include "core/error.h"
+#include "core/worker_pool.h"
+#include "os/file.h"
+#include "../support/temp_files.h"
+
+namespace ferry::load {
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * KiB, kAlign = os::kDirectIoAlignment;
+
+using Files = test_support::TempFiles;
+
+std::vector<uint8_t> random_bytes(size_t n, std::mt19937_64& rng) {
+  std::vector<uint8_t> d(n);
+  for (auto& b : d) b = static_cast<uint8_t>(rng());
+  return d;
+}
+
+// Slots of aligned memory filled from `bytes` (the file's range); records the
+// fills and can throw at one of them.
+class VectorSource final : public Source {
+ public:
+  VectorSource(const std::vector<uint8_t>& bytes, uint64_t file_offset, size_t slots, size_t slot_bytes)
+      : bytes_(bytes), offset_(file_offset), slot_bytes_(slot_bytes) {
+    for (size_t i = 0; i < slots; ++i) {
+      auto* p = static_cast<unsigned char*>(std::aligned_alloc(kAlign, slot_bytes));
+      std::memset(p, 0xA5, slot_bytes);
+      slots_.push_back(p);
+    }
+  }
+  ~VectorSource() override {
+    for (auto* p : slots_) std::free(p);
+  }
+  size_t slot_count() const override { return slots_.size(); }
+  size_t slot_bytes() const override { return slot_bytes_; }
+  const unsigned char* slot(size_t i) const override { return slots_[i]; }
+  void fill(size_t i, uint64_t file_offset, size_t n) override {
+    EXPECT_EQ(file_offset, next_) << "fills come in file order, back to back";
+    EXPECT_LE(n, slot_bytes_);
+    if (fills == throw_at) throw InvalidArgument("test source: fill " + std::to_string(fills) + " refused");
+    ++fills;
+    next_ = file_offset + n;
+    std::memcpy(slots_[i], bytes_.data() + (file_offset - offset_), n);
+  }
+  void abort() noexcept override { aborted = true; }
+
+  int fills = 0;
+  int throw_at = -1;
+  bool aborted = false;
+
+ private:
+  const std::vector<uint8_t>& bytes_;
+  uint64_t offset_;
+  uint64_t next_ = offset_;
+  size_t slot_bytes_;
+  std::vector<unsigned char*> slots_;
+};
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A new empty file; its descriptor (O_DIRECT when asked and allowed; *direct says).
+int create(const std::string& path, bool want_direct, bool* direct) {
+  int fd = want_direct ? ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0644) : -1;
+  *direct = fd >= 0;
+  if (fd < 0) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | (want_direct ? 0 : O_EXCL) | O_CLOEXEC, 0644);
+  return fd;
+}
+
+struct Written {
+  WriteStats stats;
+  std::vector<uint8_t> file;
+  bool direct = false;
+};
+
+// Writes `bytes` at `offset` of a new file (cut to its length afterwards, as
+// AtomicFile::finish does) and reads it back.
+Written write(const Files& dir, const std::string& name, const std::vector<uint8_t>& bytes, uint64_t offset,
+              size_t slots, size_t slot_bytes, int writers, bool direct, WorkerPool& pool) {
+  Written w;
+  const std::string path = dir.dir() + "/" + name;
+  int fd = create(path, direct, &w.direct);
+  EXPECT_GE(fd, 0);
+  VectorSource src(bytes, offset, slots, slot_bytes);
+  WriteFile f{name, path, fd, w.direct, offset, bytes.size()};
+  w.stats = run_write_pipeline(f, src, pool, writers);
+  EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(offset + bytes.size())), 0);
+  if (w.stats.buffered_fd >= 0) ::close(w.stats.buffered_fd);
+  ::close(fd);
+  w.file = read_file(path);
+  std::remove(path.c_str());
+  EXPECT_EQ(src.fills, static_cast<int>((bytes.size() + slot_bytes - 1) / slot_bytes));
+  return w;
+}
+
+TEST(WritePipeline, RandomBytesArriveIntact) {
+  std::mt19937_64 rng(32);
+  Files dir;
+  ASSERT_TRUE(dir.ok());
+  WorkerPool pool(4);
+  struct Config {
+    size_t slots, slot_bytes;
+    int writers;
+  };
+  const Config configs[] = {{1, 4 * KiB, 1}, {1, 64 * KiB, 4}, {2, 4 * KiB, 4}, {3, 12 * KiB, 2},
+                            {8, 64 * KiB, 4}, {8, 1 * MiB, 3}};
+  int k = 0;
+  for (size_t n : {size_t{1}, size_t{4095}, size_t{4097}, size_t{700 * KiB + 3}, size_t{3 * MiB + 17}}) {
+    const std::vector<uint8_t> bytes = random_bytes(n, rng);
+    for (const Config& c : configs)
+      for (bool direct : {false, true}) {
+        SCOPED_TRACE("bytes " + std::to_string(n) + ", " + std::to_string(c.slots) + " x " +
+                     std::to_string(c.slot_bytes) + ", writers " + std::to_string(c.writers) +
+                     (direct ? ", O_DIRECT" : ", buffered"));
+        Written w = write(dir, "f" + std::to_string(k++), bytes, 0, c.slots, c.slot_bytes, c.writers, direct, pool);
+        EXPECT_EQ(w.file, bytes);
+        EXPECT_EQ(w.stats.bytes, n);
+        EXPECT_EQ(w.stats.writes, (n + c.slot_bytes - 1) / c.slot_bytes);
+        EXPECT_EQ(w.stats.direct_writes, w.direct ? w.stats.writes : 0u);
+        EXPECT_EQ(w.stats.buffered_fd, -1);
+      }
+  }
+}
+
+TEST(WritePipeline, ARangeAtAnOffsetLeavesTheBytesBeforeIt) {
+  std::mt19937_64 rng(7);
+  Files dir;
+  ASSERT_TRUE(dir.ok());
+  WorkerPool pool(3);
+  const std::vector<uint8_t> bytes = random_bytes(1 * MiB + 333, rng);
+  Written w = write(dir, "at", bytes, 64 * KiB, 4, 16 * KiB, 3, false, pool);
+  ASSERT_EQ(w.file.size(), 64 * KiB + bytes.size());
+  EXPECT_EQ(std::vector<uint8_t>(w.file.begin(), w.file.begin() + 64 * KiB), std::vector<uint8_t>(64 * KiB, 0));
+  EXPECT_EQ(std::vector<uint8_t>(w.file.begin() + 64 * KiB, w.file.end()), bytes);
+}
+
+TEST(WritePipeline, ODirectWritesTheFileSystemRefusesFallBackToBufferedWrites) {
+  // A range at offset 8 (a snapshot's data, after its header): no file system
+  // takes O_DIRECT writes there (EINVAL), whatever it does with aligned ones.
+  std::mt19937_64 rng(9);
+  Files dir;
+  ASSERT_TRUE(dir.ok());
+  WorkerPool pool(4);
+  const std::vector<uint8_t> bytes = random_bytes(2 * MiB + 77, rng);
+  const std::string path = dir.dir() + "/fallback";
+  bool direct = false;
+  int fd = create(path, true, &direct);
+  ASSERT_GE(fd, 0);
+  if (!direct) {
+    ::close(fd);
+    std::remove(path.c_str());
+    GTEST_SKIP() << "this file system refuses O_DIRECT at open (the caller then writes buffered)";
+  }
+  ASSERT_EQ(::pwrite(fd, "8 bytes!", 0, 0), 0);
+  VectorSource src(bytes, 8, 4, 64 * KiB);
+  WriteStats st = run_write_pipeline(WriteFile{"fallback", path, fd, true, 8, bytes.size()}, src, pool, 4);
+  ASSERT_GE(st.buffered_fd, 0) << "the buffered descriptor is handed to the caller";
+  EXPECT_EQ(st.direct_writes, 0u);
+  EXPECT_EQ(st.writes, (bytes.size() + 64 * KiB - 1) / (64 * KiB));
+  ASSERT_EQ(st.notes.size(), 1u);
+  EXPECT_NE(st.notes[0].find("EINVAL"), std::string::npos) << st.notes[0];
+  EXPECT_EQ(::fcntl(st.buffered_fd, F_GETFL) & O_DIRECT, 0);
+  ::close(st.buffered_fd);
+  ::close(fd);
+  std::vector<uint8_t> file = read_file(path);
+  std::remove(path.c_str());
+  ASSERT_EQ(file.size(), 8 + bytes.size());
+  EXPECT_EQ(std::vector<uint8_t>(file.begin() + 8, file.end()), bytes);
+}
+
+TEST(WritePipeline, ASourceThatThrowsMidFileStopsTheRunNamingTheRange) {
+  std::mt19937_64 rng(5);
+  Files dir;
+  ASSERT_TRUE(dir.ok());
+  WorkerPool pool(4);
+  const std::vector<uint8_t> bytes = random_bytes(1 * MiB + 5, rng);
+  for (size_t slots : {size_t{1}, size_t{2}, size_t{8}}) {
+    const std::string path = dir.dir() + "/throws";
+    bool direct = false;
+    int fd = create(path, false, &direct);
+    ASSERT_GE(fd, 0);
+    VectorSource src(bytes, 0, slots, 16 * KiB);
+    src.throw_at = 5;
+    WriteFile f{"throws.safetensors", path, fd, false, 0, bytes.size()};
+    std::string what;
+    try {
+      run_write_pipeline(f, src, pool, 4);
+    } catch (const Error& e) {  // the Source's error, its status kept, the range added
+      EXPECT_EQ(e.status(), FERRY_ERROR_INVALID_ARGUMENT);
+      what = e.what();
+    }
+    EXPECT_NE(what.find("throws.safetensors, bytes [81920, 98304): test source: fill 5 refused"), std::string::npos)
+        << what;
+    EXPECT_EQ(src.fills, 5) << "no fill after the failure";
+    EXPECT_TRUE(src.aborted);
+    ::close(fd);
+    std::remove(path.c_str());
+  }
+  // The same pool runs the next save.
+  Written w = write(dir, "after", bytes, 0, 2, 16 * KiB, 4, false, pool);
+  EXPECT_EQ(w.file, bytes);
+}
+
+TEST(WritePipeline, AWriteErrorStopsTheRunWithItsErrno) {
+  std::mt19937_64 rng(6);
+  Files dir;
+  ASSERT_TRUE(dir.ok());
+  WorkerPool pool(4);
+  const std::vector<uint8_t> bytes = random_bytes(4 * MiB + 9, rng);
+  const std::string path = dir.dir() + "/readonly";
+  { std::ofstream(path, std::ios::binary).put('x'); }
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // pwrite: EBADF
+  ASSERT_GE(fd, 0);
+  VectorSource src(bytes, 0, 2, 4 * KiB);
+  int err = 0;
+  std::string what;
+  try {
+    run_write_pipeline(WriteFile{"readonly.safetensors", path, fd, false, 0, bytes.size()}, src, pool, 4);
+  } catch (const OsError& e) {
+    err = e.error_number();
+    what = e.what();
+  }
+  EXPECT_EQ(err, EBADF) << what;
+  EXPECT_NE(what.find("write of readonly.safetensors, bytes ["), std::string::npos) << what;
+  EXPECT_LT(src.fills, 64) << "the caller stopped filling (of " << bytes.size() / (4 * KiB) + 1 << " slots)";
+  EXPECT_TRUE(src.aborted);
+  ::close(fd);
+  EXPECT_EQ(read_file(path), std::vector<uint8_t>{'x'});
+}
+
+TEST(WritePipeline, BadArgumentsAreRefusedBeforeAnythingIsWritten) {
+  std::mt19937_64 rng(1);
+  Files dir;
+  ASSERT_TRUE(dir.ok());
+  WorkerPool pool(2);
+  const std::vector<uint8_t> bytes = random_bytes(10000, rng);
+  const std::string path = dir.dir() + "/bad";
+  bool direct = false;
+  int fd = create(path, false, &direct);
+  ASSERT_GE(fd, 0);
+  VectorSource odd(bytes, 0, 2, 4 * KiB + 512), ok(bytes, 0, 2, 4 * KiB);
+  WriteFile f{"bad", path, fd, false, 0, bytes.size()};
+  EXPECT_NE(test_support::error_of([&] { run_write_pipeline(f, odd, pool, 2); }).find("slot_bytes=4608"),
+            std::string::npos);
+  EXPECT_NE(test_support::error_of([&] { run_write_pipeline(f, ok, pool, 3); }).find("writers=3"), std::string::npos);
+  EXPECT_EQ(odd.fills + ok.fills, 0);
+  ::close(fd);
+  EXPECT_TRUE(read_file(path).empty());
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace ferry::load
