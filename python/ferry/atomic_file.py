@@ -183,6 +183,12 @@ class AtomicFile:
             fd = os.open(self.temp_path, os.O_WRONLY | os.O_CLOEXEC)
         except OSError as e:
             raise _os_error(e, self.path, "open (buffered fallback)") from e
+        self.adopt_buffered(fd)
+
+    def adopt_buffered(self, fd: int) -> None:
+        """fd (this temporary file opened without O_DIRECT, now this object's)
+        replaces the O_DIRECT descriptor: the fallback taken by someone else,
+        e.g. save's C++ write pipeline (src/load/write_pipeline.h)."""
         old, self.fd, self.direct = self.fd, fd, False
         os.close(old)
 

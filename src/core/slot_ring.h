@@ -24,12 +24,12 @@
 //     (cuda/staging_area.h): landing = the slot's event, polled or slept on.
 //   - the copy engine's lanes (cuda/copy/lane_pool.h): landing = a GPU-written
 //     flag per lane.
-//   - save's ring (python/ferry/torch/save.py, _Ring, through
-//     ferry._ferry.SlotRing): landing = a writer thread has written the
-//     slot's bytes (a threading.Event per slot).
+//   - save's ring (load/write_pipeline.cpp, the loader pipeline's twin, for
+//     python/ferry/torch/save.py): landing = a writer thread has pwritten the
+//     slot's bytes (WriteRun::landed).
 //   - the DataLoader's slots (python/ferry/torch/data/slots.py): landing = the
 //     batch's event, recorded after the copies that read the slot.
-// The loader's pipeline and save's ring are this class; the staging area,
+// The loader's pipeline and save's write pipeline are this class; the staging area,
 // the lanes and the DataLoader's slots keep their own code with these states
 // (they run on the GPU; moving them waits for a session with GPU time).
 //

@@ -1,4 +1,6 @@
-// slot_ring_bindings.cpp — core/slot_ring.h for Python's rings (save's ring).
+// slot_ring_bindings.cpp — core/slot_ring.h for rings kept in Python. Its
+// first user, save's ring, now runs in C++ (load/write_pipeline.h); the
+// Python rings still to become instances (torch/data/slots.py) would use it.
 // take() may block until a slot comes back: it releases the GIL then.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>

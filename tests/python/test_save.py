@@ -101,26 +101,54 @@ def test_large_tensor_crosses_slots(tmp_path, monkeypatch):
 
 def test_two_slots_reused_many_times_land_before_refill(tmp_path, monkeypatch):
     """Two 4 KiB slots for ~1.2 MB: every slot is refilled hundreds of times, each
-    time only after the writer has written it (the slot ring's landing); the file
-    must be byte-exact and the ring left with no slot being filled."""
+    time only after the writer has written it (the write pipeline's landing,
+    tests/core/write_pipeline_test.cpp); the file must be byte-exact and the
+    slots given back to the pool after each save."""
     monkeypatch.setattr(save_mod, "SLOT_BYTES", 1 << 12)
     monkeypatch.setattr(save_mod, "SLOTS", 2)
     rings = []
-    real = save_mod._Ring
+    real = save_mod._Slots
 
     class Watched(real):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             rings.append(self)
 
-    monkeypatch.setattr(save_mod, "_Ring", Watched)
+    monkeypatch.setattr(save_mod, "_Slots", Watched)
     g = torch.Generator().manual_seed(11)
     for round_ in range(3):
         sd = {f"t{i}": rand((int(torch.randint(1, 90_000, (1,), generator=g)),), torch.uint8, g) for i in range(25)}
         p = tmp_path / f"r{round_}.safetensors"
         ft.save_safetensors(sd, p)
         check_file(str(p), sd)
-    assert rings and all(r.slots.state(i) != "filling" for r in rings for i in range(len(r.slots)))
+        assert len(rings) == round_ + 1 and len(rings[-1].addresses) == 2
+    assert all(not r.buffers for r in rings)  # released
+
+
+def test_an_error_while_filling_stops_the_save_with_that_error(tmp_path, monkeypatch):
+    """The fill (Python, called by the C++ write pipeline) fails at its 7th slot:
+    that exception comes back as raised, no slot is filled after it, the earlier
+    file stays and no temporary file is left."""
+    monkeypatch.setattr(save_mod, "SLOT_BYTES", 1 << 12)
+    monkeypatch.setattr(save_mod, "SLOTS", 3)
+    p = tmp_path / "m.safetensors"
+    p.write_bytes(b"the old checkpoint")
+    calls = []
+    real = save_mod._fill
+
+    def failing(torch_, ring, slot, pieces):
+        calls.append(slot)
+        if len(calls) == 7:
+            raise KeyError("slot seven")
+        real(torch_, ring, slot, pieces)
+
+    monkeypatch.setattr(save_mod, "_fill", failing)
+    g = torch.Generator().manual_seed(2)
+    with pytest.raises(KeyError, match="slot seven"):
+        ft.save_safetensors({"a": rand((100_003,), torch.uint8, g)}, p)
+    assert len(calls) == 7
+    assert p.read_bytes() == b"the old checkpoint"
+    assert no_temp_files(tmp_path)
 
 
 def test_buffered_file_system(tmp_path):
