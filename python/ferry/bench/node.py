@@ -291,9 +291,9 @@ def load(args) -> dict:
         timed("warm-up", False)  # fills the page cache: the warm runs are warm
         timed("alone", False)
         timed("node", True)  # the pool's first use here: its pieces are pinned during the load
-        progress(f"load: {args.ranks} ranks pin the whole pool ({fmt_bytes(capacity)})")
+        progress(f"load: {args.ranks} ranks pin the rest of the pool ({fmt_bytes(capacity)} in all)")
         out["pin_seconds"] = [g["seconds"] for g in ranks.all("pin_all")]
-        timed("node pinned", True)  # the pool pinned beforehand (pin_all at start-up)
+        timed("node pinned", True)  # every piece pinned already, as after pin_all at start-up
         timed("one rank", False, only=[0])
         cold_why = "--no-cold" if args.no_cold else drop_page_cache()
         if cold_why is None:
@@ -511,7 +511,8 @@ class NodeSuite(Suite):
                         ["rank", "node= warm", "alone warm"] + (["node= cold", "alone cold"] if cold else []),
                         cells))
             if "node pinned" in ld:
-                print(f"  node= with the pool pinned beforehand (pin_all, {max(ld['pin_seconds']):.2f} s): "
+                print("  node= again, every piece of the pool pinned already (the first load pinned what it "
+                      f"used, pin_all() the rest in {max(ld['pin_seconds']):.2f} s): "
                       + ", ".join(f"rank {r} {t:.3f} s" for r, t in enumerate(ld["node pinned"]["seconds"])))
             if ld.get("cold_note"):
                 print(f"  {ld['cold_note']}")
