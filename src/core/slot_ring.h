@@ -20,18 +20,28 @@
 //     slots; landing = Target::wait_slot_free (the GPU target: the slot's
 //     event; the host target: nothing, its copies are done when enqueued),
 //     asked before every fill, since the Target's slots outlive one run.
-//   - the copy engine's eager staging and the loader's staging area
-//     (cuda/staging_area.h): landing = the slot's event, polled or slept on.
+//   - the loader's staging area (cuda/staging_area.h, the GPU Target's
+//     slots): through the pipeline's SlotRing above; landing = the slot's
+//     event, slept on.
+//   - the copy engine's eager staging (cuda/copy/eager_copy.cpp), over a
+//     staging area: one thread drives one copy's chunks through the slots in
+//     plan order (chunk k in slot k % slots), lock-free and polled for
+//     latency: free = the slot's event done, filling = the chunk published to
+//     the crew, in flight = its DMA enqueued (drive_h2d / drive_d2h).
 //   - the copy engine's lanes (cuda/copy/lane_pool.h): landing = a GPU-written
-//     flag per lane.
+//     flag per slot; the states are generation numbers the CPU and the GPU
+//     kernel write (the protocol in copy_engine.h), not slots a thread takes.
 //   - save's ring (load/write_pipeline.cpp, the loader pipeline's twin, for
 //     python/ferry/torch/save.py): landing = a writer thread has pwritten the
 //     slot's bytes (WriteRun::landed).
 //   - the DataLoader's slots (python/ferry/torch/data/slots.py): landing = the
-//     batch's event, recorded after the copies that read the slot.
-// The loader's pipeline and save's write pipeline are this class; the staging area,
-// the lanes and the DataLoader's slots keep their own code with these states
-// (they run on the GPU; moving them waits for a session with GPU time).
+//     batch's event, recorded after the copies that read the slot. A pool
+//     more than a ring: slots are made on demand, grow with the batches and
+//     are quarantined while a stale worker may write them (states in slots.py).
+// The loader's pipeline and save's write pipeline are this class. The eager
+// copy and the lanes keep these states in their own lock-free code: a mutex
+// on their path would cost the small copies' latency (a 4 KiB copy takes a
+// few microseconds), and the lanes' states live in memory the GPU writes.
 //
 // Locking: mu_ guards order_, state_ and stopped_; no call of the user's (no
 // landing wait, no system call) is made under it. Thread-safe.
