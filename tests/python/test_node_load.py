@@ -22,7 +22,7 @@ import pytest
 from ferry.errors import InvalidArgumentError
 from ferry.node import NodePool
 from ferry.torch import node_load
-from ferry.torch.node_load import HEADER_BYTES, NodeLoadTimeout, read_file_once
+from ferry.torch.node_load import HEADER_BYTES, NodeLoadTimeout, open_file_once, read_file_once
 
 SIZE = (10 << 20) + 12345
 
@@ -106,6 +106,63 @@ def test_each_rank_reads_its_part_and_sees_the_whole_file(random_file, ranks):
             lo, hi = g[1]["part"]
             assert hi - lo <= g[2] <= hi - lo + (256 << 10), (g[1], g[2])
             assert hi - lo < SIZE
+
+
+def _piece_rank(name, path, rank, ranks, conn):
+    """One rank taking pieces as they come: per piece (lo, hi, sha256 of its bytes
+    in the block at that moment), then finish()'s stats."""
+    try:
+        pool = NodePool(name, label=f"rank {rank}")
+        nf = open_file_once(pool, path, rank, ranks, timeout=60)
+        try:
+            got = [(lo, hi, hashlib.sha256(nf.view()[lo:hi]).hexdigest()) for lo, hi in nf.pieces()]
+            nf.finish()
+            conn.send((got, nf.stats))
+        finally:
+            nf.release()
+    except Exception as e:  # noqa: BLE001 - sent back to the test
+        conn.send(f"{type(e).__name__}: {e}")
+    conn.close()
+
+
+def test_pieces_come_in_file_order_each_whole_when_given(tmp_path):
+    """A file of three pieces read by three ranks: each piece a rank is given
+    already holds the file's bytes (read by whichever ranks), in file order."""
+    size = 2 * node_load.MIN_PIECE + 12345
+    data = random.Random(8).randbytes(size)
+    path = tmp_path / "three-pieces.bin"
+    path.write_bytes(data)
+    step = node_load.piece_bytes(size)
+    want = [(lo, min(lo + step, size), hashlib.sha256(data[lo:lo + step]).hexdigest()) for lo in range(0, size, step)]
+    assert len(want) == 3
+    name = _name("pieces")
+    ctx = mp.get_context("spawn")
+    with NodePool(name, _capacity(size), label="test") as pool:
+        procs = []
+        for r in range(3):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_piece_rank, args=(name, str(path), r, 3, child))
+            p.start()
+            procs.append((p, parent))
+        outs = []
+        for p, parent in procs:
+            assert parent.poll(120), "a rank did not answer"
+            outs.append(parent.recv())
+            p.join(30)
+        assert pool.stats()["used"] == 0
+    for out in outs:
+        assert not isinstance(out, str), outs
+        got, stats = out
+        assert got == want
+        assert stats["read_seconds"] is not None and stats["wait_seconds"] is not None
+
+
+def test_piece_lengths_bound_the_words():
+    assert node_load.piece_bytes(1) == node_load.MIN_PIECE
+    for big in (node_load.MAX_PIECES * node_load.MIN_PIECE + 1, 1 << 40):  # just over the minimum; 1 TiB
+        step = node_load.piece_bytes(big)
+        assert step % (2 << 20) == 0 and -(-big // step) <= node_load.MAX_PIECES and step < (1 << 32)
+    assert node_load.piece_bytes(3 << 40) >= 1 << 32  # refused by open_file_once: a word counts 32 bits
 
 
 def test_a_block_on_stale_bytes_works(random_file):
@@ -277,3 +334,32 @@ def test_two_ranks_load_bit_equal_to_a_plain_load(gpu, tmp_path, monkeypatch):
         same, cast, registered = out
         assert same and cast, outs
         assert registered > 0  # the pool was pinned for the rank's GPU
+
+
+def test_piece_items_cover_every_item_once_in_order():
+    rng = random.Random(21)
+    for _ in range(200):
+        size = rng.randrange(1, 5000)
+        items, at = [], 0
+        while True:  # non-overlapping items with gaps, as a safetensors file's tensors
+            at += rng.randrange(0, 40)
+            n = rng.randrange(1, 300)
+            if at + n > size:
+                break
+            items.append((at, n, 10**9 + at * 7))
+            at += n
+        step = rng.randrange(1, 700)
+        seen, start = {}, 0
+        for lo in range(0, size, step):
+            hi = min(lo + step, size)
+            offsets, sizes, addresses, start = node_load.piece_items(items, lo, hi, start)
+            for o, n, a in zip(offsets, sizes, addresses):
+                assert lo <= o and o + n <= hi and n > 0
+                seen.setdefault(o, []).append((n, a))
+        got = sorted((o, n, a) for o, v in seen.items() for n, a in v)
+        # stitched back: each item's bytes exactly once, each part at its own place on the device
+        for off, n, dst in items:
+            parts = [(o, k, a) for o, k, a in got if off <= o < off + n]
+            assert sum(k for _, k, _ in parts) == n
+            assert all(a == dst + (o - off) for o, _, a in parts)
+        assert sum(k for _, k, _ in got) == sum(n for _, n, _ in items)

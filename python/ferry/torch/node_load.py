@@ -8,6 +8,13 @@ every part is in, and then each rank copies the tensors it wants from the
 block to its GPU (``copy_from_block``: one ``ferry.copy_many``). The block is
 freed when the last rank lets go of it, so no second barrier is needed.
 
+Pieces: the loader does not wait for the whole file. The file is cut into at
+most 512 pieces of at least 64 MiB; each rank adds the bytes it has read of a
+piece to that piece's word, so a piece is in once its word reaches its length.
+``open_file_once`` starts this rank's reads on threads and returns; its
+``NodeFile.pieces()`` yields the pieces in file order as each comes in (from
+any rank), so the copies to the GPU run while the file is still being read.
+
 The signal words start at zero: the pool zeroes a named block's first 4 KiB
 when it makes it. The rank that made the block writes the number of ranks
 there last; the others wait for it before they trust the words.
@@ -32,7 +39,7 @@ from ..errors import FerryError, InvalidArgumentError
 
 HEADER_BYTES = 4096  # the block's first page: signal words; the file starts after it
 DEFAULT_TIMEOUT = 600.0  # seconds a rank waits for the others (a slow disk, a big shard)
-MAX_RANKS = 1000  # one claim word per rank fits the header page
+MAX_RANKS = 256  # one claim word per rank, below the piece words
 _READ_CHUNK = 32 << 20  # one os.preadv; a rank's part is read by several threads
 _READ_THREADS = 8
 
@@ -40,6 +47,10 @@ _READ_THREADS = 8
 _W_RANKS = 1  # set by the block's maker: the ranks taking part
 _W_ARRIVED = 2  # each rank adds 1 once its part is in the block
 _W_CLAIM = 8  # word _W_CLAIM + r: rank r took its part (a rank given twice is refused)
+_W_PIECE = 512  # word _W_PIECE + p: bytes of piece p read so far, by every rank
+MAX_PIECES = 512  # the piece words fill the rest of the header page
+MIN_PIECE = 64 << 20
+_POLL_S = 0.25  # how often a piece wait looks at this rank's own readers
 
 
 class NodeLoadTimeout(FerryError, TimeoutError):
@@ -101,13 +112,26 @@ def parts(size: int, ranks: int) -> list[int]:
     return [size * r // ranks // align * align for r in range(ranks)] + [size]
 
 
+def piece_bytes(size: int) -> int:
+    """The piece length of a file of `size` bytes: at least MIN_PIECE, 2 MiB
+    multiples, at most MAX_PIECES pieces."""
+    need = -(-size // MAX_PIECES)
+    return max(MIN_PIECE, -(-need // (2 << 20)) * (2 << 20))
+
+
 class NodeFile:
     """A file in a node block: ``address`` (its first byte in this process),
     ``size``, ``block``, and this rank's ``stats`` (part, bytes_read,
-    read_seconds, wait_seconds, made_block). ``release()`` lets go of it."""
+    read_seconds, wait_seconds, made_block; complete after ``finish()``).
+    ``pieces()`` yields its pieces as they come in; ``finish()`` waits for this
+    rank's reads and every rank's; ``release()`` lets go of it (after
+    stopping this rank's reads, if they still run)."""
 
-    def __init__(self, pool, block, size, stats):
+    def __init__(self, pool, block, size, stats, reading=None, load=None):
         self.pool, self.block, self.size, self.stats = pool, block, size, stats
+        self._reading = reading  # this rank's _Reads while they run
+        # (path, ranks, timeout, deadline) of the load, for waits and their messages
+        self._load = load or ("", 1, DEFAULT_TIMEOUT, time.monotonic() + DEFAULT_TIMEOUT)
 
     @property
     def address(self) -> int:
@@ -116,7 +140,50 @@ class NodeFile:
     def view(self) -> memoryview:
         return self.block.view()[HEADER_BYTES:HEADER_BYTES + self.size]
 
+    def pieces(self):
+        """(lo, hi) file byte ranges, in file order, each once every rank's bytes
+        of it are in the block. NodeLoadTimeout after the load's timeout; this
+        rank's own read error as soon as it happens."""
+        step = piece_bytes(self.size)
+        for p, lo in enumerate(range(0, self.size, step)):
+            hi = min(lo + step, self.size)
+            self._wait_word(_W_PIECE + p, hi - lo, f"bytes [{lo}, {hi})")
+            yield lo, hi
+
+    def finish(self) -> "NodeFile":
+        """Waits until this rank's reads are done (raising their error) and every
+        rank has read its part; fills in stats."""
+        r, self._reading = self._reading, None
+        if r is not None:
+            r.join()
+            self.stats.update(read_seconds=r.seconds)
+        t1 = time.monotonic()
+        self._wait_word(_W_ARRIVED, self._load[1], "its part")
+        self.stats["wait_seconds"] = time.monotonic() - t1
+        return self
+
+    def _wait_word(self, word: int, value: int, what: str) -> None:
+        pool, block, r = self.pool, self.block, self._reading
+        path, ranks, timeout, deadline = self._load
+        while True:
+            left = deadline - time.monotonic()
+            step = left if r is None else min(left, _POLL_S)
+            if pool.wait(block, word, value, max(0.0, step)):
+                return
+            if r is not None:
+                r.raise_error()
+            if time.monotonic() >= deadline:
+                arrived = pool.value(block, _W_ARRIVED)
+                raise NodeLoadTimeout(
+                    f"{path}: {arrived} of {ranks} ranks had read their part after "
+                    f"{timeout:g} s, and {what} of the file was not in (a rank died, did not call "
+                    "the load, or reads slowly); every rank of the node must call it with the same files "
+                    "(a larger timeout= waits longer)")
+
     def release(self) -> None:
+        r, self._reading = self._reading, None
+        if r is not None:
+            r.stop()
         if self.block is not None:
             self.pool.free(self.block)
             self.block = None
@@ -127,6 +194,20 @@ def read_file_once(pool, path, rank: int, ranks: int, *, timeout: float = DEFAUL
     same file; each reads its part into one named block of `pool` and returns
     once all parts are in (NodeLoadTimeout after `timeout` seconds). The
     caller releases the returned NodeFile."""
+    nf = open_file_once(pool, path, rank, ranks, timeout=timeout)
+    try:
+        for _ in nf.pieces():
+            pass
+        return nf.finish()
+    except BaseException:
+        nf.release()
+        raise
+
+
+def open_file_once(pool, path, rank: int, ranks: int, *, timeout: float = DEFAULT_TIMEOUT) -> NodeFile:
+    """Collective, like read_file_once, but returns once this rank's reads have
+    started (on threads): the caller takes the pieces as they come in
+    (``NodeFile.pieces()``), then calls ``finish()``, and releases it."""
     timeout = check_node(pool, timeout)
     rank, ranks = node_ranks(rank, ranks)
     name = os.fsdecode(os.fspath(path))
@@ -136,67 +217,147 @@ def read_file_once(pool, path, rank: int, ranks: int, *, timeout: float = DEFAUL
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         digest = hashlib.blake2b(repr(identity).encode(), digest_size=16).hexdigest()
         key = f"ferry.load:{digest}:{_next_round(pool.name, identity)}"
+        if piece_bytes(st.st_size) >= 1 << 32:  # a piece's word counts its bytes in 32 bits
+            raise InvalidArgumentError(f"{name}: {st.st_size} bytes is more than a node load reads in one file "
+                                       f"({MAX_PIECES} pieces of under 4 GiB); split it into shards")
         block = pool.named(key, HEADER_BYTES + st.st_size)
-        try:
-            deadline = time.monotonic() + timeout
-            if block.created:
-                pool.add(block, _W_RANKS, ranks)
-            elif not pool.wait(block, _W_RANKS, 1, timeout):
-                raise NodeLoadTimeout(
-                    f"{name}: the rank that made this file's node block did not set it up within {timeout:g} s "
-                    "(it died, or was stopped); every rank of the node must call the load with the same files")
-            elif pool.value(block, _W_RANKS) != ranks:
-                raise InvalidArgumentError(
-                    f"{name}: this rank loads with ranks={ranks}, the rank that made the node block with "
-                    f"ranks={pool.value(block, _W_RANKS)}; every rank must pass the same ranks")
-            if pool.add(block, _W_CLAIM + rank) != 0:
-                raise InvalidArgumentError(f"{name}: rank={rank} is taken by another process of this load; "
-                                           "each process of the node needs its own rank")
-            bounds = parts(st.st_size, ranks)
-            lo, hi = bounds[rank], bounds[rank + 1]
-            t0 = time.monotonic()
-            _read_part(fd, name, block.view(), lo, hi)
-            t1 = time.monotonic()
-            if os.fstat(fd).st_mtime_ns != st.st_mtime_ns:
-                raise InvalidArgumentError(f"{name}: the file changed while it was read; load it again")
-            pool.add(block, _W_ARRIVED)
-            left = max(0.0, deadline - time.monotonic())
-            if not pool.wait(block, _W_ARRIVED, ranks, left):
-                arrived = pool.value(block, _W_ARRIVED)
-                raise NodeLoadTimeout(
-                    f"{name}: {arrived} of {ranks} ranks had read their part after {timeout:g} s (a rank died, "
-                    "did not call the load, or reads slowly); every rank of the node must call it with the same "
-                    "files (a larger timeout= waits longer)")
-            stats = {"part": (lo, hi), "bytes_read": hi - lo, "read_seconds": t1 - t0,
-                     "wait_seconds": time.monotonic() - t1, "made_block": block.created}
-            return NodeFile(pool, block, st.st_size, stats)
-        except BaseException:
-            pool.free(block)
-            raise
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    try:
+        deadline = time.monotonic() + timeout
+        if block.created:
+            pool.add(block, _W_RANKS, ranks)
+        elif not pool.wait(block, _W_RANKS, 1, timeout):
+            raise NodeLoadTimeout(
+                f"{name}: the rank that made this file's node block did not set it up within {timeout:g} s "
+                "(it died, or was stopped); every rank of the node must call the load with the same files")
+        elif pool.value(block, _W_RANKS) != ranks:
+            raise InvalidArgumentError(
+                f"{name}: this rank loads with ranks={ranks}, the rank that made the node block with "
+                f"ranks={pool.value(block, _W_RANKS)}; every rank must pass the same ranks")
+        if pool.add(block, _W_CLAIM + rank) != 0:
+            raise InvalidArgumentError(f"{name}: rank={rank} is taken by another process of this load; "
+                                       "each process of the node needs its own rank")
+        bounds = parts(st.st_size, ranks)
+        lo, hi = bounds[rank], bounds[rank + 1]
+        stats = {"part": (lo, hi), "bytes_read": hi - lo, "read_seconds": None, "wait_seconds": None,
+                 "made_block": block.created}
+        reading = _Reads(pool, block, fd, name, st, lo, hi)
+        fd = -1  # the reads own it now
+        return NodeFile(pool, block, st.st_size, stats, reading, (name, ranks, timeout, deadline))
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        pool.free(block)
+        raise
 
 
-def _read_part(fd: int, name: str, view: memoryview, lo: int, hi: int) -> None:
-    """Reads bytes [lo, hi) of the file into view[HEADER_BYTES + lo:], in chunks on
-    threads (os.preadv releases the GIL)."""
-    chunks = [(o, min(o + _READ_CHUNK, hi)) for o in range(lo, hi, _READ_CHUNK)]
+class _Reads:
+    """This rank's part of a file read into the block on threads: each chunk,
+    once read, adds its bytes to the words of the pieces it covers; once all
+    are read (and the file did not change meanwhile), the rank's arrival."""
 
-    def read(chunk):
+    def __init__(self, pool, block, fd, name, st, lo, hi):
+        self.pool, self.block, self.fd, self.name, self.st = pool, block, fd, name, st
+        self.step = piece_bytes(st.st_size)
+        self.view = block.view()
+        self.stopping = False
+        self.error = None
+        self.seconds = None
+        self.t0 = time.monotonic()
+        chunks = [(o, min(o + _READ_CHUNK, hi)) for o in range(lo, hi, _READ_CHUNK)]
+        self.pending = len(chunks)
+        self.lock = threading.Lock()  # guards pending and error
+        self.pool_ex = ThreadPoolExecutor(max(1, min(_READ_THREADS, len(chunks))),
+                                          thread_name_prefix="ferry-node-read")
+        self.futures = [self.pool_ex.submit(self._read, c) for c in chunks]
+        if not chunks:
+            self._arrive()
+
+    def _read(self, chunk) -> None:
+        if self.stopping or self.error is not None:
+            return
         a, b = chunk
-        while a < b:
-            n = os.preadv(fd, [view[HEADER_BYTES + a:HEADER_BYTES + b]], a)
-            if n == 0:
-                raise InvalidArgumentError(f"{name}: ends at byte {a}, before {b} (the file shrank while it was read)")
-            a += n
+        try:
+            at = a
+            while at < b:
+                n = os.preadv(self.fd, [self.view[HEADER_BYTES + at:HEADER_BYTES + b]], at)
+                if n == 0:
+                    raise InvalidArgumentError(f"{self.name}: ends at byte {at}, before {b} (the file shrank while "
+                                               "it was read)")
+                at += n
+            for p in range(a // self.step, (b - 1) // self.step + 1):
+                lo, hi = max(a, p * self.step), min(b, (p + 1) * self.step)
+                self.pool.add(self.block, _W_PIECE + p, hi - lo)
+        except BaseException as e:  # noqa: BLE001 - raised by the loading thread
+            with self.lock:
+                self.error = self.error or e
+            return
+        with self.lock:
+            self.pending -= 1
+            last = self.pending == 0
+        if last:
+            self._arrive()
 
-    if len(chunks) <= 1:
-        for c in chunks:
-            read(c)
-        return
-    with ThreadPoolExecutor(min(_READ_THREADS, len(chunks)), thread_name_prefix="ferry-node-read") as ex:
-        for f in [ex.submit(read, c) for c in chunks]:
-            f.result()
+    def _arrive(self) -> None:
+        try:
+            if os.fstat(self.fd).st_mtime_ns != self.st.st_mtime_ns:
+                raise InvalidArgumentError(f"{self.name}: the file changed while it was read; load it again")
+            self.seconds = time.monotonic() - self.t0
+            self.pool.add(self.block, _W_ARRIVED)
+        except BaseException as e:  # noqa: BLE001 - raised by the loading thread
+            with self.lock:
+                self.error = self.error or e
+
+    def raise_error(self) -> None:
+        with self.lock:
+            e = self.error
+        if e is not None:
+            self.join()
+            raise e
+
+    def join(self) -> None:
+        """Waits for every read (raising the first error) and closes the file."""
+        if self.pool_ex is not None:
+            for f in self.futures:
+                f.result()
+            self.pool_ex.shutdown(wait=True)
+            self.pool_ex = None
+            self.view.release()
+            os.close(self.fd)
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        """After an error elsewhere: no new chunk starts; waits for those running."""
+        self.stopping = True
+        try:
+            self.join()
+        except BaseException:  # noqa: BLE001 - the first error was raised already, or is moot
+            pass
+
+
+def piece_items(items, lo: int, hi: int, start: int = 0):
+    """The parts of `items` [(file offset, size, device address)], sorted by
+    offset and not overlapping, that lie in file bytes [lo, hi): (offsets,
+    sizes, addresses, where the next piece's search starts). Pieces are asked
+    in file order."""
+    offsets, sizes, addresses = [], [], []
+    k, n = start, len(items)
+    while k < n and items[k][0] + items[k][1] <= lo:
+        k += 1
+    nxt = k
+    while k < n and items[k][0] < hi:
+        off, size, dst = items[k]
+        a, b = max(off, lo), min(off + size, hi)
+        offsets.append(a)
+        sizes.append(b - a)
+        addresses.append(dst + (a - off))
+        if off + size <= hi:
+            nxt = k + 1
+        k += 1
+    return offsets, sizes, addresses, nxt
 
 
 def copy_from_block(nf: NodeFile, offsets, sizes, addresses, stream, device) -> None:

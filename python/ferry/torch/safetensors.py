@@ -421,19 +421,24 @@ def _loader_fill(ld, files, cat: _Catalog, stream):
 
 def _load_node(torch, node, rank, ranks, timeout, files, cat: _Catalog, selection, dtype, out, dev, stream) -> dict:
     """The node path: file by file, every rank reads its part into the node
-    pool (node_load.read_file_once), then copies its tensors (and the slices
-    it takes of others) from there."""
+    pool (node_load.open_file_once) and copies its tensors from there piece by
+    piece as the pieces come in (the copies run while the file is read); then
+    the tensors it casts and the slices it takes of others."""
     sel, sliced = selection
     result = _targets(torch, sel, cat, dtype, out, dev)
     slice_dts = _dtypes(torch, cat, list(sliced), dtype)
     direct, cast = _split(torch, sel, cat, result, dtype, out)
     names = cat.names
     for f, path in enumerate(files):  # every file, whatever this rank selected: the call is collective
-        nf = node_load.read_file_once(node, path, rank, ranks, timeout=timeout)
+        nf = node_load.open_file_once(node, path, rank, ranks, timeout=timeout)
         try:
-            mine = [i for i in direct if cat.file[i] == f]
-            node_load.copy_from_block(nf, [cat.offset[i] for i in mine], [cat.nbytes[i] for i in mine],
-                                      [result[names[i]].data_ptr() for i in mine], stream, dev.index)
+            mine = sorted((cat.offset[i], cat.nbytes[i], result[names[i]].data_ptr())
+                          for i in direct if cat.file[i] == f and cat.nbytes[i])
+            at = 0
+            for lo, hi in nf.pieces():
+                offsets, sizes, addresses, at = node_load.piece_items(mine, lo, hi, at)
+                node_load.copy_from_block(nf, offsets, sizes, addresses, stream, dev.index)
+            nf.finish()
 
             def fill(batch, addresses, nf=nf):
                 node_load.copy_from_block(nf, [cat.offset[i] for i in batch], [cat.nbytes[i] for i in batch],
