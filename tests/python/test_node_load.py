@@ -56,21 +56,26 @@ def _rank(name, path, rank, ranks, loads, timeout, conn):
     conn.close()
 
 
-def _ranks(name, path, ranks, loads=1, rank_of=None, ranks_of=None, timeout=60):
+def _spawn(target, args_per_rank, wait: float = 120) -> list:
+    """Runs target(*args, conn) in one spawned process per args; their replies, in order."""
     ctx = mp.get_context("spawn")
     procs = []
-    for r in range(ranks):
+    for args in args_per_rank:
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=_rank, args=(name, path, rank_of(r) if rank_of else r,
-                                               ranks_of(r) if ranks_of else ranks, loads, timeout, child))
+        p = ctx.Process(target=target, args=(*args, child))
         p.start()
         procs.append((p, parent))
     outs = []
     for p, parent in procs:
-        assert parent.poll(120), "a rank did not answer"
+        assert parent.poll(wait), "a rank did not answer"
         outs.append(parent.recv())
         p.join(30)
     return outs
+
+
+def _ranks(name, path, ranks, loads=1, rank_of=None, ranks_of=None, timeout=60):
+    return _spawn(_rank, [(name, path, rank_of(r) if rank_of else r, ranks_of(r) if ranks_of else ranks, loads,
+                           timeout) for r in range(ranks)])
 
 
 @pytest.fixture
@@ -136,19 +141,8 @@ def test_pieces_come_in_file_order_each_whole_when_given(tmp_path):
     want = [(lo, min(lo + step, size), hashlib.sha256(data[lo:lo + step]).hexdigest()) for lo in range(0, size, step)]
     assert len(want) == 3
     name = _name("pieces")
-    ctx = mp.get_context("spawn")
     with NodePool(name, _capacity(size), label="test") as pool:
-        procs = []
-        for r in range(3):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_piece_rank, args=(name, str(path), r, 3, child))
-            p.start()
-            procs.append((p, parent))
-        outs = []
-        for p, parent in procs:
-            assert parent.poll(120), "a rank did not answer"
-            outs.append(parent.recv())
-            p.join(30)
+        outs = _spawn(_piece_rank, [(name, str(path), r, 3) for r in range(3)])
         assert pool.stats()["used"] == 0
     for out in outs:
         assert not isinstance(out, str), outs
@@ -316,19 +310,8 @@ def test_two_ranks_load_bit_equal_to_a_plain_load(gpu, tmp_path, monkeypatch):
     path = str(tmp_path / "model.safetensors")
     st.save_file(tensors, path)
     name = _name("gpu")
-    ctx = mp.get_context("spawn")
     with NodePool(name, 256 << 20, label="test"):
-        procs = []
-        for r in range(2):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_gpu_rank, args=(name, path, r, 2, child))
-            p.start()
-            procs.append((p, parent))
-        outs = []
-        for p, parent in procs:
-            assert parent.poll(300), "a rank did not answer"
-            outs.append(parent.recv())
-            p.join(30)
+        outs = _spawn(_gpu_rank, [(name, path, r, 2) for r in range(2)], wait=300)
     for out in outs:
         assert not isinstance(out, str), outs
         same, cast, registered = out
