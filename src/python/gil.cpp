@@ -76,6 +76,32 @@ GilRelease::~GilRelease() {
   g.cv.notify_all();
 }
 
+bool interpreter_exiting() {
+  ExitGuard& g = guard();
+  std::lock_guard lock(g.mu);
+  adopt_generation_locked(g);
+  return g.exiting;
+}
+
+GilTakeBack::GilTakeBack() {
+  ExitGuard& g = guard();
+  {
+    std::unique_lock lock(g.mu);
+    adopt_generation_locked(g);
+    if (g.gave_up) {
+      lock.unlock();
+      block_forever();
+    }
+    ++g.restoring;
+  }
+  state_ = PyGILState_Ensure();
+  std::lock_guard lock(g.mu);
+  --g.restoring;
+  g.cv.notify_all();
+}
+
+GilTakeBack::~GilTakeBack() { PyGILState_Release(state_); }
+
 void wait_for_calls_at_exit() {
   ExitGuard& g = guard();
   PyThreadState* main = PyEval_SaveThread();

@@ -38,6 +38,29 @@ class GilRelease {
   PyThreadState* state_ = nullptr;  // null: the GIL was kept
 };
 
+// Holds the GIL for a scope inside a GilRelease (a Python callback that
+// C++ calls with the GIL dropped, e.g. the write pipeline's fill), with
+// GilRelease's exit rule: once the exit hook gave up waiting, the thread
+// blocks for good instead of taking the GIL from a finalizing interpreter;
+// while it takes it, the hook waits (the same `restoring` count).
+// A call that runs Python callbacks under C++ frames must not START once the
+// exit hook ran (interpreter_exiting()): in a daemon thread during
+// finalization, CPython ends a thread that takes the GIL back with
+// pthread_exit, and that unwinding through the C++ frames aborts the process.
+class GilTakeBack {
+ public:
+  GilTakeBack();
+  ~GilTakeBack();
+  GilTakeBack(const GilTakeBack&) = delete;
+  GilTakeBack& operator=(const GilTakeBack&) = delete;
+
+ private:
+  PyGILState_STATE state_;
+};
+
+// The exit hook ran (this process, this fork generation).
+bool interpreter_exiting();
+
 // The atexit hook: registered once by the module.
 void wait_for_calls_at_exit();
 

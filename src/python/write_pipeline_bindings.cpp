@@ -36,7 +36,7 @@ class PySource final : public load::Source {
   size_t slot_bytes() const override { return slot_bytes_; }
   const unsigned char* slot(size_t i) const override { return reinterpret_cast<const unsigned char*>(at_[i]); }
   void fill(size_t i, uint64_t file_offset, size_t n) override {
-    nb::gil_scoped_acquire gil;
+    GilTakeBack gil;  // not nb::gil_scoped_acquire: safe at interpreter exit (gil.h)
     nb::object where = fill_(i, file_offset, n);
     at_[i] = where.is_none() ? slots_[i] : int_arg<uintptr_t>(where, "fill's result");
   }
@@ -80,6 +80,8 @@ void bind_write_pipeline(nb::module_& m) {
           addresses.push_back(int_arg<uintptr_t>(a, "slots[i]"));
         PySource source(std::move(addresses), size_arg(slot_bytes, "slot_bytes"), std::move(fill));
         const int threads = int_arg<int>(writers, "writers", 1, 64);
+        if (interpreter_exiting())  // fill runs Python under this call's C++ frames: gil.h
+          throw NotSupported("write_file_range: the interpreter is exiting; a save does not start now");
         load::WriteStats st;
         try {
           GilRelease unlocked;

@@ -159,3 +159,22 @@ def test_sys_exit_from_main_with_daemon_threads_copying_buffers():
     """)
     assert rc == 7, err
     assert "terminate called" not in err, err
+
+
+@pytest.mark.parametrize("run_index", range(3))
+def test_exit_while_daemon_threads_save_checkpoints(run_index, tmp_path):
+    """A save's fill callback takes the GIL back inside the C++ write pipeline:
+    exiting while daemon threads are in it ends cleanly (gil.h's exit rule)."""
+    pytest.importorskip("torch")
+    rc, out, err = run(f"""
+        import threading, time, torch, ferry.torch as ft
+        sd = {{f"w{{i}}": torch.randn(256, 1024) for i in range(32)}}
+        def loop(k):
+            while True:
+                ft.save_safetensors(sd, "{tmp_path}/m%d.safetensors" % k, durable=False)
+        for k in range(3):
+            threading.Thread(target=loop, args=(k,), daemon=True).start()
+        time.sleep(0.7)
+    """)
+    assert rc == 0, f"exit status {rc}: {err}"
+    assert "terminate called" not in err and "Fatal Python error" not in err, err
