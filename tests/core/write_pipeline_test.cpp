@@ -46,8 +46,10 @@ class VectorSource final : public Source {
   VectorSource(const std::vector<uint8_t>& bytes, uint64_t file_offset, size_t slots, size_t slot_bytes)
       : bytes_(bytes), offset_(file_offset), slot_bytes_(slot_bytes) {
     for (size_t i = 0; i < slots; ++i) {
-      auto* p = static_cast<unsigned char*>(std::aligned_alloc(kAlign, slot_bytes));
-      std::memset(p, 0xA5, slot_bytes);
+      // aligned_alloc wants a multiple of the alignment (a slot of an odd size is a test case)
+      const size_t room = (slot_bytes + kAlign - 1) / kAlign * kAlign;
+      auto* p = static_cast<unsigned char*>(std::aligned_alloc(kAlign, room));
+      std::memset(p, 0xA5, room);
       slots_.push_back(p);
     }
   }
