@@ -35,7 +35,6 @@ void bind_channel(nanobind::module_& m);  // low-latency channel: channel_bindin
 void bind_managed(nanobind::module_& m);  // PyTorch allocators: managed_bindings.cpp
 void bind_load(nanobind::module_& m);     // checkpoint loader, safetensors: load_bindings.cpp
 void bind_node(nanobind::module_& m);     // the node pool: node_bindings.cpp
-void bind_slot_ring(nanobind::module_& m);  // core/slot_ring.h: slot_ring_bindings.cpp
 void bind_write_pipeline(nanobind::module_& m);  // load/write_pipeline.h: write_pipeline_bindings.cpp
 }
 
@@ -440,6 +439,5 @@ NB_MODULE(_ferry, m) {
   ferry::python::bind_managed(m);  // PyTorch allocators
   ferry::python::bind_load(m);     // checkpoint loader
   ferry::python::bind_node(m);     // node pool
-  ferry::python::bind_slot_ring(m);  // slot ring
   ferry::python::bind_write_pipeline(m);  // save's writers
 }
