@@ -278,15 +278,25 @@ NB_MODULE(_ferry, m) {
   // nanobind's std::bad_cast (a cast_error) becomes InvalidArgumentError, not
   // "RuntimeError: std::bad_cast".
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    auto raise = [](const char* cls_name, const std::string& text) {
+    // errno >= 0: OSLayerError(errno, text), an OSError whose .errno callers test
+    auto raise = [](const char* cls_name, const std::string& text, int err = -1) {
       nb::object cls = nb::module_::import_("ferry.errors").attr(cls_name);
       PyObject* msg = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace");
       if (!msg) return;  // the decoding error stays set
-      PyErr_SetObject(cls.ptr(), msg);
-      Py_DECREF(msg);
+      if (err < 0) {
+        PyErr_SetObject(cls.ptr(), msg);
+        Py_DECREF(msg);
+        return;
+      }
+      if (PyObject* args = Py_BuildValue("(iN)", err, msg)) {  // N: args owns msg
+        PyErr_SetObject(cls.ptr(), args);
+        Py_DECREF(args);
+      }
     };
     try {
       std::rethrow_exception(p);
+    } catch (const ferry::OsError& e) {
+      raise("OSLayerError", e.what(), e.error_number());
     } catch (const ferry::Error& e) {
       raise(error_class(e.status()), e.what());
     } catch (const std::bad_cast&) {

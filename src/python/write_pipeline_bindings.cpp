@@ -9,7 +9,6 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -48,19 +47,6 @@ class PySource final : public load::Source {
   nb::callable fill_;
 };
 
-[[noreturn]] void raise_os_error(const OsError& e) {
-  nb::object cls = nb::module_::import_("ferry.errors").attr("OSLayerError");
-  PyObject* msg = PyUnicode_DecodeUTF8(e.what(), static_cast<Py_ssize_t>(std::strlen(e.what())), "backslashreplace");
-  if (msg) {
-    PyObject* args = Py_BuildValue("(iN)", e.error_number(), msg);
-    if (args) {
-      PyErr_SetObject(cls.ptr(), args);
-      Py_DECREF(args);
-    }
-  }
-  throw nb::python_error();
-}
-
 }  // namespace
 
 void bind_write_pipeline(nb::module_& m) {
@@ -83,12 +69,10 @@ void bind_write_pipeline(nb::module_& m) {
         if (interpreter_exiting())  // fill runs Python under this call's C++ frames: gil.h
           throw NotSupported("write_file_range: the interpreter is exiting; a save does not start now");
         load::WriteStats st;
-        try {
+        {  // an OsError reaches Python as OSLayerError with its errno (module.cpp's translator)
           GilRelease unlocked;
           WorkerPool pool(threads);
           st = load::run_write_pipeline(f, source, pool, threads);
-        } catch (const OsError& e) {
-          raise_os_error(e);
         }
         nb::dict d;
         d["bytes"] = st.bytes;

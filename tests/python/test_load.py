@@ -14,6 +14,7 @@ nothing allocated; a transformers model loads through ``out=state_dict()``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -86,6 +87,7 @@ def test_missing_file_is_an_os_error(tmp_path):
     with pytest.raises(OSError) as e:
         fl.read_safetensors_header(tmp_path / "nope.safetensors")
     assert "nope.safetensors" in str(e.value)
+    assert e.value.errno == errno.ENOENT  # every OS error from the native layer carries its errno
 
 
 def test_shard_index_parser():
