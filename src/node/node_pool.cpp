@@ -121,13 +121,9 @@ Mapped map_region(int fd, size_t bytes, const std::string& name) {
 // enough are free for all of it).
 std::string hugetlb_shortfall(uint64_t file_bytes, HugePolicy policy) {
   if (policy == HugePolicy::thp || policy == HugePolicy::off) return "not asked for";
-  uint64_t free_pages = 0, reserved = 0;
-  if (int err = os::read_free_hugepages(os::kHugePage2MBytes, &free_pages))
+  uint64_t free_pages = 0;
+  if (int err = os::read_unreserved_hugepages(os::kHugePage2MBytes, &free_pages))
     return "no 2 MiB hugetlb pool (" + std::string(std::strerror(err)) + ")";
-  std::string text;  // pages other mappings reserved are counted free but cannot be had
-  if (os::read_file((os::hugepages_dir(os::kHugePage2MBytes) + "/resv_hugepages").c_str(), &text) == 0 &&
-      os::parse_unsigned(text, &reserved))
-    free_pages -= std::min(free_pages, reserved);
   const uint64_t needed = file_bytes / os::kHugePage2MBytes;
   if (free_pages < needed)
     return std::to_string(free_pages) + " free unreserved 2 MiB hugetlb pages, " + std::to_string(needed) +

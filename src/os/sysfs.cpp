@@ -162,6 +162,16 @@ int read_free_hugepages(size_t page_bytes, uint64_t* out) {
   return 0;
 }
 
+int read_unreserved_hugepages(size_t page_bytes, uint64_t* out) {
+  uint64_t free_pages = 0, reserved = 0;
+  if (int err = read_free_hugepages(page_bytes, &free_pages)) return err;
+  std::string text;
+  if (int err = read_file((hugepages_dir(page_bytes) + "/resv_hugepages").c_str(), &text)) return err;
+  if (!parse_unsigned(text, &reserved)) return EINVAL;
+  *out = free_pages > reserved ? free_pages - reserved : 0;
+  return 0;
+}
+
 int usable_cores() noexcept {
   try {
     std::vector<int> cpus;

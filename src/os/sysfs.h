@@ -38,6 +38,9 @@ std::string hugepages_dir(size_t page_bytes);
 
 // free_hugepages of that pool (ENOENT when the kernel has no such pool).
 int read_free_hugepages(size_t page_bytes, uint64_t* out);
+// free_hugepages less resv_hugepages: the pages a new mapping can still
+// reserve (free counts pages other shared mappings reserved but not faulted).
+int read_unreserved_hugepages(size_t page_bytes, uint64_t* out);
 
 // CPUs this thread may run on (sched_getaffinity), at least 1.
 int usable_cores() noexcept;

@@ -249,12 +249,9 @@ TEST(NodePool, AnotherProcessAttachesAndSharesTheBytes) {
 
 // Free 2 MiB hugetlb pages that no mapping has reserved.
 uint64_t unreserved_hugetlb_pages() {
-  uint64_t free_pages = 0, reserved = 0;
-  std::string text;
-  EXPECT_EQ(os::read_free_hugepages(os::kHugePage2MBytes, &free_pages), 0);
-  EXPECT_EQ(os::read_file((os::hugepages_dir(os::kHugePage2MBytes) + "/resv_hugepages").c_str(), &text), 0);
-  EXPECT_TRUE(os::parse_unsigned(text, &reserved)) << text;
-  return free_pages - reserved;
+  uint64_t n = 0;
+  EXPECT_EQ(os::read_unreserved_hugepages(os::kHugePage2MBytes, &n), 0);
+  return n;
 }
 
 // The data's pages: 4 KiB shmem unless hugetlb pages are asked for and free.
@@ -267,7 +264,7 @@ TEST(NodePool, HugetlbPagesWhenFreeElseShmemOrAClearRefusal) {
   o.huge_pages = HugePolicy::off;
   EXPECT_EQ(NodePool::open(unique_name("pages-off"), o)->stats().page_bytes, 4096u);
   uint64_t free_pages = 0;
-  const bool have_pool = os::read_free_hugepages(os::kHugePage2MBytes, &free_pages) == 0;
+  const bool have_pool = os::read_unreserved_hugepages(os::kHugePage2MBytes, &free_pages) == 0;
   // file = header and arrays (2 MiB) + 8 MiB of data: 5 pages
   if (!have_pool || free_pages < 5) {
     o.huge_pages = HugePolicy::hugetlb;
@@ -279,7 +276,8 @@ TEST(NodePool, HugetlbPagesWhenFreeElseShmemOrAClearRefusal) {
     }
     o.huge_pages = HugePolicy::automatic;
     EXPECT_EQ(NodePool::open(unique_name("pages-auto"), o)->stats().page_bytes, 4096u);
-    GTEST_SKIP() << "only " << free_pages << " free 2 MiB hugetlb pages (5 needed): the hugetlb pool is not tried";
+    GTEST_SKIP() << "only " << free_pages
+                 << " free unreserved 2 MiB hugetlb pages (5 needed): the hugetlb pool is not tried";
   }
   const std::string name = unique_name("pages-auto");
   o.huge_pages = HugePolicy::automatic;
