@@ -76,13 +76,6 @@ GilRelease::~GilRelease() {
   g.cv.notify_all();
 }
 
-bool interpreter_exiting() {
-  ExitGuard& g = guard();
-  std::lock_guard lock(g.mu);
-  adopt_generation_locked(g);
-  return g.exiting;
-}
-
 GilTakeBack::GilTakeBack() {
   ExitGuard& g = guard();
   {

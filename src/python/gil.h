@@ -33,6 +33,9 @@ class GilRelease {
   ~GilRelease();
   GilRelease(const GilRelease&) = delete;
   GilRelease& operator=(const GilRelease&) = delete;
+  // False: the exit hook had run, so the GIL was kept (decided under the same
+  // lock that counts the threads inside: no race with the hook).
+  bool released() const { return state_ != nullptr; }
 
  private:
   PyThreadState* state_ = nullptr;  // null: the GIL was kept
@@ -43,10 +46,11 @@ class GilRelease {
 // GilRelease's exit rule: once the exit hook gave up waiting, the thread
 // blocks for good instead of taking the GIL from a finalizing interpreter;
 // while it takes it, the hook waits (the same `restoring` count).
-// A call that runs Python callbacks under C++ frames must not START once the
-// exit hook ran (interpreter_exiting()): in a daemon thread during
-// finalization, CPython ends a thread that takes the GIL back with
-// pthread_exit, and that unwinding through the C++ frames aborts the process.
+// A call that runs Python callbacks under C++ frames must not go on when its
+// GilRelease kept the GIL (!released(): the exit hook ran): the hook does not
+// wait for it, and in a daemon thread during finalization CPython ends a
+// thread that takes the GIL back (inside the callback's Python code) with
+// pthread_exit, whose unwinding through the C++ frames aborts the process.
 class GilTakeBack {
  public:
   GilTakeBack();
@@ -57,9 +61,6 @@ class GilTakeBack {
  private:
   PyGILState_STATE state_;
 };
-
-// The exit hook ran (this process, this fork generation).
-bool interpreter_exiting();
 
 // The atexit hook: registered once by the module.
 void wait_for_calls_at_exit();

@@ -66,11 +66,11 @@ void bind_write_pipeline(nb::module_& m) {
           addresses.push_back(int_arg<uintptr_t>(a, "slots[i]"));
         PySource source(std::move(addresses), size_arg(slot_bytes, "slot_bytes"), std::move(fill));
         const int threads = int_arg<int>(writers, "writers", 1, 64);
-        if (interpreter_exiting())  // fill runs Python under this call's C++ frames: gil.h
-          throw NotSupported("write_file_range: the interpreter is exiting; a save does not start now");
         load::WriteStats st;
         {  // an OsError reaches Python as OSLayerError with its errno (module.cpp's translator)
           GilRelease unlocked;
+          if (!unlocked.released())  // the exit hook ran: fill would run Python under these frames (gil.h)
+            throw NotSupported("write_file_range: the interpreter is exiting; a save does not start now");
           WorkerPool pool(threads);
           st = load::run_write_pipeline(f, source, pool, threads);
         }
