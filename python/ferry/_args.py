@@ -1,5 +1,5 @@
 """Checked arguments of ferry's Python entry points: what a size, a count and a
-flag are, in one place.
+flag and a timeout are, in one place.
 
 A wrong type or an out-of-range value raises InvalidArgumentError naming the
 argument and quoting its value (``nbytes=-1: expected a byte count, an integer
@@ -12,6 +12,8 @@ converts itself (src/python/args.h); the library checks what values mean.
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 
 from .errors import InvalidArgumentError
@@ -94,3 +96,25 @@ def flag(value, name: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgumentError(f"{name}={_quote(value)}: expected True or False")
     return value
+
+
+def timeout(value, name: str = "timeout") -> float | None:
+    """A timeout in seconds, the one rule for every ``timeout=`` of ferry's Python API:
+    an int or float >= 0 (numpy numbers too); ``None`` or ``math.inf``: no limit
+    (returned as None); negative, NaN, a bool or anything else is refused. A caller
+    that hands a long or unlimited wait to native code waits in bounded slices (a
+    clock plus 1e300 s overflows)."""
+    if value is None:
+        return None
+    expected = "seconds >= 0, or None (no limit)"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        hint = " (a bool is not a timeout)" if isinstance(value, bool) else ""
+        raise InvalidArgumentError(f"{name}={_quote(value)}: expected {expected}{hint}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past a float's range: a limit nobody reaches, or a negative
+        seconds = math.inf if value > 0 else -math.inf
+    if math.isnan(seconds) or seconds < 0:
+        raise InvalidArgumentError(f"{name}={_quote(value)}: out of range (expected {expected}; "
+                                   "None or math.inf waits without a limit)")
+    return None if math.isinf(seconds) else seconds

@@ -23,11 +23,14 @@ back writes here (``Channel(use_gdrcopy=True)``), and why not.
 
 from __future__ import annotations
 
+import time
+
 from . import _args, _ferry
 from ._resolve import device_address
 from .errors import InvalidArgumentError
 
 MAX_PAYLOAD = _ferry.CHANNEL_MAX_PAYLOAD
+_WAIT_SLICE_MS = 1000.0  # the longest single kernel wait of Channel.wait (see there)
 
 
 def gdrcopy_status() -> tuple[bool, str]:
@@ -107,14 +110,25 @@ class Channel:
         address, _ = device_address(dev_flag, "dev_flag")
         self._native.signal(address, value)
 
-    def wait(self, dev_flag, value: int, timeout_ms: float = 1000.0) -> bool:
-        """Have the kernel wait until the 32-bit device flag >= value; False on timeout.
+    def wait(self, dev_flag, value: int, timeout_ms: float | None = 1000.0) -> bool:
+        """Have the kernel wait until the 32-bit device flag >= value; False after
+        timeout_ms milliseconds (None or math.inf: no limit; negative or NaN refused).
 
-        The wait holds the whole channel: other requests queue behind it."""
+        The wait holds the whole channel: other requests queue behind it. A wait over
+        1 s is a series of waits of at most 1 s each (the kernel's limit is an hour;
+        other requests, and Ctrl-C, get in between them)."""
+        limit = _args.timeout(timeout_ms, "timeout_ms")  # milliseconds here, the same rule
         address, _ = device_address(dev_flag, "dev_flag")
-        if timeout_ms < 0:
-            raise InvalidArgumentError(f"timeout_ms={timeout_ms}: expected >= 0")
-        return self._native.wait(address, value, int(timeout_ms * 1000))
+        if limit is not None and limit <= _WAIT_SLICE_MS:
+            return self._native.wait(address, value, int(limit * 1000))
+        deadline = None if limit is None else time.monotonic() + limit / 1000
+        while True:
+            left = _WAIT_SLICE_MS if deadline is None else min(_WAIT_SLICE_MS,
+                                                               max(0.0, (deadline - time.monotonic()) * 1000))
+            if self._native.wait(address, value, int(left * 1000)):
+                return True
+            if left < _WAIT_SLICE_MS:
+                return False
 
     def ping(self) -> float:
         """Round trip of an empty request in microseconds (relaunches an idle kernel)."""

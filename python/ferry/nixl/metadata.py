@@ -6,6 +6,7 @@ import json
 import os
 import time
 
+from .. import _args
 from .descriptors import _agent
 from .errors import NixlTimeoutError
 from .library import _nixl_call
@@ -32,12 +33,14 @@ def publish_metadata(agent, path: str | os.PathLike, extra: dict | None = None) 
 
 
 def load_metadata(agent, path: str | os.PathLike, timeout: float = 60.0) -> tuple[str, dict]:
-    """Wait (up to `timeout` s) for a file publish_metadata() wrote, add that
-    agent to `agent` (a known agent is updated) and return (its name, extra)."""
+    """Wait (up to `timeout` s; None or math.inf: no limit) for a file
+    publish_metadata() wrote, add that agent to `agent` (a known agent is
+    updated) and return (its name, extra)."""
+    limit = _args.timeout(timeout, "timeout")
     _agent(agent, "load_metadata")
-    deadline = time.monotonic() + timeout
+    deadline = None if limit is None else time.monotonic() + limit
     while not os.path.exists(path):
-        if time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() > deadline:
             raise NixlTimeoutError(f"no NIXL metadata at {os.fspath(path)!r} after {timeout:g} s: "
                                    "did the peer process start and publish it?")
         time.sleep(0.01)

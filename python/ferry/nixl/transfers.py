@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+from .. import _args
 from ..errors import InvalidArgumentError
 from .descriptors import Descs, _agent, _count, descs, xfer_descs
 from .errors import NixlError, NixlTimeoutError
@@ -117,7 +118,9 @@ class Transfer:
     def wait(self, timeout: float | None = 60.0) -> "Transfer":
         """Block until done (polling NIXL, which also drives its progress);
         NixlTimeoutError after `timeout` seconds (None: no limit) with the
-        transfer still posted, NixlError if it failed."""
+        transfer still posted, NixlError if it failed. None or math.inf: no limit;
+        negative or NaN: InvalidArgumentError."""
+        timeout = _args.timeout(timeout, "timeout")
         start = time.perf_counter()
         pause = 0.0
         while not self.done:
@@ -307,6 +310,7 @@ def transfer(agent, op: str, local, remote, remote_agent: str, *, timeout: float
              coalesce: int | bool = True) -> Transfer:
     """post() and wait(timeout); returns the done Transfer (``seconds``: post to
     done). Release it (or use it in a with block) when not reposting it."""
+    _args.timeout(timeout, "timeout")  # refused before anything is posted
     t = post(agent, op, local, remote, remote_agent, notif=notif, backends=backends, sync=sync, split=split,
              coalesce=coalesce)
     try:

@@ -44,6 +44,7 @@ import subprocess
 import sys
 from typing import Mapping
 
+from .. import _args
 from ..errors import InvalidArgumentError
 from .library import MODULES
 
@@ -188,8 +189,10 @@ def _gpu_count() -> int:
 
 
 def run_probe(library: str | None = None, timeout: float = PROBE_TIMEOUT, gpus: int | None = None) -> Probe:
-    """Probe UCX now (a child process, at most `timeout` s): every transport is
-    allowed in it (the caller's UCX_TLS and UCX_NET_DEVICES are dropped there)."""
+    """Probe UCX now (a child process, at most `timeout` s; None or math.inf: no
+    limit): every transport is allowed in it (the caller's UCX_TLS and
+    UCX_NET_DEVICES are dropped there)."""
+    timeout = _args.timeout(timeout, "timeout")
     gpus = _gpu_count() if gpus is None else gpus
     library = library or library_path()
     if not library:
@@ -216,6 +219,7 @@ _cache: dict[str, Probe] = {}
 
 def probe(refresh: bool = False, timeout: float = PROBE_TIMEOUT) -> Probe:
     """run_probe(), once per process (refresh=True probes again)."""
+    _args.timeout(timeout, "timeout")  # refused even when the probe is cached
     key = library_path() or ""
     if refresh or key not in _cache:
         _cache[key] = run_probe(key or None, timeout)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 import time
 
+from .. import _args
 from ..errors import InvalidArgumentError
 from ._torch import torch_module as _torch
 from .file_layout import Plan, collect, file_order, prepare, tied_names
@@ -60,7 +61,9 @@ class SaveFuture:
 
     def wait(self, timeout: float | None = None) -> list[str]:
         """The paths written, once the save is done; its error re-raised (each
-        call). TimeoutError if not done within `timeout` seconds."""
+        call). TimeoutError if not done within `timeout` seconds (None or
+        math.inf: no limit)."""
+        timeout = _args.timeout(timeout, "timeout")
         if not self._done.wait(timeout):
             raise TimeoutError(f"the save is still running after {timeout} s")
         if self._error is not None:
