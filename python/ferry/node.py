@@ -27,7 +27,12 @@ it is ready; each process pins only what it touches.
 How processes find each other: an abstract Unix socket per member (no file, no
 /dev/shm; same user and network namespace only) passes the memfd (SCM_RIGHTS).
 The pool lives while any member does. A forked child of a member does not see
-the pool (it opens it again by name if it needs it). See docs/node.md.
+the pool: every use there of a NodePool, NodeBlock or Handoff made before the fork
+raises NotSupportedError (the child opens the pool again by name if it needs it).
+See docs/node.md.
+
+Timeouts (``wait``, ``timeout=``): seconds, int or float; None or math.inf: no
+limit; negative or NaN: InvalidArgumentError.
 
 Handoff (node_handoff.py): ``Handoff(pool, key, slots, slot_bytes)`` hands batches
 of blocks from one process's GPU to another's through a ring of slots in the
@@ -37,16 +42,38 @@ pool (``send``/``recv``, one copy_many per slot, completions in signal words).
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+import time
 
 from . import _args, _ferry
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, NotSupportedError
 from .node_handoff import Handoff, HandoffError, HandoffPeerGoneError, HandoffTimeoutError, memmove_many
 
 __all__ = ["NodePool", "NodeBlock", "Handoff", "HandoffError", "HandoffPeerGoneError", "HandoffTimeoutError",
            "memmove_many", "DEFAULT_GRANULE"]
 
 DEFAULT_GRANULE = 64 << 10
+# Native waits get at most this many seconds at a time: a longer or unlimited wait is
+# a loop of them (the native clock overflows on 1e10 s; Ctrl-C is seen between them).
+_WAIT_SLICE_S = 1.0
+# An open's wait for a concurrent creator is one native call: no limit becomes this
+# (31 years; the native clock takes it without overflowing).
+_OPEN_FOREVER_S = 1e9
+
+# Which process this is, as fork() counts: 0 in the process that imported ferry,
+# one more in each forked child (os.register_at_fork). A pool remembers the count it
+# was opened at; in a forked child its memory is not mapped (a touch is SIGSEGV), so
+# every use checks first.
+_fork_generation = 0
+
+
+def _forked() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class NodeBlock:
@@ -70,14 +97,14 @@ class NodeBlock:
     def view(self) -> memoryview:
         """The block's bytes as a writable memoryview, valid while the block is. The view
         keeps this process's mapping of the pool alive (a close() meanwhile unmaps nothing)."""
-        native = self.pool._live()
+        native = self.pool._live("NodeBlock.view")
         array = (ctypes.c_char * self.nbytes).from_address(native.address + self.handle)
         array._ferry_pool = native  # the mapping lives as long as the view's buffer
         return memoryview(array).cast("B")
 
     def __repr__(self) -> str:
         name = f" {self.key!r}" if self.key else ""
-        return f"<NodeBlock{name} handle={self.handle} nbytes={self.nbytes} of {self.pool.name!r}>"
+        return f"<NodeBlock{name} handle={self.handle} nbytes={self.nbytes} of {self.pool._name!r}>"
 
 
 def _handle(value, what: str) -> int:
@@ -94,7 +121,8 @@ class NodePool:
     process that creates it (0: attach only; a non-zero one must agree).
     device: the GPU this process copies with (None: no pinning). granule: the
     allocation unit (creator only). label: this process in messages (default
-    "pid N"; e.g. "rank 3"). timeout: seconds to wait for a concurrent creator.
+    "pid N"; e.g. "rank 3"). timeout: seconds to wait for a concurrent creator
+    (None or math.inf: no limit).
     huge_pages (creator only; None: FERRY_HUGE_PAGES, "auto" by default): "auto"
     takes 2 MiB hugetlb pages when enough are reserved and free for the whole
     pool, else shmem (THP where shmem_enabled allows it); "hugetlb" insists;
@@ -103,7 +131,7 @@ class NodePool:
     """
 
     def __init__(self, name: str, capacity: int = 0, *, device: int | None = None, granule: int = DEFAULT_GRANULE,
-                 label: str | None = None, timeout: float = 10.0, huge_pages: str | None = None):
+                 label: str | None = None, timeout: float | None = 10.0, huge_pages: str | None = None):
         if not isinstance(name, str):
             raise InvalidArgumentError(f"name={_args.quote(name)}: expected a str")
         capacity = _args.size(capacity, "capacity")
@@ -115,12 +143,24 @@ class NodePool:
         if huge_pages is not None and huge_pages not in ("auto", "hugetlb", "thp", "off"):
             raise InvalidArgumentError(f"huge_pages={_args.quote(huge_pages)}: expected 'auto', 'hugetlb', "
                                        "'thp', 'off' or None (FERRY_HUGE_PAGES)")
-        self._native = _ferry.NodePool.open(name, capacity, granule, label or "", float(timeout), huge_pages or "")
+        wait_s = _args.timeout(timeout, "timeout")
+        wait_s = _OPEN_FOREVER_S if wait_s is None else min(wait_s, _OPEN_FOREVER_S)
+        self._name, self._pid, self._generation = name, os.getpid(), _fork_generation
+        self._native = _ferry.NodePool.open(name, capacity, granule, label or "", wait_s, huge_pages or "")
         self.device = device
         self._registration = _ferry.NodeRegistration(self._native, device) if device is not None else None
         self._lock = threading.Lock()
 
-    def _live(self):
+    def _live(self, what: str = "this"):
+        """The native pool; NotSupportedError in a forked child, InvalidArgumentError once closed.
+        Every use of the pool, its blocks and its handoffs goes through here first."""
+        if self._generation != _fork_generation:
+            raise NotSupportedError(
+                f"{what}: NodePool {self._name!r} was opened in process {self._pid}, and this is a forked "
+                f"child of it (process {os.getpid()}): the pool's memory is not mapped in a child, so its "
+                f"NodePool, blocks and Handoffs cannot be used here. Open the pool again in the child, "
+                f"NodePool({self._name!r}) (it attaches while another process holds the pool), and its "
+                f"blocks through that object (pool.block(handle), pool.named(key, n), Handoff(pool, ...))")
         if self._native is None:
             raise InvalidArgumentError("this NodePool was closed: open it again with NodePool(name)")
         return self._native
@@ -128,63 +168,63 @@ class NodePool:
     # --- what it is -------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        return self._live().name
+        return self._live("NodePool.name").name
 
     @property
     def capacity(self) -> int:
-        return self._live().capacity
+        return self._live("NodePool.capacity").capacity
 
     @property
     def granule(self) -> int:
-        return self._live().granule
+        return self._live("NodePool.granule").granule
 
     @property
     def address(self) -> int:
         """Where the pool's data starts in this process (block addresses are this + handle)."""
-        return self._live().address
+        return self._live("NodePool.address").address
 
     def stats(self) -> dict:
         """capacity, used, free, largest_free, granule, page_bytes (2 MiB: hugetlb; 4 KiB: shmem),
         repairs, created_here, members (pid, label, bytes, blocks, named, this_process; dead
         members are reclaimed first), registered_bytes and piece_bytes (this process's pins)."""
-        s = self._live().stats()
+        s = self._live("NodePool.stats").stats()
         s["registered_bytes"] = self._registration.registered_bytes() if self._registration else 0
         s["piece_bytes"] = self._registration.piece_bytes if self._registration else 0
         return s
 
     def holders(self) -> str:
         """Who holds what, as one line (what an allocation error says)."""
-        return self._live().describe_holders()
+        return self._live("NodePool.holders").describe_holders()
 
     def reclaim_dead(self) -> int:
         """Free the blocks of members that died; the bytes freed."""
-        return self._live().reclaim_dead()
+        return self._live("NodePool.reclaim_dead").reclaim_dead()
 
     # --- blocks -----------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> NodeBlock:
         """A block of at least nbytes, owned by this process."""
-        offset, n = self._live().allocate(_args.size(nbytes))
+        offset, n = self._live("NodePool.alloc").allocate(_args.size(nbytes))
         return self._touched(NodeBlock(self, offset, n))
 
     def named(self, key: str, nbytes: int) -> NodeBlock:
         """The block called key (made here if no process holds it; sizes must agree)."""
         if not isinstance(key, str):
             raise InvalidArgumentError(f"key={_args.quote(key)}: expected a str")
-        offset, n, created = self._live().allocate_named(key, _args.size(nbytes))
+        offset, n, created = self._live("NodePool.named").allocate_named(key, _args.size(nbytes))
         return self._touched(NodeBlock(self, offset, n, created, key))
 
     def block(self, handle) -> NodeBlock:
         """The live block with this handle (from alloc() or named() in any process)."""
         offset = _handle(handle, "handle")
-        return self._touched(NodeBlock(self, offset, self._live().find(offset)))
+        return self._touched(NodeBlock(self, offset, self._live("NodePool.block").find(offset)))
 
     def free(self, block) -> None:
         """Frees an unnamed block (any member may), or lets go of a named one."""
-        self._live().release(_handle(block, "block"))
+        self._live("NodePool.free").release(_handle(block, "block"))
 
     def take(self, block) -> None:
         """This process becomes the owner of an unnamed block."""
-        self._live().take(_handle(block, "block"))
+        self._live("NodePool.take").take(_handle(block, "block"))
 
     # --- signal words -----------------------------------------------------------------------
     def _word(self, block, index) -> int:
@@ -195,15 +235,27 @@ class NodePool:
 
     def add(self, block: NodeBlock, index: int = 0, n: int = 1) -> int:
         """Adds n to the block's index-th 32-bit word (atomic, any process); returns the value before."""
-        return self._live().add(self._word(block, index), _args.u32(n, "n"))
+        native = self._live("NodePool.add")
+        return native.add(self._word(block, index), _args.u32(n, "n"))
 
     def value(self, block: NodeBlock, index: int = 0) -> int:
-        return self._live().load(self._word(block, index))
+        native = self._live("NodePool.value")
+        return native.load(self._word(block, index))
 
     def wait(self, block: NodeBlock, index: int = 0, value: int = 1, timeout: float | None = None) -> bool:
-        """Waits until the word is >= value (counters that only grow); False on timeout."""
-        return self._live().wait_at_least(self._word(block, index), _args.u32(value, "value"),
-                                          -1.0 if timeout is None else float(timeout))
+        """Waits until the word is >= value (counters that only grow); False after timeout
+        seconds (None or math.inf: no limit; 0: looks once)."""
+        native = self._live("NodePool.wait")
+        word, value, limit = self._word(block, index), _args.u32(value, "value"), _args.timeout(timeout)
+        if limit is not None and limit <= _WAIT_SLICE_S:
+            return native.wait_at_least(word, value, limit)
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:  # bounded native waits (see _WAIT_SLICE_S)
+            left = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, max(0.0, deadline - time.monotonic()))
+            if native.wait_at_least(word, value, left):
+                return True
+            if left < _WAIT_SLICE_S:
+                return False
 
     # --- pinning ----------------------------------------------------------------------------
     def _touched(self, block: NodeBlock) -> NodeBlock:
@@ -213,13 +265,13 @@ class NodePool:
 
     def ready(self, block: NodeBlock) -> bool:
         """Whether the block is pinned for this process's device (True with no device)."""
-        self._live()
+        self._live("NodePool.ready")
         return self._registration is None or self._registration.ready(block.handle, block.nbytes)
 
     def wait_ready(self, block: NodeBlock | None = None) -> None:
         """Waits until the block (None: the whole pool, after pin_all()) is pinned for this
         process's device; raises CudaError if pinning failed."""
-        self._live()
+        self._live("NodePool.wait_ready")
         if self._registration is not None:
             if block is None:
                 self._registration.wait(0, self.capacity)
@@ -230,7 +282,7 @@ class NodePool:
         """Starts pinning the whole pool for this process's device in the background (a
         rank that will use most of it, e.g. for checkpoint loads: blocks made later are
         ready at once); wait_ready() waits for it. InvalidArgumentError without device=."""
-        self._live()
+        self._live("NodePool.pin_all")
         if self._registration is None:
             raise InvalidArgumentError("pin_all: this NodePool was opened without device=: nothing to pin for")
         self._registration.touch(0, self.capacity)
@@ -239,7 +291,8 @@ class NodePool:
     def close(self) -> None:
         """Unpins, frees this process's unnamed blocks and lets go of its named ones (once no
         view() of a block is alive: views keep the mapping). The pool lives on while
-        another process holds it. Later calls raise InvalidArgumentError."""
+        another process holds it. Later calls raise InvalidArgumentError. In a forked child
+        it only drops this object (the parent's membership stays the parent's)."""
         self._registration = None
         self._native = None
 
@@ -252,4 +305,6 @@ class NodePool:
     def __repr__(self) -> str:
         if self._native is None:
             return "<NodePool closed>"
+        if self._generation != _fork_generation:
+            return f"<NodePool {self._name!r} of process {self._pid}, unusable in this forked child>"
         return f"<NodePool {self.name!r} capacity={self.capacity} device={self.device}>"

@@ -22,11 +22,11 @@ InvalidArgumentError and consumes nothing). Sizes are anything (an item larger
 than a slot is split across slots). The named block is freed when both let go,
 so a producer that leaves early loses what was not received: call ``drain()``.
 
-Waits are bounded (``timeout``) and watch the peer: a peer that left the pool
-(exited, killed, closed) is noticed within ``poll`` seconds and raises
-HandoffPeerGoneError; a live peer that does not keep up raises
-HandoffTimeoutError after ``timeout``. After either, the handoff is broken
-(the peer's waits fail too): open a new key.
+Waits are bounded (``timeout``: seconds; None or math.inf: no limit) and watch
+the peer: a peer that left the pool (exited, killed, closed) is noticed within
+``poll`` seconds and raises HandoffPeerGoneError; a live peer that does not keep
+up raises HandoffTimeoutError after ``timeout``. After either, the handoff is
+broken (the peer's waits fail too): open a new key.
 
 ``copy``: the copy function, ``copy(dsts, srcs, sizes)`` with int64 arrays of
 addresses (default ``ferry.copy_many(..., device=pool.device)``);
@@ -40,6 +40,7 @@ import time
 
 from . import _args
 from ._resolve import resolve
+from .units import fmt_bytes
 from .errors import FerryError, InvalidArgumentError, NotSupportedError
 
 MAGIC = 0x48444F46  # "FODH"
@@ -63,6 +64,25 @@ class HandoffTimeoutError(HandoffError, TimeoutError):
 
 class HandoffPeerGoneError(HandoffError):
     """The peer left the pool (exited, was killed or closed) with the handoff unfinished."""
+
+
+class _HandoffTimeout:
+    """drain()'s default: the timeout the Handoff was opened with."""
+
+    def __repr__(self) -> str:
+        return "Handoff.timeout"
+
+
+HANDOFF_TIMEOUT = _HandoffTimeout()
+
+
+def header_bytes(slots: int, granule: int) -> int:
+    """The ring's header (signal words), whole granules: the slots start after it."""
+    return _align(4 * (HEADER_WORDS + (2 + META_WORDS) * slots), granule)
+
+
+def _sizes(slots: int, slot_bytes: int) -> str:
+    return f"slots={slots}, slot_bytes={slot_bytes} ({fmt_bytes(slot_bytes)})"
 
 
 def _numpy():
@@ -162,20 +182,19 @@ class Handoff:
     slots: >= 1 (2 or more to overlap the two copies); slot_bytes: each slot's
     size (rounded up to 4 KiB); both sides give the same values. timeout:
     seconds a wait may take (also for the block's header to be written by the
-    side that made it). poll: how often a wait checks that the peer is still in
-    the pool. copy: the copy function (module docstring)."""
+    side that made it; None or math.inf: no limit). poll: how often a wait checks
+    that the peer is still in the pool. copy: the copy function (module docstring)."""
 
-    def __init__(self, pool, key: str, slots: int = 4, slot_bytes: int = 64 << 20, *, timeout: float = 60.0,
-                 poll: float = 0.25, copy=None, device: int | None = None):
+    def __init__(self, pool, key: str, slots: int = 4, slot_bytes: int = 64 << 20, *,
+                 timeout: float | None = 60.0, poll: float = 0.25, copy=None, device: int | None = None):
         self.slots = _args.integer(slots, "slots", 1, MAX_SLOTS)
         self.slot_bytes = _align(_args.integer(slot_bytes, "slot_bytes", 1, 1 << 44), SLOT_ALIGN)
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-            raise InvalidArgumentError(f"timeout={_args.quote(timeout)}: expected seconds > 0")
-        if not isinstance(poll, (int, float)) or isinstance(poll, bool) or not poll > 0:
+        timeout = _args.timeout(timeout, "timeout")
+        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0 < poll < float("inf"):
             raise InvalidArgumentError(f"poll={_args.quote(poll)}: expected seconds > 0")
         if copy is not None and not callable(copy):
             raise InvalidArgumentError(f"copy={_args.quote(copy)}: expected a function copy(dsts, srcs, sizes)")
-        self.pool, self.key, self.timeout, self.poll = pool, key, float(timeout), float(poll)
+        self.pool, self.key, self.timeout, self.poll = pool, key, timeout, float(poll)
         self.device = pool.device if device is None else device
         if copy is None:
             from .copy import copy_many
@@ -185,14 +204,40 @@ class Handoff:
             def copy(dsts, srcs, sizes):
                 copy_many(dsts, srcs, sizes, device=dev)
         self._copy = copy
-        header = _align(4 * (HEADER_WORDS + (2 + META_WORDS) * self.slots), pool.granule)
+        header = header_bytes(self.slots, pool.granule)
         self._data_offset = header
-        self.block = pool.named(key, header + self.slots * self.slot_bytes)
+        self.block = None
+        try:
+            self.block = pool.named(key, header + self.slots * self.slot_bytes)
+        except InvalidArgumentError:
+            other = self._other_side()
+            if other is None:
+                raise
+            raise InvalidArgumentError(f"Handoff {key!r}: the other side opened it with {other}; this side "
+                                       f"asked {_sizes(self.slots, self.slot_bytes)}: give both sides the same "
+                                       "slots and slot_bytes (or another key)") from None
         try:
             self._open(header)
         except BaseException:
             self.close()  # lets go of what it holds: a failed open leaves nothing behind
             raise
+
+    def _other_side(self) -> str | None:
+        """What the process that made the named block `key` asked, when it differs in size
+        from this side's (for the message); None if no such block is there."""
+        native = self.pool._live(f"Handoff {self.key!r}")
+        found = native.find_named(self.key)
+        if found is None:
+            return None
+        offset, nbytes = found
+        granule = self.pool.granule
+        # a look without holding the block: its maker may still be writing the header, or free it
+        magic, ready, slots, kib4 = (native.load(offset + 4 * w) for w in (_W_MAGIC, _W_READY, _W_SLOTS,
+                                                                           _W_SLOT_KIB4))
+        if magic == MAGIC and ready and 1 <= slots <= MAX_SLOTS and \
+                header_bytes(slots, granule) + slots * kib4 * SLOT_ALIGN == nbytes:
+            return _sizes(slots, kib4 * SLOT_ALIGN)
+        return f"a block of {nbytes} bytes ({fmt_bytes(nbytes)}; its header is not a handoff's, or not written yet)"
 
     def _open(self, header: int) -> None:
         pool, key = self.pool, self.key
@@ -214,10 +259,11 @@ class Handoff:
                                       f"finish writing the header within {self.timeout:g} s")
         got = (self._words[_W_MAGIC], self._words[_W_SLOTS], self._words[_W_SLOT_KIB4] * SLOT_ALIGN)
         if got != (MAGIC, self.slots, self.slot_bytes):
+            theirs = "a block that is not a handoff's" if got[0] != MAGIC else _sizes(got[1], got[2])
             raise InvalidArgumentError(
-                f"handoff {key!r}: opened with slots={self.slots}, slot_bytes={self.slot_bytes}, but the block "
-                + ("is not a handoff's" if got[0] != MAGIC else f"has slots={got[1]}, slot_bytes={got[2]}")
-                + ": give both sides the same values (or another key)")
+                f"Handoff {key!r}: the other side opened it with {theirs}; this side asked "
+                f"{_sizes(self.slots, self.slot_bytes)}: give both sides the same slots and slot_bytes "
+                "(or another key)")
         if pool.device is not None:
             pool.wait_ready(self.block)
         # where each side is: a side's position is what its counters say (so a reopened side resumes)
@@ -231,6 +277,7 @@ class Handoff:
         """Copies the items into the ring, slot by slot, one copy call per slot; returns
         the bytes sent. srcs: addresses (ints, an int64 array) with sizes, or
         tensors/buffers (sizes: None for whole objects, an int for every item, or a list)."""
+        self._usable("send")
         addrs, lengths = _addresses(srcs, sizes, False, "srcs")
         self._join("producer")
         total, chunks = plan(lengths, self.slot_bytes)
@@ -238,7 +285,7 @@ class Handoff:
         for item, off, pos, length in chunks:
             b = self._sent
             slot, rnd = b % self.slots, b // self.slots
-            self._wait(self._drained + slot, rnd, "consumer", f"drain slot {slot} (batch {b})")
+            self._wait(self._drained + slot, rnd, "consumer", f"drain slot {slot} (batch {b})", self.timeout)
             self._copy(self._slot_base + slot * self.slot_bytes + pos, addrs[item] + off, length)
             m = self._meta + META_WORDS * slot
             self._words[m], self._words[m + 1] = total & 0xFFFFFFFF, total >> 32
@@ -250,13 +297,14 @@ class Handoff:
     def recv(self, dsts, sizes=None) -> int:
         """Copies the next send call's items into dsts (the same sizes as sent), one copy
         call per slot; returns the bytes received."""
+        self._usable("recv")
         addrs, lengths = _addresses(dsts, sizes, True, "dsts")
         self._join("consumer")
         total, chunks = plan(lengths, self.slot_bytes)
         for k, (item, off, pos, length) in enumerate(chunks):
             b = self._received
             slot, rnd = b % self.slots, b // self.slots
-            self._wait(self._filled + slot, rnd + 1, "producer", f"fill slot {slot} (batch {b})")
+            self._wait(self._filled + slot, rnd + 1, "producer", f"fill slot {slot} (batch {b})", self.timeout)
             m = self._meta + META_WORDS * slot
             sent = (self._words[m] | self._words[m + 1] << 32, self._words[m + 2])
             if k == 0 and sent != (total, len(lengths) & 0xFFFFFFFF):
@@ -268,19 +316,31 @@ class Handoff:
             self._received = b + 1
         return total
 
-    def drain(self, timeout: float | None = None) -> None:
-        """Producer: waits until the consumer drained every slot sent."""
-        limit = self.timeout if timeout is None else float(timeout)
+    def drain(self, timeout: float | None = HANDOFF_TIMEOUT) -> None:
+        """Producer: waits until the consumer drained every slot sent, at most `timeout`
+        seconds in all (default: the Handoff's timeout; None or math.inf: no limit)."""
+        self._usable("drain")
+        limit = self.timeout if timeout is HANDOFF_TIMEOUT else _args.timeout(timeout, "timeout")
+        deadline = None if limit is None else time.monotonic() + limit
         for s in range(self.slots):
             need = self._sent // self.slots + (1 if s < self._sent % self.slots else 0)
-            self._wait(self._drained + s, need, "consumer", f"drain slot {s}", limit)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._wait(self._drained + s, need, "consumer", f"drain slot {s}", left, limit)
 
     @property
     def pending(self) -> int:
         """Slots sent and not yet drained."""
+        self._usable("pending")
         return sum(self._words[self._filled + s] - self._words[self._drained + s] for s in range(self.slots))
 
     # --- waiting, watching the peer ---------------------------------------------------------
+    def _usable(self, what: str) -> None:
+        """NotSupportedError in a forked child (the pool's memory is not mapped there);
+        InvalidArgumentError once closed."""
+        self.pool._live(f"Handoff {self.key!r}.{what}")
+        if self.block is None:
+            raise InvalidArgumentError(f"Handoff {self.key!r}.{what}: the handoff was closed; open it again")
+
     def _join(self, role: str) -> None:
         """Writes this process's pool slot and pid for `role`, once, so the peer can watch it."""
         self._check_broken()
@@ -306,29 +366,41 @@ class Handoff:
             raise HandoffError(f"handoff {self.key!r} is broken: the {side} gave up after an error; "
                                f"open a new key")
 
-    def _wait(self, word: int, value: int, peer: str, what: str, timeout: float | None = None) -> None:
-        limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        while not self.pool.wait(self.block, word, value & 0xFFFFFFFF, min(self.poll, limit)):
+    def _wait(self, word: int, value: int, peer: str, what: str, timeout: float | None,
+              told: float | None = None) -> None:
+        """Waits until the word reaches value, at most `timeout` seconds (None: no limit;
+        `told`: the limit the message names, if not that)."""
+        limit = timeout
+        deadline = None if limit is None else time.monotonic() + limit
+        step = self.poll if limit is None else min(self.poll, limit)
+        while not self.pool.wait(self.block, word, value & 0xFFFFFFFF, step):
             self._check_broken()
             gone = self._peer_gone(peer)
-            if gone or time.monotonic() >= deadline:
+            if gone or (deadline is not None and time.monotonic() >= deadline):
                 self._words[_W_BROKEN] = 1 if peer == "consumer" else 2  # the peer's waits fail too
                 if gone:
                     raise HandoffPeerGoneError(f"handoff {self.key!r}: waiting for the {peer} to {what}, but "
                                                f"{gone} (died, was killed or closed the pool): "
                                                f"{self.pending} slots undelivered")
-                raise HandoffTimeoutError(f"handoff {self.key!r}: the {peer} did not {what} within {limit:g} s "
-                                          f"(it is still in the pool: {self.pool.holders()}); raise timeout= "
-                                          f"if it is slow")
+                told = limit if told is None else told
+                if self._words[_W_SIDE[peer]] == 0:
+                    where = f"it has not started: no {'recv' if peer == 'consumer' else 'send'} call yet"
+                else:
+                    where = f"it is still in the pool: {self.pool.holders()}"
+                raise HandoffTimeoutError(f"handoff {self.key!r}: the {peer} did not {what} within {told:g} s "
+                                          f"({where}); raise timeout= if it is slow")
 
     # --- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Lets go of the named block (freed when both sides did)."""
+        """Lets go of the named block (freed when both sides did). In a forked child it
+        only drops this object (the block stays the parent's)."""
         if self.block is not None:
-            self._words = None
-            self.pool.free(self.block)
-            self.block = None
+            block, self.block, self._words = self.block, None, None
+            try:
+                self.pool._live(f"Handoff {self.key!r}.close")
+            except NotSupportedError:
+                return  # a forked child: nothing here is ours to free
+            self.pool.free(block)
 
     def __enter__(self):
         return self

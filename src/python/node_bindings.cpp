@@ -2,16 +2,22 @@
 // background registration of it (cuda/node_registration.h), for ferry.node.
 // Calls that may wait (open, registration waits, signal-word waits) release
 // the GIL; the rest take the region's lock for microseconds and keep it.
+// Python checks first that the pool is usable (not closed, not a forked
+// child's copy: its region is not mapped there) and what a timeout is.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
 #include <memory>
+#include <optional>
+#include <tuple>
 
 #include "core/options.h"
 #include "cuda/node_registration.h"
 #include "node/node_pool.h"
+#include "node/node_region.h"
 #include "python/gil.h"
 
 namespace nb = nanobind;
@@ -20,6 +26,26 @@ using namespace nb::literals;
 namespace ferry::python {
 
 using node::NodePool;
+
+namespace {
+
+// (offset, bytes) of the named block `key`, held or not, or nothing: a look for
+// messages (a Handoff whose sides differ in size names the other side's values).
+// The block is not held, so it may be freed right after; the caller treats what
+// it reads there as a hint. (A lookup NodePool itself could offer.)
+std::optional<std::tuple<uint64_t, uint64_t>> find_named(NodePool& p, const std::string& key) {
+  node::Region region(p.region_base());
+  const bool repaired = region.lock();
+  const uint32_t i = region.find_named(key);
+  std::optional<std::tuple<uint64_t, uint64_t>> found;
+  if (i < node::kMaxNamed)
+    found = std::make_tuple(region.named(i).first * p.granule(), region.named(i).count * p.granule());
+  region.unlock();
+  if (repaired) p.reclaim_dead();  // what NodePool's own lock does after a repair
+  return found;
+}
+
+}  // namespace
 
 void bind_node(nb::module_& m) {
   nb::class_<NodePool>(m, "NodePool")
@@ -54,6 +80,7 @@ void bind_node(nb::module_& m) {
              return std::make_tuple(b.offset, b.bytes, created);
            })
       .def("find", [](NodePool& p, uint64_t offset) { return p.find(offset).bytes; })
+      .def("find_named", &find_named, "key"_a)
       .def("release", &NodePool::release)
       .def("take", &NodePool::take)
       .def("reclaim_dead", &NodePool::reclaim_dead)

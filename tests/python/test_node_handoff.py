@@ -169,27 +169,47 @@ def test_recv_with_other_sizes_than_send_is_refused_and_consumes_nothing():
     h.close()
 
 
-def _open_other(name, key, q):
+def _open_other(name, key, slots, slot_bytes, q):
     try:
         pool = NodePool(name, label="other")
-        Handoff(pool, key, 3, 4096, timeout=5, copy=memmove_many)
+        Handoff(pool, key, slots, slot_bytes, timeout=5, copy=memmove_many)
         q.put(("ok", None))
     except Exception as e:
         q.put(("error", f"{type(e).__name__}: {e}"))
 
 
-def test_both_sides_must_give_the_same_slots_and_slot_bytes():
+@pytest.mark.parametrize("mine, theirs", [
+    ((2, 4096), (3, 4096)),  # the same block size (one header granule + 3 slots fit 2 granules): the header differs
+    ((3, 64 << 10), (4, 64 << 10)),  # issue 38: the block's size differs (256 KiB and 320 KiB)
+    ((4, 64 << 10), (4, 128 << 10)),
+])
+def test_both_sides_must_give_the_same_slots_and_slot_bytes(mine, theirs):
+    """Whether the sizes differ or only the header, the message names both sides'
+    slots and slot_bytes (not "named block 'req-7' exists with 256 KiB, not 320 KiB")."""
     name = _name()
-    pool = NodePool(name, 1 << 20)
-    h = Handoff(pool, "k", 2, 4096, copy=memmove_many)
+    pool = NodePool(name, 4 << 20)
+    h = Handoff(pool, "req-7", *mine, copy=memmove_many)
     q = CTX.Queue()
-    p = CTX.Process(target=_open_other, args=(name, "k", q))
+    p = CTX.Process(target=_open_other, args=(name, "req-7", *theirs, q))
     p.start()
     kind, msg = q.get(timeout=60)
     p.join(30)
-    # the block's size differs (the pool says so) or the header does (the handoff says so)
-    assert kind == "error" and "InvalidArgumentError" in msg and ("slots=2" in msg or "size" in msg), msg
+    want = (f"InvalidArgumentError: Handoff 'req-7': the other side opened it with slots={mine[0]}, "
+            f"slot_bytes={mine[1]} ({mine[1] >> 10} KiB); this side asked slots={theirs[0]}, "
+            f"slot_bytes={theirs[1]} ({theirs[1] >> 10} KiB): give both sides the same slots and slot_bytes")
+    assert kind == "error" and msg.startswith(want), msg
+    assert pool.stats()["members"][0]["named"] == 1 and len(pool.stats()["members"]) == 1  # the other held nothing
     h.close()
+
+
+def test_a_block_of_the_key_that_is_no_handoff_is_named_as_such():
+    pool = NodePool(_name(), 1 << 20)
+    other = pool.named("k", 4096)
+    with pytest.raises(InvalidArgumentError, match=r"Handoff 'k': the other side opened it with a block of 65536 "
+                                                   r"bytes \(64 KiB; its header is not a handoff's, or not written "
+                                                   r"yet\); this side asked slots=2, slot_bytes=4096 \(4 KiB\)"):
+        Handoff(pool, "k", 2, 4096, copy=memmove_many)
+    pool.free(other)
 
 
 def _open_expect_timeout(name, key, q):
@@ -228,8 +248,9 @@ def test_a_stale_header_in_reused_pool_memory_is_not_taken_for_a_ready_one():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(slots=0), "slots=0"), (dict(slot_bytes=0), "slot_bytes=0"), (dict(timeout=0), "timeout=0"),
-    (dict(poll=-1), "poll=-1"), (dict(copy="fast"), "copy='fast'")])
+    (dict(slots=0), "slots=0"), (dict(slot_bytes=0), "slot_bytes=0"), (dict(timeout=-1), "timeout=-1"),
+    (dict(timeout=float("nan")), "timeout=nan"), (dict(poll=-1), "poll=-1"), (dict(poll=float("inf")), "poll=inf"),
+    (dict(copy="fast"), "copy='fast'")])
 def test_bad_arguments_are_refused(bad, match):
     pool = NodePool(_name(), 1 << 20)
     args = dict(slots=2, slot_bytes=4096, copy=memmove_many) | bad
