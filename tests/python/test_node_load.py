@@ -16,6 +16,8 @@ import hashlib
 import multiprocessing as mp
 import os
 import random
+import threading
+import time
 
 import pytest
 
@@ -207,6 +209,52 @@ def test_ranks_that_disagree_or_repeat_are_refused(random_file):
     assert any("every rank must pass the same ranks" in e for e in errors), differ
 
 
+def _call_bounded(call, fifo=None):
+    """call() on a thread: (its error or result, whether it finished within 10 s).
+    A call stuck in opening the FIFO is freed by opening its write end (then closed)."""
+    out = {}
+
+    def run():
+        try:
+            out["result"] = call()
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(10)
+    stuck = t.is_alive()
+    if stuck and fifo is not None:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the reader gets EOF
+        t.join(10)
+    return out, not stuck
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "directory"])
+@pytest.mark.parametrize("verb", ["read_file_once", "open_file_once"])
+def test_only_a_regular_file_is_read(tmp_path, kind, verb):
+    """Issue 38 item 11: a FIFO blocked in os.open whatever the timeout, /dev/zero read as
+    an empty file. Both are refused at once, as load_safetensors refuses them."""
+    if kind == "fifo":
+        path = str(tmp_path / "fifo")
+        os.mkfifo(path)
+    elif kind == "directory":
+        path = str(tmp_path)
+    else:
+        path = "/dev/zero"
+    fn = read_file_once if verb == "read_file_once" else open_file_once
+    with NodePool(_name("fifo"), 1 << 20) as pool:
+        t0 = time.monotonic()
+        out, finished = _call_bounded(lambda: fn(pool, path, 0, 1, timeout=2), path if kind == "fifo" else None)
+        if "result" in out:
+            out["result"].release()
+        assert finished, f"{verb}({kind}) blocked (in os.open)"
+        assert isinstance(out.get("error"), InvalidArgumentError), out
+        assert str(out["error"]) == f"{path}: not a regular file"
+        assert time.monotonic() - t0 < 2
+        assert pool.stats()["used"] == 0
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"rank": 2, "ranks": 2}, r"rank=2.*0-1"),
     ({"rank": 0, "ranks": 0}, r"ranks=0"),
@@ -260,8 +308,8 @@ def test_load_safetensors_refuses_bad_node_arguments(tmp_path, monkeypatch):
             load_safetensors(path, node=pool, rank=0, ranks=0)
         with pytest.raises(InvalidArgumentError, match=r"rank=5"):
             load_safetensors(path, node=pool, rank=5, ranks=2)
-        with pytest.raises(InvalidArgumentError, match=r"timeout=0"):
-            load_safetensors(path, node=pool, rank=0, ranks=1, timeout=0)
+        with pytest.raises(InvalidArgumentError, match=r"timeout=-1: out of range"):
+            load_safetensors(path, node=pool, rank=0, ranks=1, timeout=-1)
 
 
 def _gpu_rank(name, path, rank, ranks, conn):

@@ -23,13 +23,20 @@ Keys: a hash of the file's identity (device, inode, size, mtime) and this
 process's count of node loads of that file, so a new load never joins the
 signal words of an earlier one (calls are collective: every rank counts the
 same). A rank that dies, or never comes, makes the others fail after
-``timeout`` seconds with NodeLoadTimeout (how many ranks arrived); none hangs.
+``timeout`` seconds with NodeLoadTimeout (how many ranks arrived); none hangs
+(``timeout=None`` or ``math.inf``: no limit, a rank waits for the others for good).
+
+Only a regular file is loaded: the path is opened with O_NONBLOCK (a FIFO's open
+does not wait for a writer) and anything else (a FIFO, /dev/zero, a directory) is
+refused, as load_safetensors refuses it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -93,16 +100,15 @@ def _env_int(var: str, what: str) -> int:
 
 
 def check_node(node, timeout) -> float:
-    """node must be a ferry.node.NodePool; the timeout in seconds (> 0)."""
+    """node must be a ferry.node.NodePool (open, of this process); the timeout in
+    seconds (_args.timeout's rule; no limit: math.inf)."""
     from ..node import NodePool
 
     if not isinstance(node, NodePool):
         raise InvalidArgumentError(f"node={_args.quote(node)}: expected a ferry.node.NodePool (or None)")
-    if node._native is None:
-        raise InvalidArgumentError(f"node={node!r}: the pool is closed")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise InvalidArgumentError(f"timeout={_args.quote(timeout)}: expected seconds > 0")
-    return float(timeout)
+    node._live("load_safetensors(node=)")  # closed, or a forked child's: refused
+    limit = _args.timeout(timeout, "timeout")
+    return math.inf if limit is None else limit
 
 
 def parts(size: int, ranks: int) -> list[int]:
@@ -211,7 +217,7 @@ def open_file_once(pool, path, rank: int, ranks: int, *, timeout: float = DEFAUL
     timeout = check_node(pool, timeout)
     rank, ranks = node_ranks(rank, ranks)
     name = os.fsdecode(os.fspath(path))
-    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+    fd = _open_regular(name)
     try:
         st = os.fstat(fd)
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -251,6 +257,20 @@ def open_file_once(pool, path, rank: int, ranks: int, *, timeout: float = DEFAUL
             os.close(fd)
         pool.free(block)
         raise
+
+
+def _open_regular(name: str) -> int:
+    """A descriptor of the regular file `name`; InvalidArgumentError for anything else.
+    O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused after)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidArgumentError(f"{name}: not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class _Reads:
