@@ -80,10 +80,34 @@ def test_a_row_slice_is_one_range_and_a_column_slice_one_per_row(tmp_path):
     assert len(starts) == 64 and run == 24 * 2 and starts[1] - starts[0] == 48 * 2
 
 
+def test_numpy_and_other_index_integers_are_ints(tmp_path):
+    """Issue 38 item 12: slices= took only int, against _args' rule (anything with
+    __index__ is an integer). numpy integers of every width give the same ranges."""
+
+    class Index:
+        def __init__(self, v):
+            self.v = v
+
+        def __index__(self):
+            return self.v
+
+    p = tmp_path / "w.safetensors"
+    st.save_file({"w": torch.zeros(64, 48, dtype=torch.bfloat16)}, str(p))
+    cat = _cat(p)
+    i = cat.index["w"]
+    for spec in [(np.int64(1), np.int32(24), np.uint16(48)), (np.int8(-1), np.uint64(24), np.int16(48)),
+                 (Index(1), Index(24), Index(48)), [np.intp(1), 24, np.array(48)]]:
+        got = slices.check({"w": spec}, cat, [i])[i]
+        assert got == (1, 24, 48) and all(type(v) is int for v in got), spec
+        assert slices.runs(cat, i, got) == slices.runs(cat, i, (1, 24, 48))
+
+
 @pytest.mark.parametrize("spec, message", [
     ((0, 1), r"expected \(dim, start, stop\), three ints"),
-    ((0, 1.0, 2), "three ints"),
-    ((True, 0, 1), "three ints"),
+    ((0, 1.0, 2), r"slices\['w'\] start=1.0: expected an integer \(dim, start, stop: three ints\)"),
+    ((True, 0, 1), r"slices\['w'\] dim=True: expected .*three ints.* \(a bool is not a number\)"),
+    ((0, np.float64(1), 2), "three ints"),
+    ((0, 1, "2"), "stop='2'"),
     ((2, 0, 1), "dim 2 is outside the tensor's 2 dimensions"),
     ((-3, 0, 1), "dim -3 is outside"),
     ((0, 3, 2), r"\[3, 2\) is not a range of dimension 0"),

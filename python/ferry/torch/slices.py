@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+from .. import _args
 from ..errors import InvalidArgumentError
 
 
@@ -44,16 +45,17 @@ def check(slices, cat, sel) -> dict:
 
 
 def _spec(cat, i, name, spec) -> tuple[int, int, int]:
-    ok = isinstance(spec, (tuple, list)) and len(spec) == 3 and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in spec)
-    if not ok:
-        raise InvalidArgumentError(f"slices[{name!r}]={spec!r}: expected (dim, start, stop), three ints")
+    """(dim, start, stop) as ints: ints or anything with __index__ (numpy integers,
+    _args' rule), not a bool or a float."""
+    if not isinstance(spec, (tuple, list)) or len(spec) != 3:
+        raise InvalidArgumentError(f"slices[{name!r}]={_args.quote(spec)}: expected (dim, start, stop), three ints")
+    dim, start, stop = (_args.integer(v, f"slices[{name!r}] {part}", expected="an integer (dim, start, stop: three ints)")
+                        for v, part in zip(spec, ("dim", "start", "stop")))
     shape = cat.shape[i]
     if cat.dtype[i] == "F4":
         raise InvalidArgumentError(f"slices[{name!r}]: {cat.where(i)} is F4 (two values per byte): it cannot be sliced")
     if not shape:
         raise InvalidArgumentError(f"slices[{name!r}]: {cat.where(i)} is a scalar: nothing to slice")
-    dim, start, stop = spec
     if not -len(shape) <= dim < len(shape):
         raise InvalidArgumentError(f"slices[{name!r}]: dim {dim} is outside the tensor's {len(shape)} dimensions "
                                    f"(shape {list(shape)})")
