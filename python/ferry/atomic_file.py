@@ -20,6 +20,15 @@ file system refuses with EINVAL switches this file to buffered writes for good
 (the remembered fallback). A file whose length is not a multiple of the
 alignment is written padded and cut to its length in ``commit()``.
 
+Mode and owner: the temporary file is created 0600 (never readable by more
+users than the final file while it is written); ``finish()`` gives it, before
+its fsync, the permission bits (0777) and owner of the file it replaces (the
+first regular file of ``like``, default the final name itself: a 0600
+checkpoint stays 0600, as ``open("wb")``, ``torch.save`` and ``save_file``
+keep it), or 0666 & ~umask for a new file, as ``open()`` makes it. The owner is
+kept where this process may (``fchown``: root, or a group it is in); where it
+may not, the file is this process's, with the same mode.
+
 Every OS error becomes an ``OSLayerError`` (also an ``OSError``, with its
 errno) naming the final file and the call that failed.
 
@@ -140,9 +149,12 @@ def _os_error(e: OSError, path: str, call: str) -> OSLayerError:
 class AtomicFile:
     """A temporary file that becomes `path` on commit() (see the module's text)."""
 
-    def __init__(self, path: str, *, direct: bool = True, durable: bool = True):
+    def __init__(self, path: str, *, direct: bool = True, durable: bool = True, like=None):
+        """like: the paths whose first regular file gives this one its mode and
+        owner in finish() (default: [path]); none there: 0666 & ~umask."""
         self.path = path
         self.durable = durable
+        self.like = [path] if like is None else list(like)
         self.temp_path = temp_names.temp_path(path)
         self.direct = False
         self.fd = -1
@@ -150,13 +162,13 @@ class AtomicFile:
         try:
             if direct and hasattr(os, "O_DIRECT"):
                 try:
-                    self.fd = os.open(self.temp_path, flags | os.O_DIRECT, 0o644)
+                    self.fd = os.open(self.temp_path, flags | os.O_DIRECT, 0o600)
                     self.direct = True
                 except OSError as e:
                     if e.errno != errno.EINVAL:  # tmpfs: EINVAL; anything else is real
                         raise
             if self.fd < 0:
-                self.fd = os.open(self.temp_path, flags, 0o644)
+                self.fd = os.open(self.temp_path, flags, 0o600)
         except OSError as e:
             raise _os_error(e, path, "open (temporary file)") from e
 
@@ -198,15 +210,18 @@ class AtomicFile:
         self.publish()
 
     def finish(self, length: int) -> None:
-        """Cut to `length` bytes, fsync (durable) and close; the temporary file
-        stays under its name until publish(). On error it is removed."""
+        """Cut to `length` bytes, give it the mode and owner of the file it
+        replaces (see the module's text), fsync (durable) and close; the
+        temporary file stays under its name until publish(). On error it is
+        removed."""
         try:
             try:
                 os.ftruncate(self.fd, length)
+                give_mode(self.fd, self.like)
                 if self.durable:
                     os.fsync(self.fd)
             except OSError as e:
-                raise _os_error(e, self.path, "ftruncate/fsync") from e
+                raise _os_error(e, self.path, "ftruncate/fchmod/fsync") from e
             self._close()
         except BaseException:
             self.abort()
@@ -249,6 +264,57 @@ class AtomicFile:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def umask() -> int:
+    """This process's umask, read from /proc (setting it to read it would race
+    with other threads creating files); os.umask where /proc does not say."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
+def mode_of(like) -> tuple[int, int | None, int | None]:
+    """(permission bits, uid, gid) of the first regular file of `like` (links
+    followed), or (0666 & ~umask, None, None) where there is none: what a file
+    replacing it gets."""
+    for p in like:
+        try:
+            st = os.stat(p)
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISREG(st.st_mode):
+            return st.st_mode & 0o777, st.st_uid, st.st_gid
+    return 0o666 & ~umask(), None, None
+
+
+def give_mode(fd: int, like) -> None:
+    """fd gets mode_of(like): the owner first where permitted (fchown; EPERM,
+    or EINVAL for an id this namespace cannot map: left as it is), then the
+    mode (a file system without modes, EPERM/EOPNOTSUPP: left as it is)."""
+    mode, uid, gid = mode_of(like)
+    if uid is not None:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            for u, g in ((uid, gid), (-1, gid)):
+                try:
+                    os.fchown(fd, u, g)
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EPERM, errno.EINVAL):
+                        raise
+    try:
+        os.fchmod(fd, mode)
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP):
+            raise
 
 
 def fsync_directory(directory: str) -> None:

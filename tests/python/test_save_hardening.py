@@ -9,6 +9,7 @@ Real files, real syscalls, real SIGKILLs; random data of odd sizes."""
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -276,9 +277,12 @@ def test_a_failed_rename_restores_the_earlier_checkpoint(tmp_path, how, at):
                 os.mkdir(p)
                 before[os.path.basename(p)] = "dir"
             else:  # the rename's source vanishes: rename(2) itself fails
-                name = "." + os.path.basename(p) + ".ferry-tmp-"
+                # (a shard's temporary file has the name planned before it was written; its final name, with
+                # or without a tag, is chosen when it is published: match on STEM-0000i-of-0000N)
+                m = re.fullmatch(r"(.*-\d{5}-of-\d{5})(-[0-9a-f]{8})?\.safetensors", os.path.basename(p))
+                name = "." + (m[1] if m else os.path.basename(p) + ".ferry-tmp-")
                 for n in os.listdir(tmp_path):
-                    if n.startswith(name):
+                    if n.startswith(name) and ".ferry-tmp-" in n:
                         os.unlink(tmp_path / n)
         calls.append(p)
 

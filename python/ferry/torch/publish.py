@@ -6,18 +6,36 @@ whose weight_map names each tensor's shard. Readers that go through the index
 (transformers' ``from_pretrained``, ferry's loader, safetensors with the index)
 read the shards the index names, whatever they are called.
 
-Publication (``publish``), after every file was written and fsynced under its
-temporary name:
+Every file is written and fsynced under its own temporary name first (several
+saves to one path write at once, each its own files). Publication
+(``publish``) then runs under the path's lock (``PathLock``: an exclusive
+``flock`` on ``.NAME.ferry-lock`` beside the checkpoint, removed by its holder
+when done), so that saves to one path publish one after the other, each whole:
 
-1. a sharded save renames its shards into place under names that no file of
-   the earlier checkpoint has: Hugging Face's names when none of them exists,
-   else the same names with this save's tag (``model-00001-of-00003-1f2e3d4c.
-   safetensors``); the directory is fsynced;
+1. a sharded save chooses its shards' names now, under the lock: Hugging
+   Face's names when none of them exists, else the same names with this
+   save's tag (``model-00001-of-00003-1f2e3d4c.safetensors``), so no file of
+   the earlier checkpoint (nor of another save, which renames under the same
+   lock) is replaced; it writes the index naming them (fsynced), renames the
+   shards into place and fsyncs the directory;
 2. the commit point: the index (sharded) or the single file is renamed over
    the earlier one, and the directory fsynced;
 3. only then are the earlier checkpoint's files that the new one does not use
    removed (the files of the same stem: shards, the single file, an index),
-   its shards first and its index last.
+   its shards first and its index last; the lock is released.
+
+Two saves to one path (two ranks, a retry racing a slow save, two snapshots
+saving at once): the one that takes the lock second replaces the first one's
+checkpoint whole, as a save after it would; each returns the paths it
+published (the first one's are gone by then). Within one
+process, a save that started before another one that has already published is
+not published over that newer checkpoint: it removes its files and returns the
+paths of the newer one (as if it had been replaced at once). A save that waits
+for the lock longer than ``LOCK_TIMEOUT`` (another save stopped while
+publishing, e.g. by SIGSTOP) fails with an ``OSLayerError`` (ETIMEDOUT) naming
+the lock and its holder, its files removed. A holder killed by SIGKILL leaves
+its lock file, but no lock: the next save takes it. Where the file system has
+no locks (ENOLCK, EOPNOTSUPP), saves are not serialized.
 
 Where no index exists yet (the first sharded save, or one replacing a single
 file), the new index is renamed first and the shards after it, the last shard
@@ -35,7 +53,10 @@ transformers prefers ``model.safetensors`` (the new one) to the index; ferry's
 loader reads the index (the old checkpoint, whole) until step 3 takes the old
 shards away, then refuses the index (a shard is missing) until it is removed
 last. A sharded save replacing a single file: transformers reads the old file
-until step 3 removes it. One index never names the files of two saves.
+until step 3 removes it. One index never names the files of two saves. A
+reader that read the earlier index before the commit finds its shards removed
+by step 3 (an error, not a mixture), unless two more saves came in between and
+the second reused a name.
 
 ``publish_hook``: tests only. None, or a function called with ("rename", final
 path) before each rename and ("remove", path) before each removal of steps 1-3,
@@ -44,16 +65,136 @@ so that a test can make a real failure (or SIGKILL) happen between two of them.
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import itertools
 import json
 import os
 import re
 import secrets
+import stat
+import threading
+import time
 
-from ..atomic_file import AtomicFile, check_replaceable, fsync_directory
-from ..errors import InvalidArgumentError
+from .. import temp_names
+from ..atomic_file import AtomicFile, check_replaceable, describe, fsync_directory
+from ..errors import InvalidArgumentError, OSLayerError
 
 INDEX_SUFFIX = ".index.json"
+LOCK_SUFFIX = ".ferry-lock"
+LOCK_TIMEOUT = 120.0  # seconds a save waits for another one's publication (a few renames and unlinks)
 publish_hook = None  # tests: see the module's text
+
+_tickets = itertools.count(1)  # each save's place in this process's order (next() is atomic)
+_published_lock = threading.Lock()
+_published: dict[str, tuple[int, list[str]]] = {}  # guarded by _published_lock: path -> (ticket, files)
+
+
+def ticket() -> int:
+    """This save's place in the process's order: taken when the save is asked
+    for (in the caller's thread, also for a Snapshot.save), compared at its
+    publication."""
+    return next(_tickets)
+
+
+def lock_path(path: str) -> str:
+    """.NAME.ferry-lock beside path, NAME cut to fit NAME_MAX."""
+    directory, name = os.path.split(path)
+    head = os.fsencode("." + name)[: max(1, temp_names.name_max(directory) - len(LOCK_SUFFIX))]
+    return os.path.join(directory, os.fsdecode(head) + LOCK_SUFFIX)
+
+
+class PathLock:
+    """The exclusive lock of a checkpoint path, held while a save publishes
+    (see the module's text): flock on a lock file that its holder removes when
+    done (a waiter that then holds the lock of a removed file opens the new one
+    again). ``with PathLock(path, timeout):``; OSLayerError ETIMEDOUT after
+    `timeout` seconds."""
+
+    def __init__(self, path: str, timeout: float | None = None):
+        self.path = path
+        self.lock = lock_path(path)
+        self.timeout = LOCK_TIMEOUT if timeout is None else timeout
+        self.fd = -1
+
+    def __enter__(self) -> "PathLock":
+        deadline = time.monotonic() + self.timeout
+        delay = 0.001
+        while True:
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                if time.monotonic() >= deadline:
+                    raise OSLayerError(errno.ETIMEDOUT, (
+                        f"cannot publish {self.path}: another save to it ({holder}) has held its lock "
+                        f"{self.lock} for over {self.timeout:g} s. This save's files were removed; {self.path} "
+                        "holds the other save's checkpoint or the earlier one, whole. Save from one process "
+                        "(e.g. rank 0), or to another path")) from None
+                time.sleep(delay)
+                delay = min(2 * delay, 0.05)
+                continue
+            except OSError as e:
+                if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    os.close(fd)  # no locks on this file system: saves are not serialized
+                    return self
+                os.close(fd)
+                raise OSLayerError(e.errno, f"flock failed on {self.lock}: {e.strerror or e}") from e
+            try:
+                now = os.stat(self.lock, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+            st = os.fstat(fd)
+            if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                os.close(fd)  # its holder removed it before we got it: the lock is the file there now
+                continue
+            self.fd = fd
+            try:
+                info = f"process {os.getpid()} ({temp_names.writer_id()})\n".encode()
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, info, 0)
+            except OSError:
+                pass  # only for the messages of waiters
+            return self
+
+    def _open(self) -> int:
+        flags = os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            try:
+                fd = os.open(self.lock, flags | os.O_RDWR, 0o666)
+            except PermissionError:  # another user's lock file: flock needs no write access here
+                fd = os.open(self.lock, flags | os.O_RDONLY)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise InvalidArgumentError(f"cannot publish {self.path}: its lock file {self.lock} is not a "
+                                           "regular file (remove it)") from None
+            raise OSLayerError(e.errno, f"open failed on {self.lock} (the lock of {self.path}): "
+                                        f"{e.strerror or e}") from e
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise InvalidArgumentError(f"cannot publish {self.path}: its lock file {self.lock} is "
+                                       f"{describe(mode)} (remove it)")
+        return fd
+
+    def __exit__(self, *exc) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            try:
+                os.unlink(self.lock)  # while held: a waiter then finds it gone and opens the next one
+            except OSError:
+                pass
+            os.close(fd)
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    return text or "a process that did not say which"
 
 
 def shard_names(path: str, count: int) -> list[str]:
@@ -64,10 +205,11 @@ def shard_names(path: str, count: int) -> list[str]:
     d, name = os.path.split(path)
     stem = name[: -len(".safetensors")]
     plain = [os.path.join(d, f"{stem}-{i:05d}-of-{count:05d}.safetensors") for i in range(1, count + 1)]
-    if not any(os.path.lexists(p) for p in plain):
-        return plain
-    tag = secrets.token_hex(4)
-    return [p[: -len(".safetensors")] + f"-{tag}.safetensors" for p in plain]
+    names = plain
+    while any(os.path.lexists(p) for p in names):
+        tag = secrets.token_hex(4)
+        names = [p[: -len(".safetensors")] + f"-{tag}.safetensors" for p in plain]
+    return names
 
 
 def check_files(path: str, names: list[str], what: str) -> None:
@@ -91,9 +233,16 @@ def index_bytes(shards: list[list], names: list[str]) -> bytes:
     return text.encode("utf-8")
 
 
+def mode_sources(path: str) -> list[str]:
+    """The files whose mode and owner a new file of path's checkpoint takes
+    (the first that exists; ferry.atomic_file.mode_of): its index, its single
+    file."""
+    return [path + INDEX_SUFFIX, path]
+
+
 def write_index(path: str, data: bytes, *, durable: bool) -> AtomicFile:
     """The index, written and fsynced under its temporary name (not yet published)."""
-    f = AtomicFile(path + INDEX_SUFFIX, direct=False, durable=durable)
+    f = AtomicFile(path + INDEX_SUFFIX, direct=False, durable=durable, like=mode_sources(path))
     try:
         f.pwrite(data, 0)
     except BaseException:
@@ -108,11 +257,42 @@ def _step(action: str, path: str) -> None:
         publish_hook(action, path)
 
 
-def publish(path: str, files: list[AtomicFile], *, durable: bool) -> list[str]:
-    """Steps 1-3 of the module's text for the finished files of one save (the
-    shards, then the index; or the single file); returns their paths. An error
-    before the commit removes every new file (temporary or renamed) and leaves
-    the earlier checkpoint as it was."""
+def publish(path: str, files: list[AtomicFile], shards: list[list] | None = None, *, durable: bool,
+            order: int | None = None) -> list[str]:
+    """Steps 1-3 of the module's text, under path's lock, for the finished
+    files of one save: the single file, or the shards (their items in
+    `shards`: the index is written here, naming them); returns the paths of
+    the checkpoint now at path. order: the save's ticket() (None: now). An
+    error before the commit removes every new file (temporary or renamed) and
+    leaves the earlier checkpoint as it was."""
+    order = ticket() if order is None else order
+    try:
+        with PathLock(path):
+            with _published_lock:
+                newer = _published.get(path)
+            if newer is not None and newer[0] > order:  # a save asked for after this one is out already
+                for f in files:
+                    f.abort()
+                return list(newer[1])
+            if shards is not None:
+                names = shard_names(path, len(shards))  # under the lock: no file has them
+                check_files(path, names + [path + INDEX_SUFFIX], "save")
+                for f, name in zip(files, names):
+                    f.path = name
+                files = files + [write_index(path, index_bytes(shards, names), durable=durable)]
+            written = _publish(path, files, durable=durable)
+            with _published_lock:
+                if _published.get(path, (0,))[0] < order:
+                    _published[path] = (order, written)
+            return written
+    except BaseException:
+        for f in files:
+            f.abort()  # the temporary files not renamed (a renamed one's name is gone: nothing removed)
+        raise
+
+
+def _publish(path: str, files: list[AtomicFile], *, durable: bool) -> list[str]:
+    """Steps 1-3 (the lock held; the index, if any, last in files)."""
     order = list(files)
     if len(files) > 1 and not os.path.lexists(files[-1].path):
         order = files[-1:] + files[:-1]  # no index yet: the index first, the last shard commits

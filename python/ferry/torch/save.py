@@ -179,7 +179,7 @@ def _slot_pieces(stream, total: int):
 
 
 def write_file(path: str, items: list[Item], head: bytes, *, durable: bool, pool=None,
-               source=None) -> AtomicFile:
+               source=None, like=None) -> AtomicFile:
     """One safetensors file for path (items in file order, head: their
     header()), through the write pipeline into an AtomicFile, finished
     (written, fsynced) but not yet published under path; on any error its
@@ -188,11 +188,12 @@ def write_file(path: str, items: list[Item], head: bytes, *, durable: bool, pool
     source: None (the tensors' bytes go through the ring), or a ferry Buffer
     whose first bytes are exactly the file's data section (a snapshot laid out
     in file order, its size a multiple of DIRECT_ALIGN), written straight from
-    it."""
+    it. like: the files whose mode and owner it takes (AtomicFile; default:
+    path)."""
     torch = _torch()
     data_len = sum(it.nbytes for it in items)
     total = len(head) + data_len
-    f = AtomicFile(path, durable=durable)
+    f = AtomicFile(path, durable=durable, like=like)
     ring = None
     try:
         if source is None or len(head) > SLOT_BYTES:
@@ -234,25 +235,31 @@ def _write(f: AtomicFile, offset: int, nbytes: int, slots: list[int], fill) -> N
         f.adopt_buffered(r["buffered_fd"])
 
 
-def save_items(plan: Plan, durable: bool, pool=None, source=None) -> list[str]:
-    """Writes a Plan; returns the files written. Every file is written and
-    fsynced under its temporary name first, then published whole
-    (ferry.torch.publish): a failure leaves the earlier checkpoint whole.
-    Temporary files of dead writers in the directory are removed first
-    (ferry.temp_names). source: see write_file (one file only)."""
+def save_items(plan: Plan, durable: bool, pool=None, source=None, order: int | None = None) -> list[str]:
+    """Writes a Plan; returns the files of the checkpoint now at plan.path.
+    Every file is written and fsynced under its temporary name first, then
+    published whole under the path's lock (ferry.torch.publish: a failure
+    leaves the earlier checkpoint whole; saves to one path publish one after
+    the other). Temporary files of dead writers in the directory are removed
+    first (ferry.temp_names). source: see write_file (one file only). order:
+    the save's publish.ticket(), taken when it was asked for (None: now).
+    Each file takes the mode and owner of the file it replaces, else of the
+    checkpoint's index or single file, else 0666 & ~umask."""
+    order = _publish.ticket() if order is None else order
     temp_names.remove_stale(os.path.dirname(plan.path))
+    sources = _publish.mode_sources(plan.path)
     done: list[AtomicFile] = []
     try:
         for name, items, head in plan.files:
             done.append(write_file(name, items, head, durable=durable, pool=pool,
-                                   source=source if len(plan.files) == 1 else None))
-        if plan.index is not None:
-            done.append(_publish.write_index(plan.path, plan.index, durable=durable))
+                                   source=source if len(plan.files) == 1 else None,
+                                   like=[name] + [p for p in sources if p != name]))
     except BaseException:
         for f in done:
             f.abort()
         raise
-    return _publish.publish(plan.path, done, durable=durable)
+    shards = [items for _, items, _ in plan.files] if plan.index is not None else None
+    return _publish.publish(plan.path, done, shards, durable=durable, order=order)
 
 
 def save_safetensors(obj, path, *, metadata=None, max_shard_size=None, durable: bool = True,
@@ -291,6 +298,10 @@ def save_safetensors(obj, path, *, metadata=None, max_shard_size=None, durable: 
     ``InvalidArgumentError``, or an ``OSLayerError`` naming the file) is raised.
     A save first removes the temporary files that killed saves left in the
     directory (only those of writers that surely died: ``ferry.temp_names``).
+    Saves to one path (two processes, two threads) write at once and publish
+    one after the other under the path's lock: the later replaces the
+    earlier whole (``ferry.torch.publish``). Each file keeps the mode and
+    owner of the file it replaces; a new checkpoint's get 0666 & ~umask.
 
     Conjugate and negative views (``x.conj()``, ``torch._neg_view``) are
     saved by value. A header over safetensors' 100,000,000-byte limit, a name

@@ -28,6 +28,7 @@ from .. import _args
 from ..errors import InvalidArgumentError
 from ._torch import torch_module as _torch
 from .file_layout import Plan, collect, file_order, prepare, tied_names
+from .publish import ticket
 from .save import host_pool, save_items
 from .transfer import HostTarget, to_host
 
@@ -123,10 +124,11 @@ class Snapshot(HostTarget):
         path, items, meta = prepare(self.tensors, path, metadata, shared, "Snapshot.save")
         plan = Plan(path, items, meta, max_shard_size, "Snapshot.save")  # errors now, not in the thread
         direct = len(plan.files) == 1 and [it.name for it in plan.files[0][1]] == [it.name for it in self._order]
+        order = ticket()  # this save's place: a later save() to the same path that publishes first wins
 
         def run():
             self.wait_copied()
-            return save_items(plan, durable, source=self._buffer if direct else None)
+            return save_items(plan, durable, source=self._buffer if direct else None, order=order)
 
         self._future = SaveFuture(run)
         return self._future
