@@ -196,3 +196,130 @@ class EpochSizes(torch.utils.data.Sampler):
         stop = len(self)
         self.epoch += 1
         return iter(range(stop))
+
+
+# ---- issue 38 item 5: a worker that outlives its epoch ----------------------
+
+
+def ignore_sigterm(worker_id):
+    """worker_init_fn: the worker ignores SIGTERM (PyTorch's shutdown sends it)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class SlowFirstCall(Dataset):
+    """Sample i is a row of i (float32, `width` wide), except the first call
+    of __getitem__(slow) in any process (a marker file made with O_EXCL):
+    it sleeps `sleep` seconds and returns a row of -999. The marker records
+    the pid, the epoch (set by the main process before each iter(): a
+    worker has the value of its fork) and the time of that call."""
+
+    def __init__(self, n: int, slow: int, directory: str, sleep: float, width: int = 4096):
+        self.n, self.slow, self.directory, self.sleep, self.width = n, slow, directory, sleep, width
+        self.epoch = 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.slow:
+            try:
+                fd = os.open(os.path.join(self.directory, "first-call"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, f"{os.getpid()} {self.epoch} {time.time()}".encode())
+                os.close(fd)
+                time.sleep(self.sleep)
+                return torch.full((self.width,), -999.0)
+        return torch.full((self.width,), float(i))
+
+    def first_call(self):
+        """(pid, epoch, time.time()) of the slow first call, or None before it."""
+        try:
+            with open(os.path.join(self.directory, "first-call")) as f:
+                pid, epoch, when = f.read().split()
+        except FileNotFoundError:
+            return None
+        return int(pid), int(epoch), float(when)
+
+
+def stale_worker_case(loader_class, directory: str, scale: float = 1.0) -> dict:
+    """Issue 38 item 5, as reported (scale 1): 16 samples, batch_size=2,
+    num_workers=2, workers that ignore SIGTERM, __getitem__(4) sleeps 9 s on
+    its first call only. Epoch 1: one batch, then break. Epoch 2: the whole
+    loader, every batch kept. At 12 s from the start the held batches are
+    read. scale < 1 shortens every duration in proportion (PyTorch's
+    shutdown wait, MP_STATUS_CHECK_INTERVAL, too), keeping the interleaving.
+
+    Returns what happened: `at_delivery` and `at_end` (each batch's rows,
+    as lists of the first value of each sample), the first call's epoch,
+    the times (seconds from the start) of epoch 2's end, of the first call
+    and of the check."""
+    from torch.utils.data import _utils
+
+    start = time.monotonic()
+    wall0 = time.time()
+    if scale != 1.0:
+        _utils.MP_STATUS_CHECK_INTERVAL = 5.0 * scale
+    ds = SlowFirstCall(16, 4, directory, sleep=9.0 * scale)
+    loader = loader_class(ds, batch_size=2, num_workers=2, worker_init_fn=ignore_sigterm)
+    ds.epoch = 1
+    for batch in loader:
+        break
+    ds.epoch = 2
+    held, at_delivery = [], []
+    for batch in loader:
+        held.append(batch)
+        at_delivery.append(batch[:, 0].tolist())
+    epoch2_end = time.monotonic() - start
+    time.sleep(max(0.0, start + 12.0 * scale - time.monotonic()))
+    check = time.monotonic() - start
+    first = ds.first_call()
+    return {
+        "at_delivery": at_delivery,
+        "at_end": [b[:, 0].tolist() for b in held],
+        "whole": [bool((b == b[:, :1]).all()) for b in held],  # every value of a row alike
+        "first_call_epoch": None if first is None else first[1],
+        "first_call_s": None if first is None else round(first[2] - wall0, 2),
+        "epoch2_end_s": round(epoch2_end, 2),
+        "check_s": round(check, 2),
+    }
+
+
+def stale_worker_cases(n: int, scale: float = 1.0) -> list:
+    """n runs of stale_worker_case with ferry's loader, at once, each in a
+    process forked from this one (torch imported once; call it before any
+    torch op: no thread pool to inherit). Each run's result dict, or a
+    string saying how it failed."""
+    import json
+    import tempfile
+
+    import ferry.torch as ft
+
+    runs = []
+    for _ in range(n):
+        rd, wr = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the run: report through the pipe, never return
+            status = 1
+            try:
+                os.close(rd)
+                try:
+                    with tempfile.TemporaryDirectory() as directory:
+                        reply = stale_worker_case(ft.DataLoader, directory, scale)
+                except BaseException as e:  # noqa: BLE001 - reported to the parent
+                    reply = f"{type(e).__name__}: {e}"
+                with os.fdopen(wr, "w") as f:
+                    json.dump(reply, f)
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(wr)
+        runs.append((pid, rd))
+    results = []
+    for pid, rd in runs:
+        with os.fdopen(rd) as f:
+            data = f.read()
+        _, status = os.waitpid(pid, 0)
+        results.append(json.loads(data) if data else f"the run died (wait status {status:#x})")
+    return results

@@ -7,6 +7,7 @@ pageable path); each case once failed."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 import pickle
 import shutil
@@ -78,6 +79,78 @@ def test_stale_worker_never_writes_a_slot_handed_out_again(tmp_path, monkeypatch
     stats = loader.slot_stats()
     assert stats["quarantined"] == 0, stats
     assert stats["free"] + stats["held"] == stats["slots"], stats
+
+
+def test_stale_worker_case_of_issue_38_twenty_times():
+    """Issue 38 item 5 as reported, 20 runs at once (each forked from one
+    process; 12 s each): workers that ignore SIGTERM, __getitem__(4) sleeps
+    9 s on its first call only and returns -999, epoch 1 takes one batch and
+    breaks, epoch 2 keeps every batch, read at 12 s. As in PyTorch's loader
+    the first window goes out whole at iter(), so epoch 1's worker makes the
+    slow call (it ferry sent only the first task there, the rest raced the
+    break, and about half the runs made it in epoch 2, batch 2 [-999, 5]);
+    its stale write at ~9.5 s lands in a quarantined slot while epoch 2's
+    batches are held: none changes after delivery."""
+    code = "import json, dataloader_cases as c; print(json.dumps(c.stale_worker_cases(20)))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=HERE)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    results = json.loads(r.stdout.splitlines()[-1])
+    expected = [[2.0 * k, 2.0 * k + 1] for k in range(8)]
+    failures, interleaved = [], 0
+    for n, run in enumerate(results):
+        if not isinstance(run, dict):
+            failures.append(f"run {n}: {run}")
+            continue
+        if run["at_end"] != run["at_delivery"] or not all(run["whole"]):
+            failures.append(f"run {n}: a held batch changed after delivery: {run}")
+        elif run["first_call_epoch"] != 1 or run["at_delivery"] != expected:
+            failures.append(f"run {n}: the slow first call was not epoch 1's: {run}")
+        # the stale write (9 s after the first call began) fell between epoch 2's end and the check
+        interleaved += run["epoch2_end_s"] < (run["first_call_s"] or 0) + 9 < run["check_s"]
+    assert not failures, f"{len(failures)} of {len(results)} runs failed: " + "\n".join(failures[:5])
+    assert interleaved >= len(results) // 2, f"the stale write missed the held batches in most runs: {results}"
+
+
+@pytest.mark.parametrize("case", ["dropped", "new_epoch", "first_fails", "waiting_task_fails"])
+def test_first_window_tasks_waiting_for_their_slot(case):
+    """The loader's first window goes out whole at iter(); all but one task
+    wait in their worker for a slot the first batch sizes. Every way that
+    wait can end: the iterator dropped before its first batch (the shutdown
+    does not wait PyTorch's 5 s per worker), a new epoch of persistent
+    workers started before it (no deadlock: timeout= turns one into an
+    error), the first task failing (the others come as bytes, one sizes the
+    slots), a waiting task failing before its slot came."""
+    bad = {"first_fails": 0, "waiting_task_fails": 3}.get(case, -1)
+    ds = cases.FailsAt(24, bad=bad)
+    loader = ft.DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=case == "new_epoch", timeout=30)
+    expected = [torch.stack([torch.full((4,), i) for i in (2 * k, 2 * k + 1)]) for k in range(12)]
+    it = iter(loader)
+    _wait_for(lambda: it._later and not it._worker_result_queue.empty(), what="the first result")
+    start = time.monotonic()
+    if case == "dropped":
+        workers = it._workers
+        del it
+        gc.collect()
+        assert time.monotonic() - start < 3.0, "the shutdown waited for workers waiting for a slot"
+        assert not any(w.is_alive() for w in workers)
+        it = iter(loader)
+    elif case == "new_epoch":
+        it = iter(loader)
+    got = []
+    for k in range(12):
+        try:
+            got.append(next(it))
+        except ValueError:
+            assert 2 * k <= bad <= 2 * k + 1, f"batch {k} failed"
+            got.append(None)
+    with pytest.raises(StopIteration):
+        next(it)
+    for k, (b, e) in enumerate(zip(got, expected)):
+        assert (b is None) == (2 * k <= bad <= 2 * k + 1) and (b is None or torch.equal(b, e)), (k, b)
+    del got, b
+    gc.collect()
+    stats = loader.slot_stats()
+    assert stats["capacity"] == 4096 and stats["free"] + stats["held"] == stats["slots"], stats
 
 
 # ---- how workers get the batch memory -------------------------------------

@@ -21,6 +21,18 @@ generations are forgotten (``ChunkSender`` when it sends the task, the worker
 when it takes it; a worker's queue is FIFO). A chunk needed again after that
 (an older slot still in use) is simply sent again.
 
+A slot given later: the first tasks of a loader go out before any batch has
+sized the slots (all of PyTorch's first window at once, so that the workers
+fetch what PyTorch's would: a dataset sees the same ``__getitem__`` calls).
+The first is collated as bytes; each of the others carries a ``SlotLater``
+token, and its worker, once it fetched the samples, waits on its socket for
+the token's assignment (``ASSIGN``): a slot (its chunk's fd sent before, as
+above), ``BYTES`` (collate as bytes: no size known yet) or ``DROP`` (the
+iterator ended or started a new epoch: send nothing). The main process sends
+the assignments, in task order, when the first result comes back, before any
+later task; a worker keeps assignments it read while looking for a chunk, and
+forgets those of tokens older than the one it waits for (tasks it skipped).
+
 Descriptors: the main process opens none per chunk (the pool owns its memfds);
 a worker closes each one it receives and holds one per chunk it maps (Python's
 mmap keeps a duplicate) until the chunk is forgotten; the sockets close with
@@ -31,14 +43,36 @@ from __future__ import annotations
 
 import mmap
 import os
+import select
 import socket
 import struct
 
-# (generation, fd in the main process): the chunk's key
+# (generation, fd in the main process): the chunk's key, with the chunk's fd
 HEADER = struct.Struct("<qq")
+# A task's slot given later: (token, state, slot id, generation, fd, offset, capacity)
+ASSIGN = struct.Struct("<qqqqqqq")
+SLOT, BYTES, DROP = 0, 1, 2
+DROPPED = object()  # SlotMappings.slot_later's answer for DROP
+RECV_BYTES = 64  # more than either message: a longer one is malformed (MSG_TRUNC)
 # A send blocks only while the worker's socket buffer is full (it holds
 # hundreds of these messages; a worker has at most a few unread).
 SEND_TIMEOUT_S = 60.0
+
+
+class SlotLater:
+    """A task's slot message, for a task sent before the slots were sized:
+    the worker fetches, then waits for the token's assignment."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __getstate__(self):
+        return self.token
+
+    def __setstate__(self, token):
+        self.token = token
 
 
 def socket_pair():
@@ -74,6 +108,22 @@ class ChunkSender:
                 from e
         self._sent.add(key)
 
+    def assign(self, token: int, slot=None, state: int = SLOT) -> None:
+        """The assignment of a SlotLater task: `slot` (state SLOT), or the state
+        BYTES or DROP. Preconditions: the assignments of this worker's earlier
+        tokens were sent, and no task after this one was queued with a slot."""
+        if state == SLOT:
+            self.before_task(slot)
+            message = ASSIGN.pack(token, SLOT, slot.id, slot.generation, slot.fd, slot.offset, slot.capacity)
+        else:
+            message = ASSIGN.pack(token, state, -1, 0, -1, 0, 0)
+        try:
+            self._sock.send(message)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the worker is gone: nothing waits for it
+        except OSError as e:
+            raise RuntimeError(f"ferry DataLoader: cannot send a slot to worker {self._worker_id}: {e}") from e
+
     def close(self) -> None:
         self._sock.close()
 
@@ -85,6 +135,26 @@ class SlotMappings:
         self._sock = sock
         self._chunks: dict[tuple[int, int], object] = {}  # key -> uint8 tensor over the chunk
         self._generation = 0
+        self._assigned: dict[int, tuple] = {}  # token -> (state, slot message or None), read ahead
+
+    def slot_later(self, token: int, stop, interval: float):
+        """The slot message of a SlotLater task (as Slot.message), None (collate
+        as bytes), or DROPPED (send nothing). Waits on the socket; stop() is asked
+        every `interval` seconds and a True makes it DROP (the iterator ended,
+        the main process died), as does the main process closing its end."""
+        poller = select.poll()  # not select(): a worker forked from a busy process may have fds past 1024
+        poller.register(self._sock, select.POLLIN)
+        while token not in self._assigned:
+            if not poller.poll(interval * 1000):
+                if stop():
+                    return DROPPED
+                continue
+            if not self._read_one(None):
+                return DROPPED  # end of file: the main process closed the socket
+        for t in [t for t in self._assigned if t < token]:
+            del self._assigned[t]  # tasks this worker skipped
+        state, message = self._assigned.pop(token)
+        return message if state == SLOT else (None if state == BYTES else DROPPED)
 
     def slot_bytes(self, message):
         """The slot of a task message (Slot.message) as a uint8 tensor."""
@@ -98,19 +168,34 @@ class SlotMappings:
         return self._chunks[key][offset:offset + capacity]
 
     def _receive(self, wanted) -> None:
-        import torch
-
         try:
-            data, fds, flags, _ = socket.recv_fds(self._sock, HEADER.size, 1, socket.MSG_DONTWAIT)
+            self._read_one(wanted, socket.MSG_DONTWAIT)
         except BlockingIOError:
             raise RuntimeError(f"ferry DataLoader worker: the main process sent no descriptor for the batch "
                                f"memory chunk {wanted} before the task that needs it") from None
+
+    def _read_one(self, wanted, flags_in: int = 0) -> bool:
+        """Reads one message: a chunk (mapped) or an assignment (kept). False at
+        end of file. wanted: the chunk being looked for, for messages."""
+        import torch
+
+        data, fds, flags, _ = socket.recv_fds(self._sock, RECV_BYTES, 1, flags_in)
         try:
-            if len(data) != HEADER.size or len(fds) != 1 or flags & socket.MSG_CTRUNC:
+            if not data and not fds:
+                return False
+            if len(data) == ASSIGN.size and not fds and not flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
+                token, state, *slot = ASSIGN.unpack(data)
+                self._assigned[token] = (state, tuple(slot) if state == SLOT else None)
+                return True
+            if len(data) != HEADER.size or len(fds) != 1 or flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
                 raise RuntimeError(f"ferry DataLoader worker: a malformed batch memory message ({len(data)} bytes, "
                                    f"{len(fds)} descriptors, flags {flags:#x}) while waiting for chunk {wanted}")
+            key = HEADER.unpack(data)
+            if key[0] < self._generation:
+                return True  # a chunk of a size forgotten already (sent for a task this worker skipped)
             m = mmap.mmap(fds[0], os.fstat(fds[0]).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             for fd in fds:
                 os.close(fd)
-        self._chunks[HEADER.unpack(data)] = torch.frombuffer(m, dtype=torch.uint8)
+        self._chunks[key] = torch.frombuffer(m, dtype=torch.uint8)
+        return True

@@ -42,7 +42,7 @@ import torch.utils.data as _data
 from .. import _torch_private as pt
 from ..devices import cuda_device
 from .batch_layout import Batch, SlotWriter, WorkerFailure
-from .chunk_passing import ChunkSender, socket_pair
+from .chunk_passing import BYTES, DROP, SLOT, ChunkSender, SlotLater, socket_pair
 from .delivery import Delivery
 from .slot_collate import SlotCollator
 from .slots import SlotPool
@@ -216,7 +216,14 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
         self._chunk_senders: list[ChunkSender] = []  # one per worker: the batch memory's fds go through it
         self._in_use = threading.Lock()  # persistent workers: one thread at a time (see the module)
         self._resuming = False
-        self._window_short = False  # the first window was cut to one task (sizing)
+        # Before a batch sized the slots (the loader's first window) the whole window goes out
+        # at once, as in PyTorch's loader: one task collated as bytes (it sizes the slots), the
+        # others with a SlotLater, their worker fetching at once and waiting for its slot
+        # (chunk_passing). _unsized: the idx of tasks collated as bytes, not yet back;
+        # _later: (idx, worker, token) of tasks not yet given their slot, in task order.
+        self._unsized: set[int] = set()
+        self._later: list[tuple[int, int, int]] = []
+        self._next_token = 0
 
         ctx = loader.multiprocessing_context or torch.multiprocessing
         self._worker_init_fn = loader.worker_init_fn
@@ -260,6 +267,8 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
                 for idx, info in list(getattr(self, "_task_info", {}).items()):
                     if len(info) == 2:
                         self._free_task_slot(idx)
+                self._assign_later(DROP)  # their workers would wait for a slot, not for the resume
+                self._unsized.clear()
             self._resuming = not first_iter
             self._worker_tasks = [0] * self._num_workers  # as PyTorch counts them: from each epoch's start
             try:
@@ -288,14 +297,11 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
             self._in_use.release()
 
     def _try_put_index(self):
-        max_tasks = self._prefetch_factor * self._num_workers
-        if self._slots.capacity is None and self._tasks_outstanding >= 1:
-            self._window_short = True  # slots are sized by the first batch: one task until it is back
-            return
         try:
             index = self._next_index()
         except StopIteration:
             return
+        max_tasks = self._prefetch_factor * self._num_workers
         for _ in range(self._num_workers):  # the next active worker, as PyTorch picks it
             worker = next(self._worker_queue_idx_cycle)
             if self._workers_status[worker]:
@@ -305,10 +311,18 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
                     break
         else:
             return
-        slot = None if self._slots.capacity is None else self._slots.acquire()
-        if slot is not None:
+        slot = message = None
+        if self._slots.capacity is not None:
+            slot = self._slots.acquire()
             self._chunk_senders[worker].before_task(slot)
-        self._index_queues[worker].put((self._send_idx, index, None if slot is None else slot.message()))
+            message = slot.message()
+        elif self._unsized:  # a batch collated as bytes will size the slots: this task waits for its slot
+            message = SlotLater(self._next_token)
+            self._later.append((self._send_idx, worker, self._next_token))
+            self._next_token += 1
+        else:
+            self._unsized.add(self._send_idx)
+        self._index_queues[worker].put((self._send_idx, index, message))
         self._task_info[self._send_idx] = (worker,)
         self._task_slot[self._send_idx] = slot
         self._task_worker[self._send_idx] = worker
@@ -316,19 +330,24 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
         self._tasks_outstanding += 1
         self._send_idx += 1
 
-    def _dispatch_after_delivery(self):
-        """One task per batch delivered, as PyTorch keeps its window; once the
-        first batch has sized the slots, the rest of the window at once."""
-        if not (self._window_short and self._slots.capacity is not None):
-            self._try_put_index()
-            return
-        self._window_short = False
-        max_tasks = self._prefetch_factor * self._num_workers
-        while self._tasks_outstanding < max_tasks:
-            sent = self._send_idx
-            self._try_put_index()
-            if self._send_idx == sent:
-                return
+    def _assign_later(self, state=SLOT):
+        """Gives the tasks waiting for a slot theirs (SLOT: slots of the current
+        size, or bytes while none is known), or tells them BYTES or DROP."""
+        later, self._later = self._later, []
+        for idx, worker, token in later:
+            slot = None
+            task_state = state
+            if state == SLOT and self._slots.capacity is not None:
+                slot = self._slots.acquire()
+                self._task_slot[idx] = slot
+            elif state == SLOT:
+                task_state = BYTES
+            if task_state == BYTES:
+                self._unsized.add(idx)
+            if task_state == DROP:  # no result will come
+                self._task_slot.pop(idx, None)
+                self._task_worker.pop(idx, None)
+            self._chunk_senders[worker].assign(token, slot, task_state)
 
     def _free_task_slot(self, idx):
         self._task_worker.pop(idx, None)
@@ -343,7 +362,17 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
             idx, data = super()._get_data()
         except RuntimeError as e:
             raise RuntimeError(f"ferry DataLoader: {e} ({self._worker_names()})") from e
-        if pt.is_replica_end(data) or (self._resuming and not pt.is_resume(idx)):
+        if pt.is_resume(idx):
+            return idx, data
+        if self._later and not self._resuming:
+            if idx in self._unsized:  # the first result: it sizes the slots, the waiting tasks get theirs
+                if isinstance(data, Batch) and data.needed_bytes:
+                    self._slots.fit(data.needed_bytes)
+                self._assign_later()
+            else:  # a waiting task that failed before its slot came: none will
+                self._later = [entry for entry in self._later if entry[0] != idx]
+        self._unsized.discard(idx)
+        if pt.is_replica_end(data) or self._resuming:
             self._free_task_slot(idx)  # no batch in it (the replica ended; a stale task of the last epoch)
         return idx, data
 
@@ -358,7 +387,7 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
             self._worker_tasks[worker_idx] -= 1
         if isinstance(data, WorkerFailure):
             self._free_task_slot(data.idx)
-            self._dispatch_after_delivery()
+            self._try_put_index()
             data.error.reraise()
         if not isinstance(data, Batch):  # pragma: no cover - our workers send nothing else
             raise RuntimeError(f"ferry DataLoader: unexpected message from worker {worker_idx}: {type(data)}")
@@ -370,10 +399,12 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
                 self._slots.release(slot)
             raise
         finally:
-            self._dispatch_after_delivery()
+            self._try_put_index()
         return batch
 
     def _shutdown_workers(self):
+        if not getattr(self, "_shutdown", True) and getattr(self, "_later", None):
+            self._assign_later(DROP)  # workers waiting for a slot: the shutdown must not wait for them
         super()._shutdown_workers()
         if not self._shutdown:
             return  # the interpreter is exiting (PyTorch did nothing either)

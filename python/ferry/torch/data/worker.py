@@ -19,7 +19,7 @@ import torch
 
 from .. import _torch_private as pt
 from .batch_layout import Batch, SlotWriter, WorkerFailure
-from .chunk_passing import SlotMappings
+from .chunk_passing import DROPPED, SlotLater, SlotMappings
 from .slot_collate import SlotCollator
 
 
@@ -91,12 +91,19 @@ def worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto
             if done_event.is_set() or iteration_end:
                 continue  # wait for the final signal
             idx, index, slot_message = r
-            slot_id = None if slot_message is None else slot_message[0]
+            slot_id = None if slot_message is None or isinstance(slot_message, SlotLater) else slot_message[0]
             if init_exception is not None:
                 data, init_exception = WorkerFailure(idx, slot_id, init_exception), None
             else:
                 try:
                     raw = fetcher.fetch(index)
+                    if isinstance(slot_message, SlotLater):  # sent before the slots were sized
+                        slot_message = mappings.slot_later(
+                            slot_message.token, lambda: done_event.is_set() or not watchdog.is_alive(), interval)
+                        if slot_message is DROPPED:
+                            del raw, idx, index, r
+                            continue  # the iterator ended (or began a new epoch): it waits for nothing
+                        slot_id = None if slot_message is None else slot_message[0]
                     slot = None if slot_message is None else mappings.slot_bytes(slot_message)
                     writer = SlotWriter(slot)
                     tree = collator(raw, writer)
