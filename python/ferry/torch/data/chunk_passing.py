@@ -169,10 +169,12 @@ class SlotMappings:
 
     def _receive(self, wanted) -> None:
         try:
-            self._read_one(wanted, socket.MSG_DONTWAIT)
+            if self._read_one(wanted, socket.MSG_DONTWAIT):
+                return
         except BlockingIOError:
-            raise RuntimeError(f"ferry DataLoader worker: the main process sent no descriptor for the batch "
-                               f"memory chunk {wanted} before the task that needs it") from None
+            pass
+        raise RuntimeError(f"ferry DataLoader worker: the main process sent no descriptor for the batch "
+                           f"memory chunk {wanted} before the task that needs it")
 
     def _read_one(self, wanted, flags_in: int = 0) -> bool:
         """Reads one message: a chunk (mapped) or an assignment (kept). False at
@@ -191,8 +193,6 @@ class SlotMappings:
                 raise RuntimeError(f"ferry DataLoader worker: a malformed batch memory message ({len(data)} bytes, "
                                    f"{len(fds)} descriptors, flags {flags:#x}) while waiting for chunk {wanted}")
             key = HEADER.unpack(data)
-            if key[0] < self._generation:
-                return True  # a chunk of a size forgotten already (sent for a task this worker skipped)
             m = mmap.mmap(fds[0], os.fstat(fds[0]).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             for fd in fds:
