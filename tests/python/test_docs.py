@@ -2,8 +2,9 @@
 #anchor) reaches a file of this tree, every `ferry ...` command names a real
 subcommand, suite and option, every ferry.X / ferry_x / FERRY_X name is there
 (Python: imported and looked up; C: include/ferry/ferry.h), and every path under
-scripts/, src/, python/, ... is a file or directory git tracks (a build output is
-not: name its source). README stays a front door: its quick start is the two
+scripts/, src/, python/, ... is a file or directory of the source tree (a build output
+is not: name its source; the tree is walked, not asked of git, so these tests pass in
+any copy of the source). README stays a front door: its quick start is the two
 commands CI relies on, its table names every `ferry bench` suite, <= 300 lines.
 No GPU needed; PyTorch only for the ferry.torch names."""
 
@@ -13,9 +14,12 @@ import fnmatch
 import functools
 import importlib
 import importlib.util
+import os
 import pathlib
 import re
+import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -34,15 +38,62 @@ FILE_SUFFIXES = {"h", "so", "py", "json", "txt", "md", "cpp", "cu", "png"}
 # ---- reading the pages ---------------------------------------------------------------
 
 
+# Never source, whatever .gitignore says: version control, build outputs linked or
+# copied into the tree (python/ferry/_ferry*.so), caches, virtual environments.
+NOT_SOURCE = (".git/", ".hg/", ".svn/", "build/", "build-*/", "*.so", "*.so.*", "*.o", "*.pyc",
+              "*.whl", ".venv/", "venv/", ".tox/", ".nox/")
+
+
+def ignore_rules(text: str) -> list[tuple[str, bool, bool, bool]]:
+    """The rules of a .gitignore: (glob, negated, directories only, anchored at the root)."""
+    rules = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        if not line or line.startswith("#"):
+            continue
+        negated = line.startswith("!")
+        line = line[1:] if negated else line
+        dir_only = line.endswith("/")
+        line = line.rstrip("/")
+        anchored = "/" in line  # git: a slash at the start or in the middle anchors it
+        rules.append((line.lstrip("/"), negated, dir_only, anchored))
+    return rules
+
+
+def ignored(path: str, is_dir: bool, rules) -> bool:
+    """Whether `path` (relative to the root, '/'-separated) is ignored: the last rule
+    that matches decides, as in git."""
+    name = path.rsplit("/", 1)[-1]
+    out = False
+    for glob, negated, dir_only, anchored in rules:
+        if dir_only and not is_dir:
+            continue
+        if fnmatch.fnmatchcase(path if anchored else name, glob):
+            out = not negated
+    return out
+
+
+def walk_tree(root: pathlib.Path) -> frozenset[str]:
+    """The source files under `root`: every file, less NOT_SOURCE and what the root's
+    .gitignore ignores (a folder ignored is not entered). Asks no version control, so
+    it is the same from a checkout, an unpacked source archive or a copy vendored into
+    another repository (issue 38, item 16: asking git there listed the outer repository)."""
+    gitignore = root / ".gitignore"
+    rules = ignore_rules("\n".join(NOT_SOURCE)) + (ignore_rules(gitignore.read_text()) if gitignore.exists() else [])
+    files = []
+    for here, dirs, names in os.walk(root):
+        base = pathlib.Path(here).relative_to(root).as_posix()
+        prefix = "" if base == "." else base + "/"
+        dirs[:] = sorted(d for d in dirs if not ignored(prefix + d, True, rules))
+        files += [prefix + n for n in names
+                  if not ignored(prefix + n, False, rules) and os.path.isfile(os.path.join(here, n))]
+    return frozenset(files)
+
+
 @functools.lru_cache(maxsize=None)
 def tree_files() -> frozenset[str]:
-    """Files git tracks or would track (untracked, not ignored): build outputs are not here."""
-    try:
-        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-                             cwd=ROOT, capture_output=True, text=True, check=True, timeout=30).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        pytest.skip(f"needs a git checkout of ferry to list its files: {e}")
-    return frozenset(line for line in out.splitlines() if (ROOT / line).exists())
+    """The tree's source files (walk_tree): build outputs are not here."""
+    return walk_tree(ROOT)
 
 
 @functools.lru_cache(maxsize=None)
@@ -376,10 +427,82 @@ def test_layout_names_what_exists_and_leaves_out_no_folder():
     bad = [why for e in entries if (why := path_problem(e))]
     assert not bad, "docs/layout.md names what is not in the tree:\n  " + "\n  ".join(bad)
     named = {p.rstrip("/") for e in entries for p in expand(e)}
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.splitlines()
+    tracked = tree_files()
     folders = {"/".join(f.split("/")[:i]) for f in tracked if f.startswith(("src/", "python/ferry/"))
                for i in range(2, f.count("/") + 1)}
     modules = {f for f in tracked if re.fullmatch(r"python/ferry/[a-z]\w*\.py", f)}
     missing = sorted((folders | modules) - named)
     assert not missing, "docs/layout.md leaves out: " + ", ".join(missing)
+
+
+# ---- the PyTorch range: what pyproject admits is what scripts/test tests -------------
+
+
+def minor(version: str) -> tuple[int, int]:
+    major, minor_, *_ = version.split(".")
+    return int(major), int(minor_)
+
+
+def test_the_torch_extra_admits_only_the_pytorch_scripts_test_tests():
+    """Issue 38, item 14: `pip install '.[torch]'` resolved a PyTorch nothing tested.
+    pyproject's range is `torch>=OLDEST,<NEXT`: OLDEST is scripts/test's
+    FERRYTEST_TORCH_OLDEST, the minor before NEXT its FERRYTEST_TORCH; the comment above
+    the extra and docs/building.md say the same; numpy is in the extra (item 13)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    m = re.search(r'^torch = \[(.*)\]$', text, re.M)
+    assert m, "pyproject.toml has no torch extra"
+    extra = re.findall(r'"([^"]+)"', m.group(1))
+    assert "numpy" in extra, f"the torch extra {extra} lacks numpy (the DataLoader's workers need it)"
+    rng = next((r for r in extra if r.startswith("torch")), "")
+    bounds = re.fullmatch(r"torch>=(\d+\.\d+),<(\d+\.\d+)", rng)
+    assert bounds, f"the torch extra's range {rng!r} is not torch>=OLDEST,<NEXT (a bound above: the newest tested)"
+    lower, upper = bounds.groups()
+    script = (ROOT / "scripts/test").read_text()
+    newest = re.search(r"\$\{FERRYTEST_TORCH-torch==(\d+\.\d+)\.\*\}", script)
+    oldest = re.search(r"\$\{FERRYTEST_TORCH_OLDEST-torch==(\d+\.\d+)\.\*\}", script)
+    assert newest and oldest, "scripts/test's FERRYTEST_TORCH / FERRYTEST_TORCH_OLDEST defaults moved"
+    assert oldest.group(1) == lower, f"pyproject admits torch>={lower}; scripts/test tests {oldest.group(1)}"
+    assert minor(newest.group(1)) < minor(upper), f"scripts/test tests {newest.group(1)}, outside <{upper}"
+    assert (minor(newest.group(1))[0], minor(newest.group(1))[1] + 1) == minor(upper), \
+        f"pyproject admits up to <{upper}, but the newest scripts/test tests is {newest.group(1)}"
+    comment = text[:m.start()].rsplit("\n\n", 1)[-1]
+    for v in (lower, newest.group(1)):
+        assert f" {v} " in comment, f"pyproject's comment on the torch extra does not name {v}, a tested release"
+    assert f"`{rng}`" in (ROOT / "docs/building.md").read_text(), f"docs/building.md does not give `{rng}`"
+
+
+# ---- the same tests from a copy of the source inside another repository --------------
+
+
+def test_passes_in_a_copy_inside_another_repository(tmp_path):
+    """Issue 38, item 16: with the source inside another git repository that ignores
+    it (a vendored copy, an archive unpacked there), these tests asked that repository
+    for the tree and 29 failed. Here: the tree, without build outputs, copied into an
+    ignored folder of a fresh repository, and this file run there."""
+    if os.environ.get("FERRYTEST_DOCS_IN_COPY"):
+        pytest.skip("this run is the copy's own")
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("needs git, to make the outer repository")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    outer = tmp_path / "outer"
+    subprocess.run([git, "init", "-q", str(outer)], check=True, env=env, timeout=60)
+    (outer / ".gitignore").write_text("third_party/\n")
+    (outer / "app.py").write_text("print('the outer project')\n")
+    copy = outer / "third_party" / "ferry"
+
+
+    def leave_out(folder, names):  # what no source archive has: build outputs, caches
+        top = pathlib.Path(folder) == ROOT
+        return [n for n in names if n in ("__pycache__", ".pytest_cache") or re.search(r"\.so(\.|$)", n)
+                or top and (n in (".git", ".whl") or re.fullmatch(r"build(-.*)?", n))]
+
+    shutil.copytree(ROOT, copy, symlinks=True, ignore=leave_out)
+    seen = subprocess.run([git, "ls-files", "--cached", "--others", "--exclude-standard"], cwd=copy,
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert "README.md" not in seen.stdout.split(), "the outer repository does not ignore the copy"
+    env["FERRYTEST_DOCS_IN_COPY"] = "1"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests/python/test_docs.py"],
+                         cwd=copy, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, f"test_docs.py fails in {copy}:\n{run.stdout[-6000:]}{run.stderr[-2000:]}"
