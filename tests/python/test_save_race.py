@@ -11,6 +11,7 @@ Real processes, real files, real flock, real SIGKILLs; random data per save."""
 import errno
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -111,11 +112,15 @@ _RACER = textwrap.dedent("""
 """)
 
 
-def _read_line(child, seconds=120):
-    """The child's next stdout line (json), or the test fails naming its stderr."""
+def _read_line(child, seconds=300):
+    """The child's next stdout line (json), or the test fails naming its stderr. (It writes one line per
+    line of its stdin, so nothing is left in the pipe's buffer for select to miss.)"""
+    if not select.select([child.stdout], [], [], seconds)[0]:
+        child.kill()
+        pytest.fail(f"a racer wrote nothing for {seconds} s")
     line = child.stdout.readline()
     if not line:
-        child.wait(timeout=seconds)
+        child.wait(timeout=60)
         pytest.fail(f"racer exited {child.returncode}: {child.stderr.read()[-3000:]}")
     return json.loads(line)
 

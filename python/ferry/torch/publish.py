@@ -58,6 +58,11 @@ reader that read the earlier index before the commit finds its shards removed
 by step 3 (an error, not a mixture), unless two more saves came in between and
 the second reused a name.
 
+Locking: ``PathLock`` (a file lock, between processes and threads) is held
+for steps 1-3 only; ``_published_lock`` guards ``_published`` (this process's
+last publication per path), held for no call of ours and remade in a forked
+child.
+
 ``publish_hook``: tests only. None, or a function called with ("rename", final
 path) before each rename and ("remove", path) before each removal of steps 1-3,
 so that a test can make a real failure (or SIGKILL) happen between two of them.
@@ -88,6 +93,15 @@ publish_hook = None  # tests: see the module's text
 _tickets = itertools.count(1)  # each save's place in this process's order (next() is atomic)
 _published_lock = threading.Lock()
 _published: dict[str, tuple[int, list[str]]] = {}  # guarded by _published_lock: path -> (ticket, files)
+
+
+def _forget_in_child() -> None:
+    """After fork(), in the child: a lock another thread held stays with the parent."""
+    global _published_lock
+    _published_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def ticket() -> int:
