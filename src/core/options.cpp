@@ -49,6 +49,10 @@ const OptionSpec kOptions[] = {
      0, 0},
     {"FERRY_LOAD_THREADS", "0", "checkpoint loads: reader threads, 0 .. 1024; 0 = one per core, at most 16",
      OptionType::integer, nullptr, 0, kMaxThreads},
+    {"FERRY_NODE_DIR", "",
+     "node pools: the directory where the processes of a node find each other (their Unix sockets; this "
+     "user's own, mode 0700); empty = /tmp/ferry-UID, UID the effective user id",
+     OptionType::text, nullptr, 0, 0},
     {"FERRY_NODE_PIN_PIECE", "1GiB",
      "node pools: bytes of one cudaHostRegister, the unit a process pins of what it touches (a multiple of "
      "2 MiB; each call costs about 8 ms, docs/node.md)",

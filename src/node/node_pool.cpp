@@ -5,19 +5,24 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <pthread.h>
+#include <system_error>
 #include <unistd.h>
 
 #include "core/error.h"
 #include "core/fork.h"
+#include "node/node_dir.h"
 #include "os/dont_fork.h"
 #include "os/file.h"
 #include "os/futex.h"
 #include "os/memory.h"
 #include "os/sysfs.h"
+#include "os/private_dir.h"
 #include "os/unix_socket.h"
 
 namespace ferry::node {
@@ -60,7 +65,51 @@ void forget_registry_in_child() noexcept {
 }
 [[maybe_unused]] const bool g_registry_forgotten = (at_fork_in_child(&forget_registry_in_child), true);
 
-constexpr int kServeTimeoutMs = 2000;
+thread_local bool t_opening = false;  // this thread is inside open() (it holds open_mu)
+
+// A time limit on the steady clock: seconds from now, or none.
+constexpr double kForeverS = 1e9;  // longer is no limit: 10^18 ns stays far from the clock's int64 end
+class Deadline {
+ public:
+  explicit Deadline(double seconds) : forever_(!(seconds < kForeverS)) {
+    if (!forever_)
+      at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  }
+  bool forever() const { return forever_; }
+  bool passed() const { return !forever_ && Clock::now() >= at_; }
+  // Nanoseconds left (0 once passed); -1: no limit.
+  int64_t left_ns() const {
+    if (forever_) return -1;
+    return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(at_ - Clock::now()).count());
+  }
+  // Sleeps `pause`, or until the deadline if that comes first.
+  void sleep(std::chrono::nanoseconds pause) const {
+    if (!forever_) pause = std::min(pause, std::chrono::nanoseconds(left_ns()));
+    std::this_thread::sleep_for(pause);
+  }
+
+ private:
+  bool forever_;
+  Clock::time_point at_{};
+};
+
+// ferry's rule for a timeout given in seconds: NaN and negative are refused.
+void check_timeout(double seconds, const std::string& what) {
+  if (std::isnan(seconds) || seconds < 0)
+    throw InvalidArgument(what + " " + std::to_string(seconds) +
+                          " s: give seconds >= 0 (infinity: no limit)");
+}
+
+std::string seconds_text(double s) {
+  if (!(s < kForeverS)) return "ever";
+  char text[32];
+  std::snprintf(text, sizeof text, "%g s", s);
+  return text;
+}
+
+// Thrown by join(): the region this attacher was handed has no live member left
+// (the last one closed or died between handing the memfd and this join).
+struct RegionGone {};
 
 struct Hello {  // what a member sends with the descriptor
   uint64_t magic;
@@ -69,32 +118,193 @@ struct Hello {  // what a member sends with the descriptor
   uint64_t file_bytes;
 };
 
-std::string socket_name(const std::string& name, const std::string& what) {
-  return "ferry-node." + std::to_string(geteuid()) + "." + name + "." + what;
-}
-
 void check_name(const std::string& name) {
   bool ok = !name.empty() && name.size() <= 64;
   for (char c : name) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
   if (!ok)
-    throw InvalidArgument("node pool name '" + printable(name) +
+    throw InvalidArgument("node pool '" + printable(name) +
                           "': use 1-64 characters of letters, digits, '.', '_' and '-'");
 }
 
-// Asks each member slot's socket in turn for the descriptor; -1 when none answers.
-int ask_members(const std::string& name, Hello* hello) {
-  for (uint32_t s = 0; s < kMaxMembers; ++s) {
-    int sock = -1;
-    if (os::connect_abstract(socket_name(name, std::to_string(s)), &sock) != 0) continue;
-    os::set_receive_timeout(sock, kServeTimeoutMs);  // a socket nobody serves must not hang the open
-    int fd = -1;
-    size_t got = 0;
-    const int err = os::receive_with_fd(sock, hello, sizeof *hello, &got, &fd);
-    os::close_fd(sock);
-    if (err == 0 && got == sizeof *hello && hello->magic == kMagic) return fd;
-    if (err == 0) os::close_fd(fd);  // a member of another version, or garbage: try the next
+uint64_t granules_for(uint64_t bytes, uint64_t granule) { return bytes / granule + (bytes % granule != 0); }
+
+// Whether a capacity asked (0: any) rounds up to the pool's.
+bool capacity_agrees(uint64_t asked, const NodePool& pool) {
+  return asked == 0 || granules_for(asked, pool.granule()) == pool.capacity() / pool.granule();
+}
+
+// The open lock of a pool name: a POSIX record lock on byte 0 of <dir>/<name>.lock,
+// held by one process from its first look at the members until it serves the pool
+// or gives up (issue 38: no two creators; nobody creates while an attacher is on
+// its way in). A record lock, not flock(): a forked child does not inherit it, and
+// the kernel drops it when its holder dies. Record locks of one process do not
+// exclude each other, and closing any descriptor of the file drops them all:
+// open_mu keeps this process's opens apart, and remove_open_lock_file() runs only
+// outside them.
+class OpenLock {
+ public:
+  OpenLock(const std::string& path, const std::string& name, const Deadline& deadline, double timeout_s);
+  ~OpenLock() {
+    os::unlock_byte(fd_, 0);
+    os::close_fd(fd_);
   }
-  return -1;
+  OpenLock(const OpenLock&) = delete;
+  OpenLock& operator=(const OpenLock&) = delete;
+
+ private:
+  void drop() noexcept {
+    os::close_fd(fd_);
+    fd_ = -1;
+  }
+  int fd_ = -1;
+};
+
+OpenLock::OpenLock(const std::string& path, const std::string& name, const Deadline& deadline, double timeout_s) {
+  auto pause = std::chrono::nanoseconds(500000);
+  for (;;) {
+    if (fd_ < 0)
+      if (int err = os::open_lock_file(path, &fd_)) throw OsError("node pool '" + name + "': open of " + path, err);
+    const int err = os::lock_byte(fd_, 0);
+    bool same = false;
+    if (err == 0) {
+      if (int e = os::names_file(fd_, path, &same)) {
+        drop();
+        throw OsError("node pool '" + name + "': lstat of " + path, e);
+      }
+      if (same) return;
+      drop();  // the last member removed the file meanwhile: lock the one the path names now
+      continue;
+    }
+    if (err != EAGAIN) {
+      drop();
+      throw OsError("node pool '" + name + "': fcntl(F_SETLK) of " + path, err);
+    }
+    if (deadline.passed()) {
+      drop();
+      throw OsError("node pool '" + name + "': another process of this user has been opening it for " +
+                        seconds_text(timeout_s) + " (it holds " + path + "; is it stopped?); open",
+                    ETIMEDOUT);
+    }
+    deadline.sleep(pause);
+    pause = std::min(pause * 2, std::chrono::nanoseconds(10000000));
+  }
+}
+
+// Where the pool's processes meet.
+struct Place {
+  std::string dir, name;
+};
+
+// One look at the members' sockets (the open lock held: nobody joins meanwhile).
+struct Look {
+  struct Asked {
+    int sock;
+    uint32_t slot;
+    pid_t pid;
+  };
+  std::vector<Asked> asked;   // connected to a listener of this uid: its answer is on the way
+  std::vector<uint32_t> full; // slots whose listener's backlog is full (it does not accept)
+  Look() = default;
+  Look(const Look&) = delete;
+  Look& operator=(const Look&) = delete;
+  ~Look() {
+    for (const Asked& a : asked) os::close_fd(a.sock);
+  }
+  bool nobody() const { return asked.empty() && full.empty(); }
+  std::string describe() const {
+    std::string s;
+    for (const Asked& a : asked)
+      s += (s.empty() ? "" : ", ") + std::string("slot ") + std::to_string(a.slot) + " pid " + std::to_string(a.pid);
+    for (uint32_t slot : full) s += (s.empty() ? "" : ", ") + std::string("slot ") + std::to_string(slot) + " (backlog full)";
+    return s;
+  }
+};
+
+constexpr size_t kMaxAsked = 32;  // connections asked at once
+
+// Connects to every slot's socket. A stale one (ECONNREFUSED: its member died) is
+// removed; one of another uid (there only if that user may write here: root) is not
+// a member and is left alone; any other failure (out of descriptors) is an error,
+// never "nobody serves it": a second pool of the name would follow.
+void look_at_members(const Place& place, Look* out) {
+  for (uint32_t s = 0; s < kMaxMembers && out->asked.size() < kMaxAsked; ++s) {
+    const std::string path = member_socket_path(place.dir, place.name, s);
+    int sock = -1;
+    const int err = os::connect_at(path, &sock);
+    if (err == ENOENT || err == EACCES) continue;
+    if (err == ECONNREFUSED) {
+      os::remove_socket_file(path);
+      continue;
+    }
+    if (err == EAGAIN) {
+      out->full.push_back(s);
+      continue;
+    }
+    if (err) throw OsError("node pool '" + place.name + "': connect to the member socket " + path, err);
+    os::PeerCredentials peer;
+    const int perr = os::peer_credentials(sock, &peer);
+    if (perr || peer.uid != geteuid()) {
+      os::close_fd(sock);
+      if (perr) throw OsError("node pool '" + place.name + "': getsockopt(SO_PEERCRED) of " + path, perr);
+      continue;
+    }
+    out->asked.push_back({sock, s, peer.pid});
+  }
+}
+
+struct Answer {
+  int fd = -1;  // the region's memfd; -1: no answer
+  Hello hello{};
+  uint32_t slot = 0;
+  pid_t pid = 0;
+};
+
+// The first answer of the members asked, by the deadline (fd -1: all hung up, or
+// the deadline passed). A peer of this uid that answers with something else than a
+// node pool's hello is an error (another program at our path), not a member.
+Answer first_answer(const Place& place, Look* look, const Deadline& deadline) {
+  while (!look->asked.empty()) {
+    std::vector<int> fds;
+    for (const Look::Asked& a : look->asked) fds.push_back(a.sock);
+    size_t i = 0;
+    const int err = os::wait_readable(fds.data(), fds.size(), deadline.left_ns(), &i);
+    if (err == ETIMEDOUT) return {};
+    if (err == EINTR) continue;
+    if (err) throw OsError("node pool '" + place.name + "': poll of its member sockets", err);
+    const Look::Asked asked = look->asked[i];
+    Answer a{-1, {}, asked.slot, asked.pid};
+    size_t got = 0;
+    const int rerr = os::receive_with_fd(asked.sock, &a.hello, sizeof a.hello, &got, &a.fd);
+    if (rerr == EAGAIN) continue;
+    os::close_fd(asked.sock);
+    look->asked.erase(look->asked.begin() + static_cast<long>(i));
+    if (rerr == 0 && got == sizeof a.hello) return a;
+    if (rerr == 0) os::close_fd(a.fd);
+    if (rerr == 0 || rerr == EPROTO)
+      throw NotSupported("node pool '" + place.name + "': the process at its member socket " +
+                         member_socket_path(place.dir, place.name, a.slot) + " (pid " + std::to_string(a.pid) +
+                         ") answered with something that is not a node pool of this ferry");
+  }
+  return {};  // every member asked hung up: they were leaving
+}
+
+// Asks the members for the region's memfd (the open lock held). fd -1: nobody
+// serves it (every slot's socket absent or stale). Members that live but do not
+// answer by the deadline (stopped, in a debugger): OsError(ETIMEDOUT) naming them.
+Answer ask_members(const Place& place, const Deadline& deadline, double timeout_s) {
+  for (;;) {
+    Look look;
+    look_at_members(place, &look);
+    if (look.nobody()) return {};
+    const std::string who = look.describe();
+    Answer a = first_answer(place, &look, deadline);
+    if (a.fd >= 0) return a;
+    if (deadline.passed())
+      throw OsError("node pool '" + place.name + "': its members (" + who + ") did not answer within " +
+                        seconds_text(timeout_s) + " (stopped? in a debugger?); open",
+                    ETIMEDOUT);
+    deadline.sleep(std::chrono::milliseconds(1));  // a full backlog, or members leaving: look again
+  }
 }
 
 struct Mapped {
@@ -131,7 +341,8 @@ std::string hugetlb_shortfall(uint64_t file_bytes, HugePolicy policy) {
   return "";
 }
 
-Mapped create_region(const std::string& name, const NodePoolOptions& o) {
+// The data's capacity for o.capacity: whole granules, at most 2^32 of them.
+uint64_t checked_capacity(const std::string& name, const NodePoolOptions& o) {
   const size_t granule = o.granule;
   if (granule < 4096 || granule > (size_t{1} << 30) || (granule & (granule - 1)))
     throw InvalidArgument("node pool '" + name + "': granule " + std::to_string(granule) +
@@ -140,11 +351,17 @@ Mapped create_region(const std::string& name, const NodePoolOptions& o) {
     throw InvalidArgument("node pool '" + name +
                           "': no live process serves it, and capacity is 0: the process that creates "
                           "a node pool gives its capacity (the node-wide budget, in bytes)");
-  const uint64_t capacity = (o.capacity + granule - 1) / granule * granule;
-  if (capacity / granule >= (uint64_t{1} << 32))
-    throw InvalidArgument("node pool '" + name + "': capacity " + format_bytes(o.capacity) +
-                          " is over 2^32 granules of " + format_bytes(granule) + "; use a larger granule");
-  const Region::Layout l = Region::layout(capacity, granule);
+  const uint64_t granules = granules_for(o.capacity, granule);  // no overflow near 2^64 (issue 38)
+  if (granules >= (uint64_t{1} << 32))
+    throw InvalidArgument("node pool '" + name + "': capacity " + std::to_string(o.capacity) + " bytes (" +
+                          format_bytes(o.capacity) + ") is over 2^32 granules of " + format_bytes(granule) +
+                          "; use a larger granule");
+  return granules * granule;
+}
+
+Mapped create_region(const std::string& name, const NodePoolOptions& o) {
+  const uint64_t capacity = checked_capacity(name, o);
+  const Region::Layout l = Region::layout(capacity, o.granule);
   const std::string memfd_name = "ferry-node:" + name;
   int fd = -1;
   Mapped m;
@@ -173,126 +390,176 @@ Mapped create_region(const std::string& name, const NodePoolOptions& o) {
     if (o.huge_pages != HugePolicy::off)  // shmem THP where shmem_enabled allows it
       os::advise_huge(static_cast<char*>(m.map) + l.data_offset, capacity);
   }
-  Region(m.map).init(capacity, granule, getpid(), hugetlb ? os::kHugePage2MBytes : os::kSmallPageBytes);
+  Region(m.map).init(capacity, o.granule, getpid(), hugetlb ? os::kHugePage2MBytes : os::kSmallPageBytes);
   return m;
 }
 
-Mapped attach_region(int fd, const Hello& hello, const std::string& name) {
+// Maps what a member handed, once it is checked: a file of this uid (no other user's
+// memory, issue 38), of this ferry's version, with a header that fits the file.
+Mapped attach_region(const Answer& a, const Place& place) {
+  const std::string from = "the member in slot " + std::to_string(a.slot) + " (pid " + std::to_string(a.pid) + ")";
+  uid_t owner = 0;
+  if (int err = os::descriptor_owner(a.fd, &owner)) {
+    os::close_fd(a.fd);
+    throw OsError("node pool '" + place.name + "': fstat of the descriptor " + from + " handed", err);
+  }
+  if (owner != geteuid()) {
+    os::close_fd(a.fd);
+    throw OsError("node pool '" + place.name + "': " + from + " handed a file of uid " + std::to_string(owner) +
+                      ", not of this process's " + std::to_string(geteuid()) + "; refused",
+                  EACCES);
+  }
   uint64_t size = 0;
-  if (os::regular_file_size(fd, &size) != 0 || size != hello.file_bytes ||
-      hello.version != kVersion) {
-    os::close_fd(fd);
-    throw NotSupported("node pool '" + name + "': a member sent a region of version " +
-                       std::to_string(hello.version) + " (this ferry speaks " + std::to_string(kVersion) +
+  if (os::regular_file_size(a.fd, &size) != 0 || size != a.hello.file_bytes || a.hello.magic != kMagic ||
+      a.hello.version != kVersion) {
+    os::close_fd(a.fd);
+    throw NotSupported("node pool '" + place.name + "': " + from + " sent a region of version " +
+                       std::to_string(a.hello.version) + " (this ferry speaks " + std::to_string(kVersion) +
                        "): every process of a node must run the same ferry");
   }
-  return map_region(fd, hello.file_bytes, name);
+  Mapped m = map_region(a.fd, a.hello.file_bytes, place.name);
+  if (const std::string why = Region(m.map).header_problem(m.bytes); !why.empty()) {
+    os::forget_hidden(m.map);
+    os::unmap(m.map, m.bytes);
+    os::close_fd(m.fd);
+    throw NotSupported("node pool '" + place.name + "': " + from + " handed a region that is not a node pool's (" +
+                       why + ")");
+  }
+  return m;
 }
 
 }  // namespace
 
 std::shared_ptr<NodePool> NodePool::open(const std::string& name, const NodePoolOptions& options) {
   check_name(name);
+  check_timeout(options.attach_timeout_s, "node pool '" + name + "': attach_timeout_s");
   std::lock_guard<std::mutex> opening(open_mu);
+  t_opening = true;
+  struct Done {
+    ~Done() { t_opening = false; }
+  } done;
   if (auto existing = registered(name)) {
-    if (options.capacity && (options.capacity + existing->granule() - 1) / existing->granule() *
-                                    existing->granule() != existing->capacity())
+    if (!capacity_agrees(options.capacity, *existing))
       throw InvalidArgument("node pool '" + name + "' is open in this process with capacity " +
                             format_bytes(existing->capacity()) + ", not " + format_bytes(options.capacity));
     return existing;
   }
-  const auto deadline = Clock::now() + std::chrono::duration<double>(options.attach_timeout_s);
-  Mapped m;
-  bool created = false;
+  const Deadline deadline(options.attach_timeout_s);
+  const Place place{private_node_dir(options.dir, name), name};
+  const OpenLock held(open_lock_path(place.dir, name), name, deadline, options.attach_timeout_s);
   for (;;) {
-    Hello hello{};
-    if (int fd = ask_members(name, &hello); fd >= 0) {
-      m = attach_region(fd, hello, name);
-      break;
+    const Answer a = ask_members(place, deadline, options.attach_timeout_s);
+    const bool created = a.fd < 0;
+    const Mapped m = created ? create_region(name, options) : attach_region(a, place);
+    std::shared_ptr<NodePool> pool(new NodePool(name, place.dir, m.fd, m.map, m.bytes, created));
+    if (!capacity_agrees(options.capacity, *pool))
+      throw InvalidArgument("node pool '" + name + "' exists with capacity " + format_bytes(pool->capacity()) +
+                            ", not the " + format_bytes(options.capacity) + " asked; pass capacity=0 to attach to "
+                            "whatever it is");
+    try {
+      pool->join(options.label, options.attach_timeout_s, deadline.left_ns());
+    } catch (const RegionGone&) {
+      continue;  // its last member left before we joined: look again (the open lock is still ours)
     }
-    int election = -1;  // the one process allowed to create: whoever binds this name
-    const int err = os::listen_abstract(socket_name(name, "create"), &election);
-    if (err == 0) {
-      if (int fd = ask_members(name, &hello); fd >= 0) {  // a creator finished between our two looks
-        os::close_fd(election);
-        m = attach_region(fd, hello, name);
-        break;
-      }
-      try {
-        m = create_region(name, options);
-      } catch (...) {
-        os::close_fd(election);
-        throw;
-      }
-      created = true;
-      // Keep the election name until this member serves (below), so nobody creates a second pool.
-      std::shared_ptr<NodePool> pool(new NodePool(name, m.fd, m.map, m.bytes, true, options.label));
-      os::close_fd(election);
-      register_pool(name, pool);
-      return pool;
-    }
-    if (err != EADDRINUSE) throw OsError("bind of the node pool's socket '" + socket_name(name, "create") + "'", err);
-    if (Clock::now() > deadline)
-      throw OsError("node pool '" + name + "': another process has been creating it for " +
-                        std::to_string(options.attach_timeout_s) + " s and no member answers (is it stuck?); open",
-                    ETIMEDOUT);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    register_pool(name, pool);
+    return pool;
   }
-  std::shared_ptr<NodePool> pool(new NodePool(name, m.fd, m.map, m.bytes, created, options.label));
-  if (options.capacity && (options.capacity + pool->granule() - 1) / pool->granule() * pool->granule() !=
-                              pool->capacity())
-    throw InvalidArgument("node pool '" + name + "' exists with capacity " + format_bytes(pool->capacity()) +
-                          ", not the " + format_bytes(options.capacity) + " asked; pass capacity=0 to attach to "
-                          "whatever it is");
-  register_pool(name, pool);
-  return pool;
 }
 
-NodePool::NodePool(std::string name, int fd, void* map, size_t map_bytes, bool created, const std::string& label)
-    : name_(std::move(name)), fd_(fd), map_(map), map_bytes_(map_bytes), created_(created), region_(map),
-      data_(region_.data()), capacity_(region_.header().capacity), granule_(region_.header().granule),
-      generation_(fork_generation()) {
-  lock();
+NodePool::NodePool(std::string name, std::string dir, int fd, void* map, size_t map_bytes, bool created)
+    : name_(std::move(name)), dir_(std::move(dir)), fd_(fd), map_(map), map_bytes_(map_bytes), created_(created),
+      region_(map), data_(region_.data()), capacity_(region_.header().capacity),
+      granule_(region_.header().granule), generation_(fork_generation()) {}
+
+void NodePool::join(const std::string& label, double timeout_s, int64_t timeout_ns) {
+  bool repaired = false;
+  if (region_.lock_for(timeout_ns, &repaired) != 0)
+    throw OsError("node pool '" + name_ + "': a member has held its lock for " + seconds_text(timeout_s) +
+                      " (stopped? in a debugger?); open",
+                  ETIMEDOUT);
   reclaim_dead_locked();
-  slot_ = region_.claim_member(getpid(), "");
-  int err = slot_ < kMaxMembers ? os::lock_byte(fd_, slot_) : 0;
-  if (slot_ < kMaxMembers && err == 0) {
-    if (label.empty())
-      std::snprintf(region_.member(slot_).label, kLabelBytes, "pid %d", getpid());
-    else
-      std::strncpy(region_.member(slot_).label, label.c_str(), kLabelBytes - 1);
-  } else if (slot_ < kMaxMembers) {
-    std::memset(&region_.member(slot_), 0, sizeof(Member));
+  if (!created_ && !region_.has_live_member()) {
+    region_.unlock();
+    throw RegionGone{};
   }
+  const uint32_t slot = region_.claim_member(getpid(), label.empty() ? "pid " + std::to_string(getpid()) : label);
+  const int err = slot < kMaxMembers ? os::lock_byte(fd_, slot) : 0;
+  if (slot < kMaxMembers && err != 0) region_.release_member(slot);
   region_.unlock();
-  if (slot_ >= kMaxMembers || err != 0) {
-    os::forget_hidden(map_);
-    os::unmap(map_, map_bytes_);
-    os::close_fd(fd_);
-    if (err) throw OsError("fcntl(F_SETLK) of node pool '" + name_ + "' member slot", err);
+  if (slot >= kMaxMembers)
     throw OutOfMemory("node pool '" + name_ + "' has " + std::to_string(kMaxMembers) + " live members already");
-  }
-  // Serve attachers; a name still held by a leaving process means this member does not serve (others do).
-  if (os::listen_abstract(socket_name(name_, std::to_string(slot_)), &listen_fd_) == 0) {
+  if (err) throw OsError("fcntl(F_SETLK) of node pool '" + name_ + "' member slot", err);
+  slot_ = slot;
+  start_serving();  // on failure the destructor leaves the slot
+}
+
+// A member that cannot serve does not join: nobody could attach through it, and
+// the next process to find no member would make a second pool of the name.
+void NodePool::start_serving() {
+  const std::string path = member_socket_path(dir_, name_, slot_);
+  os::remove_socket_file(path);  // a dead member's, whose slot this is now (the open lock held: nobody else binds)
+  if (int err = os::listen_at(path, &listen_fd_))
+    throw OsError("node pool '" + name_ + "': bind of its member socket " + path +
+                      " (a member that cannot serve attachers does not join)",
+                  err);
+  socket_path_ = path;
+  try {
     server_ = std::thread([this] { serve(); });
-    pthread_setname_np(server_.native_handle(), "ferry-node");  // named before open returns: ps, /proc/*/task/*/comm
+  } catch (const std::system_error& e) {
+    throw OsError("node pool '" + name_ + "': starting its serving thread", e.code().value());
   }
+  pthread_setname_np(server_.native_handle(), "ferry-node");  // named before open returns: ps, /proc/*/task/*/comm
 }
 
 NodePool::~NodePool() {
-  if (generation_ != fork_generation()) return;  // a forked child: the parent's member, not ours
-  if (listen_fd_ >= 0) {
-    os::shutdown_socket(listen_fd_);
-    if (server_.joinable()) server_.join();
-    os::close_fd(listen_fd_);
+  if (generation_ != fork_generation()) {
+    // A forked child: the parent's member, not ours. The serving thread exists only in
+    // the parent: forget its handle (destroying a joinable std::thread calls terminate).
+    new (&server_) std::thread;
+    return;
   }
-  lock();
-  region_.release_member(slot_);
-  os::unlock_byte(fd_, slot_);
-  region_.unlock();
+  stop_serving();
+  if (leave()) remove_open_lock_file();
   os::forget_hidden(map_);
   os::unmap(map_, map_bytes_);
   os::close_fd(fd_);
+}
+
+void NodePool::stop_serving() noexcept {
+  if (listen_fd_ < 0) return;
+  stopping_.store(true);
+  os::shutdown_socket(listen_fd_);
+  if (server_.joinable()) server_.join();
+  os::close_fd(listen_fd_);
+  listen_fd_ = -1;
+  if (!socket_path_.empty()) os::remove_socket_file(socket_path_);  // the slot is still ours: nobody else binds it
+}
+
+bool NodePool::leave() noexcept {
+  if (slot_ >= kMaxMembers) return false;
+  lock();
+  region_.release_member(slot_);
+  os::unlock_byte(fd_, slot_);
+  const bool last = !region_.has_live_member();
+  region_.unlock();
+  slot_ = kMaxMembers;
+  return last;
+}
+
+// The last member removes the open lock file, under its lock (an open waiting on the
+// file it removed sees the path gone and locks the new one). Not while an open of
+// this process is under way: that open holds the lock through another descriptor,
+// and closing ours would drop it.
+void NodePool::remove_open_lock_file() noexcept {
+  if (t_opening || !open_mu.try_lock()) return;
+  const std::string path = open_lock_path(dir_, name_);
+  int fd = -1;
+  if (os::open_lock_file(path, &fd) == 0) {
+    bool same = false;
+    if (os::lock_byte(fd, 0) == 0 && os::names_file(fd, path, &same) == 0 && same) os::remove_file(path);
+    os::close_fd(fd);  // drops the lock
+  }
+  open_mu.unlock();
 }
 
 void NodePool::drop_descriptors_in_child() noexcept {
@@ -309,9 +576,18 @@ void NodePool::serve() {
   const Hello hello{kMagic, kVersion, 0, region_.header().file_bytes};
   for (;;) {
     int conn = -1;
-    if (os::accept_connection(listen_fd_, &conn) != 0) return;  // shut down
-    uid_t uid = 0;
-    if (os::peer_uid(conn, &uid) == 0 && uid == geteuid()) os::send_with_fd(conn, &hello, sizeof hello, fd_);
+    if (int err = os::accept_connection(listen_fd_, &conn)) {
+      if (stopping_.load()) return;  // shut down
+      // Out of descriptors or memory (the connection waits in the backlog), or an
+      // aborted connection: serve on; a member that stopped serving would leave the
+      // pool unreachable while it lives.
+      (void)err;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    os::PeerCredentials peer;
+    if (os::peer_credentials(conn, &peer) == 0 && peer.uid == geteuid())
+      os::send_with_fd(conn, &hello, sizeof hello, fd_);
     os::close_fd(conn);
   }
 }
@@ -369,7 +645,7 @@ std::string NodePool::describe_holders() const {  // region locked, or for stats
 NodeBlock NodePool::allocate(size_t bytes) {
   check_usable("allocate");
   if (bytes == 0) throw InvalidArgument("node pool '" + name_ + "': allocate of 0 bytes");
-  const uint64_t g = granule(), count = (bytes + g - 1) / g;
+  const uint64_t g = granule(), count = granules_for(bytes, g);
   lock();
   uint64_t first = count <= region_.header().granules ? region_.allocate(slot_, count) : kNone;
   if (first == kNone && reclaim_dead_locked() > 0) first = region_.allocate(slot_, count);
@@ -388,7 +664,7 @@ NodeBlock NodePool::allocate_named(const std::string& key, size_t bytes, bool* c
     throw InvalidArgument("node pool '" + name_ + "': key '" + printable(key) + "' must be 1-" +
                           std::to_string(kKeyBytes - 1) + " bytes with no NUL");
   if (bytes == 0) throw InvalidArgument("node pool '" + name_ + "': allocate_named of 0 bytes");
-  const uint64_t g = granule(), count = (bytes + g - 1) / g;
+  const uint64_t g = granule(), count = granules_for(bytes, g);
   lock();
   const uint32_t found = region_.find_named(key);
   if (found < kMaxNamed) {
@@ -397,7 +673,8 @@ NodeBlock NodePool::allocate_named(const std::string& key, size_t bytes, bool* c
       const uint64_t have = n.count * g;
       region_.unlock();
       throw InvalidArgument("node pool '" + name_ + "': named block '" + printable(key) + "' exists with " +
-                            format_bytes(have) + ", not " + format_bytes(count * g));
+                            format_bytes(have) + ", not " +
+                            format_bytes(count <= region_.header().granules ? count * g : bytes));
     }
     region_.hold_named(found, slot_);
     const NodeBlock b{n.first * g, n.count * g};
@@ -500,7 +777,7 @@ NodePoolStats NodePool::stats() {
 
 uint32_t* NodePool::word(uint64_t offset, const char* what) const {
   check_usable(what);
-  if (offset % 4 != 0 || offset + 4 > capacity())
+  if (offset % 4 != 0 || offset > capacity() - 4)  // not offset + 4 > capacity: that wraps at 2^64 - 4
     throw InvalidArgument("node pool '" + name_ + "': " + what + ": offset " + std::to_string(offset) +
                           " is not a 4-byte aligned word inside the pool's " + format_bytes(capacity()));
   return reinterpret_cast<uint32_t*>(data() + offset);
@@ -519,14 +796,16 @@ uint32_t NodePool::load(uint64_t offset) const {
 
 bool NodePool::wait_at_least(uint64_t offset, uint32_t value, double timeout_s) const {
   uint32_t* w = word(offset, "wait_at_least");
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s < 0 ? 1e9 : timeout_s);
+  if (std::isnan(timeout_s))
+    throw InvalidArgument("node pool '" + name_ + "': wait_at_least: timeout NaN: give seconds >= 0 (infinity: no limit)");
+  const Deadline deadline(timeout_s < 0 ? kForever : timeout_s);
   for (;;) {
     const uint32_t v = std::atomic_ref<uint32_t>(*w).load(std::memory_order_acquire);
     if (static_cast<int32_t>(v - value) >= 0) return true;  // wrap-safe: counters only grow
-    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return false;
+    if (deadline.passed()) return false;
     // A slice at most: a waker of an older ferry, or a lost wake, costs 100 ms, never a hang.
-    os::futex_wait_shared(w, v, std::min<int64_t>(left, 100000000));
+    const int64_t left = deadline.left_ns();
+    os::futex_wait_shared(w, v, left < 0 ? 100000000 : std::min<int64_t>(left, 100000000));
   }
 }
 

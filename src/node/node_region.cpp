@@ -1,8 +1,10 @@
 // node_region.cpp — allocation, members and named blocks inside the shared region.
 #include "node/node_region.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 namespace ferry::node {
 namespace {
@@ -23,6 +25,15 @@ bool no_bits(const Named& n) {
 }
 
 }  // namespace
+
+size_t utf8_prefix_bytes(std::string_view text, size_t max_bytes) {
+  const size_t whole = std::min(text.find('\0'), text.size());
+  if (whole <= max_bytes) return whole;
+  auto continuation = [&](size_t i) { return (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80; };
+  size_t cut = max_bytes;  // text[cut] is the first byte left out: it must start a character
+  for (int back = 0; back < 3 && cut > 0 && continuation(cut); ++back) --cut;
+  return continuation(cut) ? max_bytes : cut;
+}
 
 Region::Layout Region::layout(uint64_t capacity, uint64_t granule) {
   Layout l{};
@@ -57,20 +68,53 @@ void Region::init(uint64_t capacity, uint64_t granule, int creator_pid, uint64_t
   std::atomic_ref<uint64_t>(h.magic).store(kMagic, std::memory_order_release);
 }
 
+std::string Region::header_problem(uint64_t file_bytes) const {
+  const Header& h = header();
+  if (std::atomic_ref<uint64_t>(const_cast<uint64_t&>(h.magic)).load(std::memory_order_acquire) != kMagic)
+    return "no node pool header";
+  if (h.version != kVersion) return "version " + std::to_string(h.version) + ", not " + std::to_string(kVersion);
+  if (h.granule < 4096 || h.granule > (uint64_t{1} << 30) || (h.granule & (h.granule - 1)))
+    return "granule " + std::to_string(h.granule);
+  if (h.granules == 0 || h.granules >= (uint64_t{1} << 32) || h.capacity != h.granules * h.granule)
+    return "capacity " + std::to_string(h.capacity) + " is not " + std::to_string(h.granules) + " granules";
+  const Layout l = layout(h.capacity, h.granule);
+  if (h.owner_offset != l.owner_offset || h.head_offset != l.head_offset || h.data_offset != l.data_offset ||
+      h.file_bytes != l.file_bytes || l.file_bytes != file_bytes)
+    return "its layout does not match its capacity and a file of " + std::to_string(file_bytes) + " bytes";
+  return "";
+}
+
 Member& Region::member(uint32_t slot) const {
   return reinterpret_cast<Member*>(base_ + kMembersOffset)[slot];
 }
 Named& Region::named(uint32_t index) const { return reinterpret_cast<Named*>(base_ + kNamedOffset)[index]; }
 
 bool Region::lock() {
-  const int rc = pthread_mutex_lock(&header().lock);
+  bool repaired = false;
+  lock_for(-1, &repaired);
+  return repaired;
+}
+
+int Region::lock_for(int64_t timeout_ns, bool* repaired) {
+  int rc;
+  if (timeout_ns < 0) {
+    rc = pthread_mutex_lock(&header().lock);
+  } else {
+    timespec at{};
+    clock_gettime(CLOCK_REALTIME, &at);  // what pthread_mutex_timedlock measures by
+    const int64_t ns = at.tv_nsec + timeout_ns % 1000000000;
+    at.tv_sec += static_cast<time_t>(timeout_ns / 1000000000 + ns / 1000000000);
+    at.tv_nsec = static_cast<long>(ns % 1000000000);
+    rc = pthread_mutex_timedlock(&header().lock, &at);
+  }
+  *repaired = rc == EOWNERDEAD;
   if (rc == EOWNERDEAD) {  // the holder died inside a step: rebuild, then go on
     repair();
     header().repairs++;
     pthread_mutex_consistent(&header().lock);
-    return true;
+    return 0;
   }
-  return false;
+  return rc;
 }
 
 void Region::unlock() { pthread_mutex_unlock(&header().lock); }
@@ -81,11 +125,17 @@ uint32_t Region::claim_member(int pid, const std::string& label) {
     if (m.live) continue;
     std::memset(&m, 0, sizeof m);
     m.pid = pid;
-    std::strncpy(m.label, label.c_str(), kLabelBytes - 1);
+    std::memcpy(m.label, label.data(), utf8_prefix_bytes(label, kLabelBytes - 1));
     m.live = 1;
     return s;
   }
   return kMaxMembers;
+}
+
+bool Region::has_live_member() const {
+  for (uint32_t s = 0; s < kMaxMembers; ++s)
+    if (member(s).live) return true;
+  return false;
 }
 
 void Region::release_member(uint32_t slot) {

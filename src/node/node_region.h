@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <pthread.h>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ferry::node {
@@ -81,7 +82,14 @@ struct HolderInfo {  // "who holds what", for messages and stats
   uint32_t named;
 };
 
-// A view of a mapped region. Every method but layout/init requires the lock held.
+// The bytes of the longest prefix of `text` that fits `max_bytes`, stops
+// before any NUL and does not split a UTF-8 character (every process decodes
+// the labels: a label cut inside a character made Python's stats() fail in
+// all of them, issue 38). Text that is not UTF-8 is cut at max_bytes.
+size_t utf8_prefix_bytes(std::string_view text, size_t max_bytes);
+
+// A view of a mapped region. Every method but layout/init/header_problem/lock
+// requires the lock held.
 class Region {
  public:
   struct Layout {
@@ -92,6 +100,9 @@ class Region {
   explicit Region(void* base) : base_(static_cast<char*>(base)) {}
   // Writes an empty region over zeroed memory (the creator, before anyone can attach).
   void init(uint64_t capacity, uint64_t granule, int creator_pid, uint64_t page_bytes);
+  // Why the header is not one init() wrote for a file of `file_bytes` ("" if it
+  // is): an attacher checks the region it was handed before it trusts an offset.
+  std::string header_problem(uint64_t file_bytes) const;
 
   Header& header() const { return *reinterpret_cast<Header*>(base_); }
   Member& member(uint32_t slot) const;
@@ -101,9 +112,14 @@ class Region {
   // Lock the region; returns true when the previous holder died holding it
   // (repair() has run then).
   bool lock();
+  // The same, waiting at most timeout_ns (negative: no limit): 0, or
+  // ETIMEDOUT. *repaired: as lock() returns.
+  int lock_for(int64_t timeout_ns, bool* repaired);
   void unlock();
 
+  // label: cut to kLabelBytes - 1 bytes at a character boundary (utf8_prefix_bytes).
   uint32_t claim_member(int pid, const std::string& label);  // kMaxMembers when full
+  bool has_live_member() const;
   void release_member(uint32_t slot);                          // frees what it owns, drops its holds
 
   uint64_t allocate(uint32_t slot, uint64_t count);  // first granule, or kNone when no run is free

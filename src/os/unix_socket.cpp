@@ -1,28 +1,38 @@
-// unix_socket.cpp — abstract Unix sockets, SCM_RIGHTS and fcntl record locks.
+// unix_socket.cpp — Unix sockets at paths, SCM_RIGHTS, peer credentials and
+// fcntl record locks.
 #include "os/unix_socket.h"
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include <vector>
 
 namespace ferry::os {
 namespace {
 
-int abstract_address(const std::string& name, sockaddr_un* addr, socklen_t* len) {
-  if (name.empty() || name.size() > kMaxSocketName) return ENAMETOOLONG;
+static_assert(sizeof(sockaddr_un::sun_path) == kMaxSocketPath + 1);
+
+int path_address(const std::string& path, sockaddr_un* addr, socklen_t* len) {
+  if (path.empty() || path.find('\0') != std::string::npos) return EINVAL;
+  if (path.size() > kMaxSocketPath) return ENAMETOOLONG;
   std::memset(addr, 0, sizeof *addr);
   addr->sun_family = AF_UNIX;
-  std::memcpy(addr->sun_path + 1, name.data(), name.size());  // sun_path[0] = '\0': abstract
-  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  std::memcpy(addr->sun_path, path.data(), path.size());
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
   return 0;
 }
 
-int new_socket(int* fd_out) {
-  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+// A new socket of `type` flags and the address of `path`, for bind or connect.
+int socket_for(const std::string& path, int flags, sockaddr_un* addr, socklen_t* len, int* fd_out) {
+  if (int err = path_address(path, addr, len)) return err;
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | flags, 0);
   if (fd < 0) return errno;
   *fd_out = fd;
   return 0;
@@ -39,19 +49,13 @@ int record_lock(int fd, int cmd, short type, off_t at, struct flock* out = nullp
   return 0;
 }
 
-// A new socket and the abstract address of `name`, for bind or connect.
-int socket_for(const std::string& name, sockaddr_un* addr, socklen_t* len, int* fd_out) {
-  if (int err = abstract_address(name, addr, len)) return err;
-  return new_socket(fd_out);
-}
-
 }  // namespace
 
-int listen_abstract(const std::string& name, int* fd_out) noexcept {
+int listen_at(const std::string& path, int* fd_out) noexcept {
   sockaddr_un addr;
   socklen_t len;
   int fd = -1;
-  if (int err = socket_for(name, &addr, &len, &fd)) return err;
+  if (int err = socket_for(path, 0, &addr, &len, &fd)) return err;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 64) != 0) {
     const int err = errno;
     ::close(fd);
@@ -61,11 +65,11 @@ int listen_abstract(const std::string& name, int* fd_out) noexcept {
   return 0;
 }
 
-int connect_abstract(const std::string& name, int* fd_out) noexcept {
+int connect_at(const std::string& path, int* fd_out) noexcept {
   sockaddr_un addr;
   socklen_t len;
   int fd = -1;
-  if (int err = socket_for(name, &addr, &len, &fd)) return err;
+  if (int err = socket_for(path, SOCK_NONBLOCK, &addr, &len, &fd)) return err;
   int rc;
   do rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len);
   while (rc != 0 && errno == EINTR);
@@ -78,25 +82,21 @@ int connect_abstract(const std::string& name, int* fd_out) noexcept {
   return 0;
 }
 
-int set_receive_timeout(int fd, int ms) noexcept {
-  timeval tv{ms / 1000, (ms % 1000) * 1000};
-  return ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 ? 0 : errno;
+int peer_credentials(int fd, PeerCredentials* out) noexcept {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return errno;
+  out->pid = cred.pid;
+  out->uid = cred.uid;
+  return 0;
 }
 
 int accept_connection(int listen_fd, int* fd_out) noexcept {
   int fd;
-  do fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  do fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
   while (fd < 0 && errno == EINTR);
   if (fd < 0) return errno;
   *fd_out = fd;
-  return 0;
-}
-
-int peer_uid(int fd, uid_t* uid_out) noexcept {
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return errno;
-  *uid_out = cred.uid;
   return 0;
 }
 
@@ -129,7 +129,7 @@ int send_with_fd(int fd, const void* data, size_t bytes, int passed) noexcept {
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &passed, sizeof(int));
   ssize_t n;
-  do n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+  do n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);
   if (n < 0) return errno;
   return static_cast<size_t>(n) == bytes ? 0 : EMSGSIZE;
@@ -139,7 +139,7 @@ int receive_with_fd(int fd, void* data, size_t bytes, size_t* got, int* passed_o
   FdMessage m(data, bytes);
   msghdr& msg = m.msg;
   ssize_t n;
-  do n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  do n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);
   if (n < 0) return errno;
   int passed = -1;
@@ -152,7 +152,36 @@ int receive_with_fd(int fd, void* data, size_t bytes, size_t* got, int* passed_o
   return 0;
 }
 
+int wait_readable(const int* fds, size_t count, int64_t timeout_ns, size_t* ready_out) noexcept {
+  std::vector<pollfd> p(count);
+  for (size_t i = 0; i < count; ++i) p[i] = pollfd{fds[i], POLLIN, 0};
+  int64_t ms = -1;
+  if (timeout_ns >= 0) ms = timeout_ns / 1000000 + (timeout_ns % 1000000 != 0);  // never 0 for a wait left
+  const int rc = ::poll(p.data(), count, static_cast<int>(ms > INT_MAX ? INT_MAX : ms));
+  if (rc < 0) return errno;
+  for (size_t i = 0; i < count; ++i)
+    if (p[i].revents) {
+      *ready_out = i;
+      return 0;
+    }
+  return ETIMEDOUT;
+}
+
 int shutdown_socket(int fd) noexcept { return ::shutdown(fd, SHUT_RDWR) == 0 ? 0 : errno; }
+
+int remove_socket_file(const std::string& path) noexcept {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return errno;
+  if (!S_ISSOCK(st.st_mode)) return ENOTSOCK;
+  return ::unlink(path.c_str()) == 0 ? 0 : errno;
+}
+
+int descriptor_owner(int fd, uid_t* uid_out) noexcept {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return errno;
+  *uid_out = st.st_uid;
+  return 0;
+}
 
 int lock_byte(int fd, off_t at) noexcept { return record_lock(fd, F_SETLK, F_WRLCK, at); }
 int unlock_byte(int fd, off_t at) noexcept { return record_lock(fd, F_SETLK, F_UNLCK, at); }

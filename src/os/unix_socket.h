@@ -1,50 +1,82 @@
-// unix_socket.h — abstract-namespace Unix sockets that pass a file descriptor
-// (SCM_RIGHTS) between processes of one node, and POSIX record locks that
-// mark a process alive.
+// unix_socket.h — Unix sockets bound to paths that pass a file descriptor
+// (SCM_RIGHTS) between processes of one node, the credentials of the process
+// at the other end, and POSIX record locks that mark a process alive.
 //
-// Why abstract names: they need no file (no /dev/shm, no /tmp entry to clean
-// up) and vanish with the socket, so a dead process leaves no name behind.
-// They are scoped to the network namespace: processes of one container (one
-// pod) see each other, others do not.
+// Why paths, not abstract names: an abstract name has no permissions. Any
+// process of the network namespace, of any user, may bind any name first or
+// connect to it, so another user could serve a pool's name or stall its opens
+// (issue 38). A path lives in a directory whose permissions decide who may
+// bind and connect there (os/private_dir.h). A path outlives its socket: a
+// dead process leaves a file that refuses connections (ECONNREFUSED), which
+// whoever binds the path next removes first.
+//
+// Nothing here waits: connect, send and receive are non-blocking, and
+// wait_readable is the one bounded wait, so a caller bounds every step of a
+// conversation by its own deadline.
 //
 // The contract of memory.h: every function returns 0 or an errno value, sets
 // its outputs only on success, throws nothing and applies no policy.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <sys/types.h>
 
 namespace ferry::os {
 
-// The longest abstract name (sun_path is 108 bytes, one is the leading NUL).
-constexpr size_t kMaxSocketName = 107;
+// The longest socket path (sun_path is 108 bytes, one is the final NUL).
+constexpr size_t kMaxSocketPath = 107;
 
-// socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC), bound to the abstract name
-// `name` and listening. EADDRINUSE: another socket holds the name.
-int listen_abstract(const std::string& name, int* fd_out) noexcept;
+// socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC), bound to `path` and
+// listening. EADDRINUSE: a file already holds the path (a stale socket too:
+// remove_socket_file first). ENAMETOOLONG: longer than kMaxSocketPath.
+int listen_at(const std::string& path, int* fd_out) noexcept;
 
-// Connects to the abstract name. ECONNREFUSED: nobody listens there.
-int connect_abstract(const std::string& name, int* fd_out) noexcept;
+// A non-blocking connection to the socket at `path` (SOCK_SEQPACKET |
+// SOCK_CLOEXEC | SOCK_NONBLOCK). Never waits: ENOENT, no file; ECONNREFUSED,
+// nobody listens there (a stale file); EAGAIN, the listener's backlog is full
+// (it does not accept: stopped, or busy); EACCES, no permission.
+int connect_at(const std::string& path, int* fd_out) noexcept;
 
-// SO_RCVTIMEO: a receive on fd fails with EAGAIN after `ms` milliseconds.
-int set_receive_timeout(int fd, int ms) noexcept;
+// The process at the other end of a connected socket, as it was when it
+// called listen() or connect() (SO_PEERCRED): its pid and effective uid.
+struct PeerCredentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+};
+int peer_credentials(int fd, PeerCredentials* out) noexcept;
 
-// accept4(SOCK_CLOEXEC), retrying EINTR. EINVAL once the socket was shut down.
+// accept4(SOCK_CLOEXEC | SOCK_NONBLOCK), retrying EINTR. EINVAL once the
+// socket was shut down; EMFILE/ENFILE/ENOBUFS/ENOMEM: out of resources (the
+// connection stays in the backlog for a later accept).
 int accept_connection(int listen_fd, int* fd_out) noexcept;
 
-// The effective uid of the process at the other end (SO_PEERCRED).
-int peer_uid(int fd, uid_t* uid_out) noexcept;
-
-// One message of `bytes` with descriptor `passed` attached (SCM_RIGHTS).
+// One message of `bytes` with descriptor `passed` attached (SCM_RIGHTS),
+// never waiting (EAGAIN when the peer's queue is full).
 int send_with_fd(int fd, const void* data, size_t bytes, int passed) noexcept;
 
 // Receives one message of at most `bytes` and the descriptor attached to it
-// (made close-on-exec). EPROTO: no descriptor came with it. *got: bytes read.
+// (made close-on-exec), never waiting: EAGAIN when nothing has arrived.
+// EPROTO: no descriptor came with it (or the peer closed: *got would be 0).
+// *got: bytes read.
 int receive_with_fd(int fd, void* data, size_t bytes, size_t* got, int* passed_out) noexcept;
+
+// poll() for the first of fds[0..count) that has something to read, or was
+// hung up or failed (a receive then tells which), waiting at most timeout_ns
+// (negative: no limit). *ready_out: its index. ETIMEDOUT: none by then.
+int wait_readable(const int* fds, size_t count, int64_t timeout_ns, size_t* ready_out) noexcept;
 
 // shutdown(SHUT_RDWR): wakes a thread blocked in accept_connection on it.
 int shutdown_socket(int fd) noexcept;
+
+// Removes the socket file at `path` (unlink). ENOENT: none; ENOTSOCK: the
+// path holds something else (left in place).
+int remove_socket_file(const std::string& path) noexcept;
+
+// The owner (st_uid) of the file behind descriptor fd: of a descriptor that
+// another process passed, who made it.
+int descriptor_owner(int fd, uid_t* uid_out) noexcept;
 
 // A POSIX (fcntl F_SETLK) write lock on byte `at` of file fd, held by this
 // process until it unlocks, closes ANY descriptor of that file, or dies

@@ -2,13 +2,13 @@
 // named blocks, signal words, a member killed with SIGKILL (also while it
 // holds the region's lock), a pool outliving its creator, fork.
 //
-// Other members are this test binary exec'd again (not forked: a forked child
-// of a threaded process may not start threads under ThreadSanitizer) running
-// NodePoolMember.DISABLED_Serve, which reads commands on stdin and answers on
-// stdout lines that start with "@@ ".
+// Other members: MemberProcess (node_member.h), running the loop below. The
+// cases of issue 38 (other users, split brain, stopped members, limits) are in
+// node_pool_hardening_test.cpp.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "../common/child.h"
+#include "node_member.h"
 #include "core/error.h"
 #include "node/node_pool.h"
 #include "os/dont_fork.h"
@@ -34,93 +36,30 @@
 namespace ferry::node {
 namespace {
 
-std::string unique_name(const char* what) {
-  static std::atomic<int> n{0};
-  return std::string("t") + std::to_string(getpid()) + "-" + what + "-" + std::to_string(n++);
-}
-
-void fill(char* p, size_t bytes, uint64_t seed) {
-  std::mt19937_64 r(seed);
-  for (size_t i = 0; i < bytes; i += 8) {
-    const uint64_t v = r();
-    std::memcpy(p + i, &v, std::min<size_t>(8, bytes - i));
-  }
-}
-bool holds(const char* p, size_t bytes, uint64_t seed) {
-  std::vector<char> want(bytes);
-  fill(want.data(), bytes, seed);
-  return std::memcmp(p, want.data(), bytes) == 0;
-}
-
-// Another process of the node: this binary running the member loop below.
-class MemberProcess {
+// Every node pool of this test binary meets in a directory of its own
+// (FERRY_NODE_DIR, inherited by the members it execs; under $TMPDIR),
+// removed at exit: the tests leave no file behind. Set before main, so before options() is read.
+class TestNodeDir {
  public:
-  MemberProcess() {
-    int in[2], out[2];
-    EXPECT_EQ(::pipe(in), 0);
-    EXPECT_EQ(::pipe(out), 0);
-    char exe[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[n > 0 ? n : 0] = '\0';
-    std::fflush(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(in[0], 0);
-      ::dup2(out[1], 1);
-      for (int fd : {in[0], in[1], out[0], out[1]}) ::close(fd);
-      ::setenv("FERRYTEST_NODE_MEMBER", "1", 1);
-      ::unsetenv("GTEST_OUTPUT");
-      ::execl(exe, exe, "--gtest_filter=NodePoolMember.DISABLED_Serve", "--gtest_also_run_disabled_tests",
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(in[0]);
-    ::close(out[1]);
-    to_ = ::fdopen(in[1], "w");
-    from_ = ::fdopen(out[0], "r");
+  TestNodeDir() {
+    if (std::getenv("FERRY_NODE_DIR")) return;  // a member exec'd by a test, or the caller's choice
+    const char* tmp = std::getenv("TMPDIR");
+    std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/ferry-test-node-XXXXXX";
+    if (!::mkdtemp(path.data())) return;
+    path_ = path;
+    owner_ = ::getpid();
+    ::setenv("FERRY_NODE_DIR", path.c_str(), 1);
   }
-  ~MemberProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (to_) std::fclose(to_);
-    if (from_) std::fclose(from_);
+  ~TestNodeDir() {
+    std::error_code ignored;
+    if (owner_ == ::getpid()) std::filesystem::remove_all(path_, ignored);  // not in a forked child
   }
-  // Sends one command, returns the answer (the text after "@@ ").
-  std::string ask(const std::string& command) {
-    std::fprintf(to_, "%s\n", command.c_str());
-    std::fflush(to_);
-    char line[4096];
-    while (std::fgets(line, sizeof line, from_)) {
-      if (std::strncmp(line, "@@ ", 3) != 0) continue;  // gtest's own lines
-      std::string a(line + 3);
-      if (!a.empty() && a.back() == '\n') a.pop_back();
-      return a;
-    }
-    return "EOF";
-  }
-  void kill9() {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  int finish() {  // "exit" and the exit code
-    ask("exit");
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  pid_t pid() const { return pid_; }
 
  private:
-  pid_t pid_ = -1;
-  FILE* to_ = nullptr;
-  FILE* from_ = nullptr;
+  std::string path_;
+  pid_t owner_ = 0;
 };
-
-uint64_t number(const std::string& s) { return std::stoull(s); }
+const TestNodeDir g_test_node_dir;
 
 }  // namespace
 
@@ -144,6 +83,57 @@ TEST(NodePoolMember, DISABLED_Serve) {
         o.label = label;
         pool = NodePool::open(name, o);
         say(std::to_string(pool->stats().created) + " " + std::to_string(getpid()));
+      } else if (cmd == "open-few-fds") {  // open with only k descriptors left to take (RLIMIT_NOFILE)
+        std::string name, label;
+        size_t cap;
+        int k;
+        in >> name >> cap >> label >> k;
+        int highest = 0;
+        for (int fd = 0; fd < 4096; ++fd)
+          if (::fcntl(fd, F_GETFD) != -1) highest = fd;
+        for (int fd = 0; fd < highest; ++fd)  // fill the holes: new descriptors come after `highest`
+          if (::fcntl(fd, F_GETFD) == -1) ::open("/dev/null", O_RDONLY);
+        rlimit r{};
+        ::getrlimit(RLIMIT_NOFILE, &r);
+        r.rlim_cur = static_cast<rlim_t>(highest + 1 + k);
+        ::setrlimit(RLIMIT_NOFILE, &r);
+        NodePoolOptions o;
+        o.capacity = cap;
+        o.label = label;
+        pool = NodePool::open(name, o);
+        say(std::to_string(pool->stats().created) + " " + std::to_string(getpid()));
+      } else if (cmd == "open-t") {  // open with a timeout
+        std::string name, label;
+        size_t cap;
+        double t;
+        in >> name >> cap >> label >> t;
+        NodePoolOptions o;
+        o.capacity = cap;
+        o.label = label;
+        o.attach_timeout_s = t;
+        pool = NodePool::open(name, o);
+        say(std::to_string(pool->stats().created) + " " + std::to_string(getpid()));
+      } else if (cmd == "lock-in-thread") {  // another thread holds the region's lock for ms
+        int ms;
+        in >> ms;
+        std::atomic<bool> locked{false};
+        std::thread([base = pool->region_base(), ms, &locked] {
+          Region r(base);
+          r.lock();
+          locked = true;
+          std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+          r.unlock();
+        }).detach();
+        while (!locked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        say("locked");
+      } else if (cmd == "lock-then-die") {  // holds the region's lock for ms, then dies holding it
+        int ms;
+        in >> ms;
+        Region r(pool->region_base());
+        r.lock();
+        say("locked");
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        ::_exit(0);
       } else if (cmd == "alloc") {
         size_t bytes;
         uint64_t seed;
