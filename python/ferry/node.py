@@ -42,6 +42,7 @@ pool (``send``/``recv``, one copy_many per slot, completions in signal words).
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
 import time
@@ -54,12 +55,10 @@ __all__ = ["NodePool", "NodeBlock", "Handoff", "HandoffError", "HandoffPeerGoneE
            "memmove_many", "DEFAULT_GRANULE"]
 
 DEFAULT_GRANULE = 64 << 10
-# Native waits get at most this many seconds at a time: a longer or unlimited wait is
-# a loop of them (the native clock overflows on 1e10 s; Ctrl-C is seen between them).
+# NodePool.wait hands the native wait at most this many seconds at a time: a longer or
+# unlimited wait is a loop of them, so Ctrl-C (a Python signal handler) is seen
+# within a second while the GIL is released.
 _WAIT_SLICE_S = 1.0
-# An open's wait for a concurrent creator is one native call: no limit becomes this
-# (31 years; the native clock takes it without overflowing).
-_OPEN_FOREVER_S = 1e9
 
 # Which process this is, as fork() counts: 0 in the process that imported ferry,
 # one more in each forked child (os.register_at_fork). A pool remembers the count it
@@ -144,7 +143,7 @@ class NodePool:
             raise InvalidArgumentError(f"huge_pages={_args.quote(huge_pages)}: expected 'auto', 'hugetlb', "
                                        "'thp', 'off' or None (FERRY_HUGE_PAGES)")
         wait_s = _args.timeout(timeout, "timeout")
-        wait_s = _OPEN_FOREVER_S if wait_s is None else min(wait_s, _OPEN_FOREVER_S)
+        wait_s = math.inf if wait_s is None else wait_s  # node_pool.h's kForever: no limit
         self._name, self._pid, self._generation = name, os.getpid(), _fork_generation
         self._native = _ferry.NodePool.open(name, capacity, granule, label or "", wait_s, huge_pages or "")
         self.device = device

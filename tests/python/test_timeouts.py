@@ -108,6 +108,13 @@ def test_bad_timeouts_of_a_node_load_and_a_snapshot_are_refused(pool, tmp_path):
     nf.release()
 
 
+@pytest.mark.parametrize("timeout", FOREVER + [0, 2], ids=_id)
+def test_an_open_takes_every_good_timeout(timeout):
+    name = _name("open")
+    with NodePool(name, 1 << 20, timeout=timeout) as pool, NodePool(name, timeout=timeout) as same:
+        assert same is not pool and same.capacity == pool.capacity  # the second open attaches (one process)
+
+
 def _waiter(pool, block, timeout):
     out = {}
 
