@@ -136,14 +136,15 @@ def test_a_consumer_that_dies_gives_the_producer_a_clear_error_not_a_hang():
 def test_a_live_consumer_that_stalls_times_out_with_who_holds_what():
     name, key, seed = _name(), "kv", 9
     pool = NodePool(name, 4 << 20, label="producer (test)")
-    h = Handoff(pool, key, 1, 4096, timeout=1.0, poll=0.05, copy=memmove_many)
+    h = Handoff(pool, key, 1, 4096, timeout=60, poll=0.05, copy=memmove_many)
     q = CTX.Queue()
     p = CTX.Process(target=_consumer, args=(name, key, 1, seed, 1, 4096, q, "stall"), daemon=True)
     p.start()
     try:
         items = _round_items(seed, 0)
-        h.send([a.ctypes.data for a in items], [a.nbytes for a in items])
+        h.send([a.ctypes.data for a in items], [a.nbytes for a in items])  # waits for the consumer to start
         _get(q)  # it received round 0 and now sleeps
+        h.timeout = 1.0
         t0 = time.monotonic()
         with pytest.raises(HandoffTimeoutError, match=r"did not drain slot 0 .* within 1 s .*consumer"):
             for r in range(1, 100):
