@@ -3,6 +3,7 @@
 // watchdog (FERRYTEST_WATCHDOG_S, default 240 s per test) names a test that
 // hangs and ends the process instead of letting CI time out silently.
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -31,14 +32,29 @@ class WatchdogListener : public ::testing::EmptyTestEventListener {
   void OnTestEnd(const ::testing::TestInfo&) override { g_test_started_ms = 0; }
 };
 
+// Why these tests cannot run here, plainly: without any driver the runtime says
+// "CUDA driver version is insufficient for CUDA runtime version".
+std::string no_gpu_reason(cudaError_t err, int devices) {
+  if (err == cudaSuccess) return devices > 0 ? "" : "no CUDA device on this machine (the driver sees none)";
+  if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+    dlclose(driver);
+  } else {
+    return "no CUDA driver/device on this machine (libcuda.so.1 not found)";
+  }
+  if (err == cudaErrorNoDevice) return "no CUDA device on this machine (the driver is installed)";
+  if (err == cudaErrorInsufficientDriver)
+    return "the CUDA driver here is older than the CUDA " + std::to_string(CUDART_VERSION / 1000) +
+           " runtime these tests were built with (cudaErrorInsufficientDriver)";
+  return std::string("no usable CUDA device: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int n = 0;
-  cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess || n == 0) {
-    std::printf("SKIPPED: GPU tests need a CUDA device: %s\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (const std::string why = no_gpu_reason(err, n); !why.empty()) {
+    std::printf("SKIPPED: the GPU tests need a CUDA device: %s\n", why.c_str());
     return 77;
   }
   ::testing::InitGoogleTest(&argc, argv);

@@ -391,6 +391,8 @@ def test_readme_is_a_front_door():
         "README's quick start must keep its two commands"
     assert re.search(r"^exec scripts/test$", (ROOT / ".ci/run").read_text(), re.M), \
         ".ci/run no longer runs scripts/test, README's test command"
+    assert re.search(r"`scripts/test` takes [^.]*minutes[^.]*downloads[^.]*GB", text), \
+        "README no longer says how long scripts/test takes and what it downloads"
 
 
 def test_readme_table_names_every_bench_suite():
