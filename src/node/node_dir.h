@@ -18,7 +18,9 @@
 //
 // A member killed with SIGKILL leaves its socket file; a look at the members
 // finds it stale (ECONNREFUSED) and removes it. The last member to leave
-// removes the lock file; the directory stays.
+// removes the lock file, and so does an open that fails with no pool alive;
+// the creator of a pool sweeps what dead pools of other names left (each
+// under that name's lock). The directory stays.
 #pragma once
 
 #include <cstdint>

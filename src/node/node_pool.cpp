@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <pthread.h>
 #include <system_error>
 #include <unistd.h>
@@ -118,10 +119,14 @@ struct Hello {  // what a member sends with the descriptor
   uint64_t file_bytes;
 };
 
-void check_name(const std::string& name) {
+bool valid_name(const std::string& name) {
   bool ok = !name.empty() && name.size() <= 64;
   for (char c : name) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
-  if (!ok)
+  return ok;
+}
+
+void check_name(const std::string& name) {
+  if (!valid_name(name))
     throw InvalidArgument("node pool '" + printable(name) +
                           "': use 1-64 characters of letters, digits, '.', '_' and '-'");
 }
@@ -145,21 +150,28 @@ class OpenLock {
  public:
   OpenLock(const std::string& path, const std::string& name, const Deadline& deadline, double timeout_s);
   ~OpenLock() {
+    bool same = false;
+    if (remove_ && os::names_file(fd_, path_, &same) == 0 && same) os::remove_file(path_);
     os::unlock_byte(fd_, 0);
     os::close_fd(fd_);
   }
   OpenLock(const OpenLock&) = delete;
   OpenLock& operator=(const OpenLock&) = delete;
+  // The open failed and no pool of the name lives: the file goes with the lock.
+  void remove_on_release() { remove_ = true; }
 
  private:
   void drop() noexcept {
     os::close_fd(fd_);
     fd_ = -1;
   }
+  std::string path_;
   int fd_ = -1;
+  bool remove_ = false;
 };
 
-OpenLock::OpenLock(const std::string& path, const std::string& name, const Deadline& deadline, double timeout_s) {
+OpenLock::OpenLock(const std::string& path, const std::string& name, const Deadline& deadline, double timeout_s)
+    : path_(path) {
   auto pause = std::chrono::nanoseconds(500000);
   for (;;) {
     if (fd_ < 0)
@@ -249,6 +261,58 @@ void look_at_members(const Place& place, Look* out) {
       continue;
     }
     out->asked.push_back({sock, s, peer.pid});
+  }
+}
+
+// The pool a file of the directory belongs to ("" if none): <name>.lock, <name>.<slot>.
+std::string pool_of_file(const std::string& file) {
+  const size_t dot = file.rfind('.');
+  if (dot == std::string::npos || dot == 0) return "";
+  const std::string tail = file.substr(dot + 1);
+  const bool slot = !tail.empty() && tail.size() <= 3 && tail.find_first_not_of("0123456789") == std::string::npos;
+  const std::string name = file.substr(0, dot);
+  return (tail == "lock" || slot) && valid_name(name) ? name : "";
+}
+
+// Sweeps the pool `name` (files: the directory's) under its open lock, taken only if
+// free: its stale sockets go, and its lock file when no socket of it lives.
+void sweep_pool(const std::string& dir, const std::string& name, const std::vector<std::string>& files) {
+  const std::string lock_path = open_lock_path(dir, name);
+  int fd = -1;
+  if (os::open_lock_file(lock_path, &fd) != 0) return;
+  bool same = false;
+  if (os::lock_byte(fd, 0) == 0 && os::names_file(fd, lock_path, &same) == 0 && same) {
+    bool live = false;
+    for (const std::string& f : files) {
+      if (f == name + ".lock" || pool_of_file(f) != name) continue;
+      const std::string path = dir + "/" + f;
+      int sock = -1;
+      const int err = os::connect_at(path, &sock);
+      if (err == 0) os::close_fd(sock);
+      if (err == ECONNREFUSED)
+        os::remove_socket_file(path);
+      else if (err != ENOENT)
+        live = true;  // it answers, its backlog is full, or we cannot tell: keep the pool's files
+    }
+    if (!live) os::remove_file(lock_path);
+  }
+  os::close_fd(fd);  // drops the lock (no other lock of this process is on that file: open_mu is ours)
+}
+
+// What dead pools of other names left in the directory: the sockets of members killed
+// with SIGKILL and the lock files of names nobody serves (a pool removes its own files
+// only when its last member closes). The creator of a pool sweeps (a pool's first
+// open, under open_mu), so that a directory that sees many short-lived pools (tests,
+// crashes) does not fill up.
+void sweep_dead_pools(const Place& place) noexcept {
+  try {
+    std::vector<std::string> files;
+    if (os::list_directory(place.dir, &files) != 0) return;
+    std::set<std::string> names;
+    for (const std::string& f : files)
+      if (std::string n = pool_of_file(f); !n.empty() && n != place.name) names.insert(n);
+    for (const std::string& n : names) sweep_pool(place.dir, n, files);
+  } catch (...) {  // out of memory: a sweep is no reason to fail an open
   }
 }
 
@@ -446,23 +510,30 @@ std::shared_ptr<NodePool> NodePool::open(const std::string& name, const NodePool
   }
   const Deadline deadline(options.attach_timeout_s);
   const Place place{private_node_dir(options.dir, name), name};
-  const OpenLock held(open_lock_path(place.dir, name), name, deadline, options.attach_timeout_s);
-  for (;;) {
-    const Answer a = ask_members(place, deadline, options.attach_timeout_s);
-    const bool created = a.fd < 0;
-    const Mapped m = created ? create_region(name, options) : attach_region(a, place);
-    std::shared_ptr<NodePool> pool(new NodePool(name, place.dir, m.fd, m.map, m.bytes, created));
-    if (!capacity_agrees(options.capacity, *pool))
-      throw InvalidArgument("node pool '" + name + "' exists with capacity " + format_bytes(pool->capacity()) +
-                            ", not the " + format_bytes(options.capacity) + " asked; pass capacity=0 to attach to "
-                            "whatever it is");
-    try {
-      pool->join(options.label, options.attach_timeout_s, deadline.left_ns());
-    } catch (const RegionGone&) {
-      continue;  // its last member left before we joined: look again (the open lock is still ours)
+  OpenLock held(open_lock_path(place.dir, name), name, deadline, options.attach_timeout_s);
+  bool created = false;
+  try {
+    for (;;) {
+      const Answer a = ask_members(place, deadline, options.attach_timeout_s);
+      created = a.fd < 0;
+      const Mapped m = created ? create_region(name, options) : attach_region(a, place);
+      std::shared_ptr<NodePool> pool(new NodePool(name, place.dir, m.fd, m.map, m.bytes, created));
+      if (!capacity_agrees(options.capacity, *pool))
+        throw InvalidArgument("node pool '" + name + "' exists with capacity " + format_bytes(pool->capacity()) +
+                              ", not the " + format_bytes(options.capacity) +
+                              " asked; pass capacity=0 to attach to whatever it is");
+      try {
+        pool->join(options.label, options.attach_timeout_s, deadline.left_ns());
+      } catch (const RegionGone&) {
+        continue;  // its last member left before we joined: look again (the open lock is still ours)
+      }
+      register_pool(name, pool);
+      if (created) sweep_dead_pools(place);
+      return pool;
     }
-    register_pool(name, pool);
-    return pool;
+  } catch (...) {
+    if (created) held.remove_on_release();  // nobody served it, and this open made nothing that lives
+    throw;
   }
 }
 

@@ -2,9 +2,12 @@
 #include "os/private_dir.h"
 
 #include <cerrno>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <new>
 
 namespace ferry::os {
 
@@ -45,5 +48,29 @@ int names_file(int fd, const std::string& path, bool* same_out) noexcept {
 }
 
 int remove_file(const std::string& path) noexcept { return ::unlink(path.c_str()) == 0 ? 0 : errno; }
+
+int list_directory(const std::string& path, std::vector<std::string>* names_out) noexcept {
+  DIR* d = ::opendir(path.c_str());
+  if (!d) return errno;
+  std::vector<std::string> names;
+  int err = 0;
+  try {
+    for (;;) {
+      errno = 0;
+      const dirent* e = ::readdir(d);
+      if (!e) {
+        err = errno;
+        break;
+      }
+      const std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+  } catch (const std::bad_alloc&) {
+    err = ENOMEM;
+  }
+  ::closedir(d);
+  if (err == 0) names_out->swap(names);
+  return err;
+}
 
 }  // namespace ferry::os

@@ -10,6 +10,7 @@
 
 #include <string>
 #include <sys/types.h>
+#include <vector>
 
 namespace ferry::os {
 
@@ -38,5 +39,9 @@ int names_file(int fd, const std::string& path, bool* same_out) noexcept;
 
 // unlink(path).
 int remove_file(const std::string& path) noexcept;
+
+// The names in directory `path` (readdir; not "." and ".."). ENOMEM when the
+// list cannot grow.
+int list_directory(const std::string& path, std::vector<std::string>* names_out) noexcept;
 
 }  // namespace ferry::os

@@ -413,6 +413,28 @@ TEST(NodePoolHardening, AStaleSocketCostsTheNextOpenNothingAndTheLastMemberClean
     EXPECT_NE(e.path().filename().string().rfind(name + ".", 0), 0u) << "left behind: " << e.path();
 }
 
+// What dead pools leave (a killed last member's socket and lock file; a failed open's
+// lock file) is swept: by the creator of any pool, and by the failed open itself.
+TEST(NodePoolHardening, DeadPoolsLeaveNoFilesBehind) {
+  auto files_of = [](const std::string& name) {
+    std::vector<std::string> found;
+    for (const auto& e : std::filesystem::directory_iterator(node_dir()))
+      if (e.path().filename().string().rfind(name + ".", 0) == 0) found.push_back(e.path().filename());
+    return found;
+  };
+  const std::string dead = unique_name("dead"), nocap = unique_name("nocap");
+  MemberProcess m;
+  ASSERT_EQ(m.ask("open " + dead + " 1048576 doomed").substr(0, 2), "1 ");
+  m.kill9();
+  EXPECT_EQ(files_of(dead).size(), 2u);  // its socket and the lock file
+  EXPECT_THROW(NodePool::open(nocap, NodePoolOptions{}), InvalidArgument);  // nobody serves it, no capacity
+  EXPECT_TRUE(files_of(nocap).empty());
+  NodePoolOptions o;
+  o.capacity = size_t{1} << 20;
+  auto other = NodePool::open(unique_name("sweeper"), o);  // a creator sweeps
+  EXPECT_TRUE(files_of(dead).empty());
+}
+
 // --- item 6: no split brain -----------------------------------------------------------
 
 // Out of descriptors for its socket, a creator used to open a pool nobody could
