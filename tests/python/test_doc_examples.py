@@ -146,8 +146,8 @@ dataset = torch.utils.data.TensorDataset(torch.randn(2048, 3, 8, 8), torch.randi
         setup=UNIQUE_POOLS + CHECKPOINT, needs=("gpu", "torch"), env=(("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")))],
     ("docs/managed-memory.md", "import torch, ferry.torch"): [Example(needs=("gpu", "torch"))],
     ("docs/node.md", "from ferry.node import NodePool"): [
-        Example(setup=UNIQUE_POOLS + NODE_RANK + "local_rank = None\n", variant="device=None (no pinning)"),
-        Example(setup=UNIQUE_POOLS + NODE_RANK + "local_rank = 0\n", variant="device=0 (pins)", needs=("gpu",)),
+        Example(setup=UNIQUE_POOLS + NODE_RANK + "local_rank = None\n", variant="device-None"),
+        Example(setup=UNIQUE_POOLS + NODE_RANK + "local_rank = 0\n", variant="device-0", needs=("gpu",)),
     ],
     ("docs/offload.md", "import ferry.torch"): [Example(
         setup="""
@@ -185,7 +185,7 @@ def cases():
     out = []
     for b in PYTHON_BLOCKS:
         for ex in EXAMPLES.get((b.page, b.first), [Example()]):
-            out.append(pytest.param(b, ex, id=f"{b.where}" + ("" if ex.variant == "as shown" else f" {ex.variant}")))
+            out.append(pytest.param(b, ex, id=b.where + ("" if ex.variant == "as shown" else f"-{ex.variant}")))
     return out
 
 
