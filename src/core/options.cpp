@@ -53,6 +53,10 @@ const OptionSpec kOptions[] = {
      "node pools: the directory where the processes of a node find each other (their Unix sockets; this "
      "user's own, mode 0700); empty = /tmp/ferry-UID, UID the effective user id",
      OptionType::text, nullptr, 0, 0},
+    {"FERRY_NODE_LOAD", "auto",
+     "node loads (load_safetensors(node=)): each file's route: auto (each rank alone where the file is in the "
+     "page cache, else through the node pool), pool, alone",
+     OptionType::choice, "auto|pool|alone", 0, 0},
     {"FERRY_NODE_PIN_PIECE", "1GiB",
      "node pools: bytes of one cudaHostRegister, the unit a process pins of what it touches (a multiple of "
      "2 MiB; each call costs about 8 ms, docs/node.md)",

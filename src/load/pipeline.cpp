@@ -274,6 +274,23 @@ void FileSet::open_one(const std::string& path, DirectIo direct) {
   if (f.direct_fd < 0) os::advise_sequential_reads(f.fd);  // read-ahead for an uncached file; harmless otherwise
 }
 
+std::vector<double> page_cache_shares(std::span<const std::string> paths) {
+  std::vector<double> shares;
+  shares.reserve(paths.size());
+  for (const std::string& path : paths) {
+    int fd = -1;
+    if (int err = os::open_for_reading(path.c_str(), false, &fd)) throw OsError("open '" + path + "'", err);
+    uint64_t bytes = 0;
+    const int err = os::regular_file_size(fd, &bytes);
+    const double share = err == 0 ? (bytes > 0 ? cached_share(fd, bytes) : 1.0) : 0.0;
+    os::close_fd(fd);
+    if (err == EISDIR || err == EINVAL) throw InvalidArgument(path + ": not a regular file");
+    if (err) throw OsError("fstat '" + path + "'", err);
+    shares.push_back(share);
+  }
+  return shares;
+}
+
 std::vector<uint64_t> FileSet::sizes() const {
   std::vector<uint64_t> v;
   for (const File& f : files_) v.push_back(f.bytes);

@@ -113,6 +113,13 @@ struct PipelineStats {
   std::vector<std::string> notes;  // fallbacks taken (O_DIRECT refused, ...)
 };
 
+// The share (0..1) of each file found in the page cache: FileSet's probe
+// (kCacheProbes one-byte RWF_NOWAIT reads spread over the file); -1 where the
+// file system cannot say, 1 for an empty file. For callers that choose a
+// route by it (a node load steps aside for cached files). Throws OsError /
+// InvalidArgument naming the file, as FileSet does.
+std::vector<double> page_cache_shares(std::span<const std::string> paths);
+
 // Runs the plan on `pool` (at least options.threads threads). The files must
 // be those the plan was made for. Blocks until done; throws the first error.
 PipelineStats run_pipeline(const ReadPlan& plan, const FileSet& files, Target& target, WorkerPool& pool,

@@ -16,6 +16,7 @@
 #include "core/options.h"
 #include "cuda/load/file_loader.h"
 #include "load/catalog.h"
+#include "load/pipeline.h"
 #include "load/safetensors.h"
 #include "python/args.h"
 #include "python/copy_args.h"
@@ -133,6 +134,22 @@ void bind_load(nb::module_& m) {
         },
         "text"_a.none(), "name"_a.none(),
         "(shards, tensors, shard_of): tensors[k] is in shards[shard_of[k]], shards in first-seen order.");
+  m.def("page_cache_shares",
+        [](nb::handle files_arg) {
+          nb::list file_items = items_arg(files_arg, "files", "a list of paths");
+          std::vector<std::string> files;
+          for (size_t i = 0; i < file_items.size(); ++i)
+            files.push_back(path_arg(file_items[i], ("files[" + std::to_string(i) + "]").c_str()));
+          std::vector<double> shares;
+          {
+            ferry::python::GilRelease unlocked;
+            shares = load::page_cache_shares(files);
+          }
+          return shares;
+        },
+        "files"_a,
+        "The share (0..1) of each file in the page cache (the loader's probe: 64 one-byte RWF_NOWAIT reads); "
+        "-1 where the file system cannot say.");
   m.def("read_catalog",
         [](nb::handle files_arg, nb::handle index_tensors_arg, nb::handle index_files_arg) {
           nb::list file_items = items_arg(files_arg, "files", "a list of paths");

@@ -321,6 +321,8 @@ NB_MODULE(_ferry, m) {
       rows.append(nb::make_tuple(s.name, s.default_value, s.doc));
     return rows;
   });
+  m.def("option_text", [](const std::string& name) { return ferry::options().text(name.c_str()); }, "name"_a,
+        "The value of a choice or text FERRY_* option, as this process read it (once, at first use).");
   m.def("check_options", [] { ferry::options(); },
         "Raise InvalidArgumentError if a FERRY_* variable is unknown or has a bad value.");
   // The copy engine's decisions, asked without CUDA (`ferry doctor`: python/ferry/facts/copy_engine.py).

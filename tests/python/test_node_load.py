@@ -337,15 +337,21 @@ def _gpu_rank(name, path, rank, ranks, conn):
                               slices={"w.big": mine, "w.int": rows})
         parts = torch.equal(tp["w.big"], plain["w.big"][:, mine[1]:mine[2]]) and torch.equal(
             tp["w.int"], plain["w.int"][rows[1]:rows[2]])
-        conn.send((same, cast and parts, pool.stats()["registered_bytes"]))
+        routes = {r for r, _ in shared.routes.values()} | {r for r, _ in tp.routes.values()}
+        conn.send((same, cast and parts, pool.stats()["registered_bytes"], routes))
     except Exception as e:  # noqa: BLE001 - sent back to the test
         conn.send(f"{type(e).__name__}: {e}")
     conn.close()
 
 
-def test_two_ranks_load_bit_equal_to_a_plain_load(gpu, tmp_path, monkeypatch):
+@pytest.mark.parametrize("route", ["pool", "alone", "auto"])
+def test_two_ranks_load_bit_equal_to_a_plain_load(gpu, tmp_path, monkeypatch, route):
+    """Each route of node loads (ferry.torch.node_plan): forced through the pool,
+    forced alone, and chosen (the file was just written: in the page cache, so
+    each rank alone)."""
     torch = pytest.importorskip("torch")
     monkeypatch.setenv("FERRY_NODE_PIN_PIECE", "4MiB")  # the ranks' pinned pieces: w.big crosses several
+    monkeypatch.setenv("FERRY_NODE_LOAD", route)  # the spawned ranks read it
     st = pytest.importorskip("safetensors.torch")
     g = torch.Generator().manual_seed(5)
     tensors = {
@@ -362,9 +368,11 @@ def test_two_ranks_load_bit_equal_to_a_plain_load(gpu, tmp_path, monkeypatch):
         outs = _spawn(_gpu_rank, [(name, path, r, 2) for r in range(2)], wait=300)
     for out in outs:
         assert not isinstance(out, str), outs
-        same, cast, registered = out
+        same, cast, registered, routes = out
         assert same and cast, outs
-        assert registered > 0  # the pool was pinned for the rank's GPU
+        assert routes == {"alone" if route == "auto" else route}, outs
+        if route == "pool":
+            assert registered > 0  # the pool was pinned for the rank's GPU
 
 
 def test_piece_items_cover_every_item_once_in_order():

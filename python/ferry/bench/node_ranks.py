@@ -168,14 +168,16 @@ class Rank:
         self.pool.wait_ready()
         return {"seconds": time.perf_counter() - t0}
 
-    def load(self, path: str, node: bool, together: bool = True) -> dict:
-        """load_safetensors to this rank's GPU, with node= (the shared pool) or alone; every rank at
-        once (together: they start at a barrier) or this one only."""
+    def load(self, path: str, node: bool, together: bool = True, route: str = "auto") -> dict:
+        """load_safetensors to this rank's GPU, with node= (the shared pool; route: auto, or
+        pool / alone forced) or alone; every rank at once (together: they start at a barrier)
+        or this one only. With node=, the routes the files took ({route: files})."""
         import torch
 
-        from ..torch import load_safetensors
+        from ..torch import load_safetensors, node_plan
 
         kwargs = {"node": self.pool, "rank": self.rank, "ranks": self.ranks, "timeout": self.timeout} if node else {}
+        node_plan.FORCE = route
         if together:
             self.everyone.wait(self.timeout)
         t0 = time.perf_counter()
@@ -183,8 +185,11 @@ class Rank:
         torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        routes = {}
+        for r, _ in getattr(tensors, "routes", {}).values():
+            routes[r] = routes.get(r, 0) + 1
         del tensors
-        return {"seconds": seconds, "bytes": nbytes}
+        return {"seconds": seconds, "bytes": nbytes, "routes": routes}
 
     def close(self) -> None:
         from .. import _ferry

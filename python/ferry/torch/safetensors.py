@@ -27,7 +27,7 @@ from ..errors import InvalidArgumentError, NoDeviceError
 from ..load import Loader, default_loader, read_catalog, read_shard_index
 from ..measure import gpu_absent_reason
 from ._torch import torch_module as _torch
-from . import node_load
+from . import node_load, node_plan
 from . import slices as _slices
 from .devices import cuda_device, with_index
 
@@ -354,7 +354,11 @@ def load_safetensors(
     to read each file once per node: collective, every one of the node's
     ``ranks`` processes calls it with the same paths; each reads its part of
     every file into the pool, then copies what it selected from there (see
-    ``ferry.torch.node_load``). rank, ranks: this process's index and how many
+    ``ferry.torch.node_load``). A file already in the page cache is read by
+    each rank alone instead (faster than through the pool; the ranks agree on
+    each file's route, ``ferry.torch.node_plan``); the result is then a
+    ``NodeLoadResult``, a dict whose ``routes`` says which route each file
+    took and why. rank, ranks: this process's index and how many
     load (default: LOCAL_RANK and LOCAL_WORLD_SIZE, which torchrun sets).
     timeout: seconds a rank waits for the others (NodeLoadTimeout after).
     """
@@ -391,23 +395,62 @@ def _load(paths, device, selection, dtype, out, strict, loader, node_args) -> di
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
         if node is not None:
-            return _load_node(torch, node, rank, ranks, timeout, files, cat, (sel, sliced), dtype, out, dev, stream)
+            return _load_planned(torch, node, rank, ranks, timeout, files, cat, (sel, sliced), dtype, out, dev, stream)
         ld = loader if loader is not None else default_loader(dev.index)
-        dts = _dtypes(torch, cat, sel, dtype)
-        if out is None and all(a == b for a, b in dts.values()) and len(sel) >= _OVERLAP_MIN_TENSORS:
-            result = _load_new_overlapped(torch, ld, files, cat, sel, dts, dev, stream)
-        else:
-            result = _targets(torch, sel, cat, dtype, out, dev)
-            direct, cast = _split(torch, sel, cat, result, dtype, out)
-            if direct:
-                tensors = [result[cat.names[i]] for i in direct]
-                _run(ld, files, [cat.file[i] for i in direct], [cat.offset[i] for i in direct],
-                     [cat.nbytes[i] for i in direct], [t.data_ptr() for t in tensors], stream)
-            _load_cast(torch, _loader_fill(ld, files, cat, stream), cat, cast, result, dev)
-        if sliced:
-            def fetch(idx, offsets, sizes, addresses):
-                _run(ld, files, [cat.file[i] for i in idx], offsets, sizes, addresses, stream)
-            result.update(_slices.load(torch, fetch, cat, sliced, _dtypes(torch, cat, list(sliced), dtype), out, dev))
+        return _load_alone(torch, ld, files, cat, (sel, sliced), dtype, out, dev, stream)
+
+
+def _load_alone(torch, ld, files, cat: _Catalog, selection, dtype, out, dev, stream) -> dict:
+    """This process's own loader reads the selected tensors (and slices) of `files`."""
+    sel, sliced = selection
+    dts = _dtypes(torch, cat, sel, dtype)
+    if out is None and all(a == b for a, b in dts.values()) and len(sel) >= _OVERLAP_MIN_TENSORS:
+        result = _load_new_overlapped(torch, ld, files, cat, sel, dts, dev, stream)
+    else:
+        result = _targets(torch, sel, cat, dtype, out, dev)
+        direct, cast = _split(torch, sel, cat, result, dtype, out)
+        if direct:
+            tensors = [result[cat.names[i]] for i in direct]
+            _run(ld, files, [cat.file[i] for i in direct], [cat.offset[i] for i in direct],
+                 [cat.nbytes[i] for i in direct], [t.data_ptr() for t in tensors], stream)
+        _load_cast(torch, _loader_fill(ld, files, cat, stream), cat, cast, result, dev)
+    if sliced:
+        def fetch(idx, offsets, sizes, addresses):
+            _run(ld, files, [cat.file[i] for i in idx], offsets, sizes, addresses, stream)
+        result.update(_slices.load(torch, fetch, cat, sliced, _dtypes(torch, cat, list(sliced), dtype), out, dev))
+    return result
+
+
+class NodeLoadResult(dict):
+    """What ``load_safetensors(node=)`` returns: {name: tensor}, and ``routes``:
+    {file path: (route, why)}, route "pool" (read once for the node) or
+    "alone" (this rank read it itself: it was in the page cache; see
+    ``ferry.torch.node_plan``)."""
+
+    routes: dict
+
+
+def _load_planned(torch, node, rank, ranks, timeout, files, cat: _Catalog, selection, dtype, out, dev, stream):
+    """A node load: the ranks agree on a route per file (node_plan), then load
+    the "alone" files each through its own loader and the "pool" ones
+    through the node pool."""
+    sel, sliced = selection
+    plan = node_plan.plan(node, files, rank, ranks, timeout)
+    try:
+        alone = {f for f, (route, _) in enumerate(plan.routes) if route == "alone"}
+        result = NodeLoadResult()
+        if alone:
+            part = ([i for i in sel if cat.file[i] in alone], {i: s for i, s in sliced.items() if cat.file[i] in alone})
+            result.update(_load_alone(torch, default_loader(dev.index), files, cat, part, dtype, out, dev, stream))
+        if len(alone) < len(files):
+            part = ([i for i in sel if cat.file[i] not in alone],
+                    {i: s for i, s in sliced.items() if cat.file[i] not in alone})
+            pooled = [f for f in range(len(files)) if f not in alone]
+            result.update(_load_node(torch, node, rank, ranks, timeout, files, cat, part, dtype, out, dev, stream,
+                                     pooled))
+    finally:
+        plan.close()
+    result.routes = {files[f]: plan.routes[f] for f in range(len(files))}
     return result
 
 
@@ -419,7 +462,8 @@ def _loader_fill(ld, files, cat: _Catalog, stream):
     return fill
 
 
-def _load_node(torch, node, rank, ranks, timeout, files, cat: _Catalog, selection, dtype, out, dev, stream) -> dict:
+def _load_node(torch, node, rank, ranks, timeout, files, cat: _Catalog, selection, dtype, out, dev, stream,
+               pooled) -> dict:
     """The node path: file by file, every rank reads its part into the node
     pool (node_load.open_file_once) and copies its tensors from there piece by
     piece as the pieces come in (the copies run while the file is read); then
@@ -429,7 +473,8 @@ def _load_node(torch, node, rank, ranks, timeout, files, cat: _Catalog, selectio
     slice_dts = _dtypes(torch, cat, list(sliced), dtype)
     direct, cast = _split(torch, sel, cat, result, dtype, out)
     names = cat.names
-    for f, path in enumerate(files):  # every file, whatever this rank selected: the call is collective
+    for f in pooled:  # every pooled file, whatever this rank selected: the call is collective
+        path = files[f]
         nf = node_load.open_file_once(node, path, rank, ranks, timeout=timeout)
         try:
             mine = sorted((cat.offset[i], cat.nbytes[i], result[names[i]].data_ptr())
