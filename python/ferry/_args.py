@@ -98,15 +98,15 @@ def flag(value, name: str) -> bool:
     return value
 
 
-def timeout(value, name: str = "timeout") -> float | None:
+def timeout(value, name: str = "timeout", unit: str = "seconds") -> float | None:
     """A timeout in seconds, the one rule for every ``timeout=`` of ferry's Python API:
     an int or float >= 0 (numpy numbers too); ``None`` or ``math.inf``: no limit
     (returned as None); negative, NaN, a bool or anything else is refused. A caller
     that hands a long or unlimited wait to native code waits in bounded slices (a
-    clock plus 1e300 s overflows)."""
+    clock plus 1e300 s overflows). `unit` names what the number counts, in messages."""
     if value is None:
         return None
-    expected = "seconds >= 0, or None (no limit)"
+    expected = f"{unit} >= 0, or None (no limit)"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         hint = " (a bool is not a timeout)" if isinstance(value, bool) else ""
         raise InvalidArgumentError(f"{name}={_quote(value)}: expected {expected}{hint}")

@@ -117,7 +117,7 @@ class Channel:
         The wait holds the whole channel: other requests queue behind it. A wait over
         1 s is a series of waits of at most 1 s each (the kernel's limit is an hour;
         other requests, and Ctrl-C, get in between them)."""
-        limit = _args.timeout(timeout_ms, "timeout_ms")  # milliseconds here, the same rule
+        limit = _args.timeout(timeout_ms, "timeout_ms", "milliseconds")
         address, _ = device_address(dev_flag, "dev_flag")
         if limit is not None and limit <= _WAIT_SLICE_MS:
             return self._native.wait(address, value, int(limit * 1000))
