@@ -347,7 +347,9 @@ Answer first_answer(const Place& place, Look* look, const Deadline& deadline) {
     if (rerr == 0 || rerr == EPROTO)
       throw NotSupported("node pool '" + place.name + "': the process at its member socket " +
                          member_socket_path(place.dir, place.name, a.slot) + " (pid " + std::to_string(a.pid) +
-                         ") answered with something that is not a node pool of this ferry");
+                         ") answered with something that is not a node pool of this ferry (" +
+                         std::to_string(got) + " bytes" + (rerr ? ", no descriptor" : "") + ")");
+    // Anything else (ECONNRESET: it closed without an answer): a member leaving; the others may answer.
   }
   return {};  // every member asked hung up: they were leaving
 }
@@ -598,12 +600,16 @@ NodePool::~NodePool() {
 
 void NodePool::stop_serving() noexcept {
   if (listen_fd_ < 0) return;
+  // The file goes first, while this socket still listens: until then it is ours. Once
+  // the socket stops listening the file is stale to everyone else, and an open may
+  // remove it and bind the path anew (a new pool of the name reuses slot numbers):
+  // removing it after that would remove theirs.
+  if (!socket_path_.empty()) os::remove_socket_file(socket_path_);
   stopping_.store(true);
   os::shutdown_socket(listen_fd_);
   if (server_.joinable()) server_.join();
   os::close_fd(listen_fd_);
   listen_fd_ = -1;
-  if (!socket_path_.empty()) os::remove_socket_file(socket_path_);  // the slot is still ours: nobody else binds it
 }
 
 bool NodePool::leave() noexcept {

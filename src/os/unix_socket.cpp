@@ -146,7 +146,7 @@ int receive_with_fd(int fd, void* data, size_t bytes, size_t* got, int* passed_o
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
       std::memcpy(&passed, CMSG_DATA(c), sizeof(int));
-  if (passed < 0) return EPROTO;
+  if (passed < 0) return n == 0 ? ECONNRESET : EPROTO;
   *got = static_cast<size_t>(n);
   *passed_out = passed;
   return 0;

@@ -58,8 +58,8 @@ int send_with_fd(int fd, const void* data, size_t bytes, int passed) noexcept;
 
 // Receives one message of at most `bytes` and the descriptor attached to it
 // (made close-on-exec), never waiting: EAGAIN when nothing has arrived.
-// EPROTO: no descriptor came with it (or the peer closed: *got would be 0).
-// *got: bytes read.
+// ECONNRESET: the peer closed without a message. EPROTO: a message came with
+// no descriptor. *got: bytes read.
 int receive_with_fd(int fd, void* data, size_t bytes, size_t* got, int* passed_out) noexcept;
 
 // poll() for the first of fds[0..count) that has something to read, or was

@@ -595,11 +595,11 @@ TEST(NodePoolHardening, TimeoutsAreSecondsInfinityIsForeverNaNIsRefused) {
   uint32_t target = 0;
   for (double t : {kForever, 1e10, 1e300, 1e9, -1.0}) {  // -1: no limit, the C API's rule
     ++target;
+    const auto t0 = std::chrono::steady_clock::now();  // the bump comes 30 ms after this at least
     std::thread bump([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
       pool->add(b.offset, 1);
     });
-    const auto t0 = std::chrono::steady_clock::now();
     EXPECT_TRUE(pool->wait_at_least(b.offset, target, t)) << "timeout " << t << " did not wait";
     EXPECT_GE(seconds_since(t0), 0.02) << t;
     bump.join();
