@@ -66,10 +66,12 @@ void on_segv(int sig, siginfo_t* info, void*) {
     put_number(static_cast<uintptr_t>(::getpid()), 10);
     put(" touched ");
     put_number(reinterpret_cast<uintptr_t>(info->si_addr), 16);
-    put(", pinned memory of the process it was forked from. ferry hides pinned memory from forked "
-        "children (MADV_DONTFORK: the kernel would copy every pinned page into each child at fork), "
-        "so nothing is there in this process. Allocate pinned memory in the child, or share memory "
-        "with children through a memfd pool (ferry.Pool(memfd=True), ferry.PinnedPool(memfd=True)).\n");
+    put(", memory ferry held in the process it was forked from (a pinned pool's chunk or a node pool's "
+        "mapping, e.g. through a view taken before the fork). ferry hides it from forked children "
+        "(MADV_DONTFORK: the kernel would copy every pinned page into each child at fork), so nothing "
+        "is there in this process. Allocate pinned memory in the child, open a node pool again by name "
+        "in the child (ferry.node.NodePool(name)), or share memory with children through a memfd pool "
+        "(ferry.Pool(memfd=True), ferry.PinnedPool(memfd=True)).\n");
   }
   // The fault repeats under the previous handler (a fault re-executes the
   // instruction; a SIGSEGV sent by kill() is raised again).

@@ -256,6 +256,7 @@ TEST(PoolFork, AChildThatTouchesInheritedPinnedMemoryIsToldWhy) {
   EXPECT_NE(stderr_text.find("ferry: process " + std::to_string(pid) + " touched 0x"), std::string::npos)
       << stderr_text;
   EXPECT_NE(stderr_text.find("memfd"), std::string::npos) << "the line says what to do instead";
+  EXPECT_NE(stderr_text.find("ferry.node.NodePool(name)"), std::string::npos) << "and for a node pool's views";
   EXPECT_EQ(*p, 42u) << "the parent's memory changed";
   pool.deallocate(const_cast<uint64_t*>(p));
 }
