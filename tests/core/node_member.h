@@ -41,6 +41,14 @@ inline bool holds(const char* p, size_t bytes, uint64_t seed) {
   return std::memcmp(p, want.data(), bytes) == 0;
 }
 
+// Where the tests make their directories: $TMPDIR (CTest's folder, checked for
+// leftovers) when its path is short, else /tmp: a Unix socket's path must fit
+// 107 bytes (directory, pool name and slot).
+inline std::string temp_root() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp && *tmp && std::strlen(tmp) <= 40 ? tmp : "/tmp";
+}
+
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -50,8 +50,7 @@ constexpr uid_t kNobody = 65534;
 class TempDir {
  public:
   TempDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string p = std::string(tmp && *tmp ? tmp : "/tmp") + "/ferry-test-node-case-XXXXXX";
+    std::string p = temp_root() + "/ferry-test-node-XXXXXX";
     if (::mkdtemp(p.data())) path_ = p;
   }
   ~TempDir() {

@@ -37,14 +37,13 @@ namespace ferry::node {
 namespace {
 
 // Every node pool of this test binary meets in a directory of its own
-// (FERRY_NODE_DIR, inherited by the members it execs; under $TMPDIR),
+// (FERRY_NODE_DIR, inherited by the members it execs; under temp_root()),
 // removed at exit: the tests leave no file behind. Set before main, so before options() is read.
 class TestNodeDir {
  public:
   TestNodeDir() {
     if (std::getenv("FERRY_NODE_DIR")) return;  // a member exec'd by a test, or the caller's choice
-    const char* tmp = std::getenv("TMPDIR");
-    std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/ferry-test-node-XXXXXX";
+    std::string path = temp_root() + "/ferry-test-node-XXXXXX";
     if (!::mkdtemp(path.data())) return;
     path_ = path;
     owner_ = ::getpid();
