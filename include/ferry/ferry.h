@@ -503,7 +503,9 @@ FERRY_API ferry_status_t ferry_loader_load(ferry_loader_t loader, const char* co
  * for the allocations of all, blocks reachable from any member by their
  * offset (the handle), named blocks held by every process that asked for
  * them, 32-bit signal words (futex) for completions. Processes find each
- * other over abstract Unix sockets (same uid and network namespace). A
+ * other over Unix sockets in a directory only their user may enter
+ * (FERRY_NODE_DIR, else /tmp/ferry-<euid>, mode 0700); each side checks the
+ * other's uid, so no other user can serve, block or stall an open. A
  * member's unnamed blocks are freed when it destroys its handle, exits or
  * dies (SIGKILL included: the others notice and reclaim); take() moves one to
  * another member. Pinning: ferry_node_pool_register pins a range for one
@@ -516,7 +518,8 @@ typedef struct ferry_node_pool_options {
   size_t capacity;        /* the creator's budget in bytes; 0 = attach only */
   size_t granule;         /* allocation unit (creator only): power of two, 4 KiB .. 1 GiB; default 64 KiB */
   const char* label;      /* this process in messages, e.g. "rank 3"; NULL = "pid N" */
-  double attach_timeout_s;/* wait for a concurrent creator; default 10 */
+  double attach_timeout_s;/* seconds an open may wait (a concurrent open, members' answers); default 10;
+                           * INFINITY: no limit; negative or NaN: FERRY_ERROR_INVALID_ARGUMENT */
   /* The creator's pages follow FERRY_HUGE_PAGES: 2 MiB hugetlb pages when enough
    * are free (auto), else shmem; pieces pinned per FERRY_NODE_PIN_PIECE. */
 } ferry_node_pool_options_t;

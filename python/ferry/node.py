@@ -24,8 +24,11 @@ touches (alloc, named, block) are registered with that GPU in the background;
 and to a block (``ferry.copy(..., block.address, ...)``) run at pinned speed once
 it is ready; each process pins only what it touches.
 
-How processes find each other: an abstract Unix socket per member (no file, no
-/dev/shm; same user and network namespace only) passes the memfd (SCM_RIGHTS).
+How processes find each other: each member listens on a Unix socket in a directory
+only this user may enter (FERRY_NODE_DIR, else /tmp/ferry-<euid>, mode 0700) and
+passes the memfd (SCM_RIGHTS) to peers of its own uid; the attacher checks the
+member's uid and the memfd's owner, so no other user can serve, block or stall an
+open (docs/node.md).
 The pool lives while any member does. A forked child of a member does not see
 the pool: every use there of a NodePool, NodeBlock or Handoff made before the fork
 raises NotSupportedError (the child opens the pool again by name if it needs it).
