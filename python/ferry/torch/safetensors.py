@@ -360,7 +360,8 @@ def load_safetensors(
     ``NodeLoadResult``, a dict whose ``routes`` says which route each file
     took and why. rank, ranks: this process's index and how many
     load (default: LOCAL_RANK and LOCAL_WORLD_SIZE, which torchrun sets).
-    timeout: seconds a rank waits for the others (NodeLoadTimeout after).
+    timeout: seconds a rank waits for the others (NodeLoadTimeout after; None or
+    math.inf: no limit; negative or NaN: InvalidArgumentError).
     """
     try:
         return _load(paths, device, (keys, slices), dtype, out, strict, loader, (node, rank, ranks, timeout))
