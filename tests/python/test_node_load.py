@@ -13,13 +13,13 @@ node= and get tensors bit-equal to load_safetensors without it.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing as mp
 import os
 import random
 import threading
 import time
 
 import pytest
+from rank_processes import spawn
 
 from ferry.errors import InvalidArgumentError
 from ferry.node import NodePool
@@ -58,21 +58,7 @@ def _rank(name, path, rank, ranks, loads, timeout, conn):
     conn.close()
 
 
-def _spawn(target, args_per_rank, wait: float = 120) -> list:
-    """Runs target(*args, conn) in one spawned process per args; their replies, in order."""
-    ctx = mp.get_context("spawn")
-    procs = []
-    for args in args_per_rank:
-        parent, child = ctx.Pipe()
-        p = ctx.Process(target=target, args=(*args, child))
-        p.start()
-        procs.append((p, parent))
-    outs = []
-    for p, parent in procs:
-        assert parent.poll(wait), "a rank did not answer"
-        outs.append(parent.recv())
-        p.join(30)
-    return outs
+_spawn = spawn
 
 
 def _ranks(name, path, ranks, loads=1, rank_of=None, ranks_of=None, timeout=60):

@@ -11,7 +11,6 @@ the planner's close by the timeout.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import random
 import subprocess
@@ -19,6 +18,7 @@ import sys
 import time
 
 import pytest
+from rank_processes import spawn
 
 from ferry import _ferry
 from ferry.errors import InvalidArgumentError
@@ -114,19 +114,7 @@ def _planner(name, paths, rank, ranks, route, delay, hold, conn):
 
 
 def _spawn(args_per_rank, wait: float = 60) -> list:
-    ctx = mp.get_context("spawn")
-    procs = []
-    for args in args_per_rank:
-        parent, child = ctx.Pipe()
-        p = ctx.Process(target=_planner, args=(*args, child))
-        p.start()
-        procs.append((p, parent))
-    outs = []
-    for p, parent in procs:
-        assert parent.poll(wait), "a rank did not answer"
-        outs.append(parent.recv())
-        p.join(30)
-    return outs
+    return spawn(_planner, args_per_rank, wait)
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

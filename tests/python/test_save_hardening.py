@@ -28,13 +28,9 @@ from safetensors.torch import load_file  # noqa: E402
 import ferry.torch as ft  # noqa: E402
 from ferry import temp_names  # noqa: E402
 from ferry.errors import InvalidArgumentError, OSLayerError  # noqa: E402
-from ferry.load import read_catalog  # noqa: E402
+from checkpoint_readers import ferry_reader, index_reader, raw  # noqa: E402
 from ferry.torch import publish as publish_mod  # noqa: E402
 from ferry.torch import save as save_mod  # noqa: E402
-
-
-def raw(t):
-    return bytes(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 def temps(d):
@@ -110,42 +106,12 @@ def test_a_view_and_its_conjugate_are_not_tied(tmp_path):
 # ---- item 4: a checkpoint is published whole, at every point a save can stop ---------
 
 
-def _index_reader(d):
-    """safetensors through the index: each tensor from the shard the index names."""
-    index = d / "model.safetensors.index.json"
-    if not index.exists():
-        return None
-    weight_map = json.loads(index.read_text())["weight_map"]
-    out = {}
-    for f in sorted(set(weight_map.values())):
-        for k, v in load_file(str(d / f)).items():
-            if weight_map.get(k) == f:
-                out[k] = raw(v)
-    if set(out) != set(weight_map):
-        raise KeyError("a tensor of the index is in no shard")
-    return out
-
-
 def _transformers_reader(d):
     """from_pretrained's order: model.safetensors first, then the index."""
     single = d / "model.safetensors"
     if single.exists():
         return {k: raw(v) for k, v in load_file(str(single)).items()}
-    return _index_reader(d)
-
-
-def _ferry_reader(d):
-    """ferry's loader on the directory (its file choice, its strict catalog), bytes read from the files."""
-    from ferry.torch.safetensors import _resolve
-
-    files, names, of = _resolve(str(d))
-    cat = read_catalog(files, names, of)
-    out = {}
-    for name, f, off, n in zip(cat["names"], cat["file"], cat["offset"], cat["nbytes"]):
-        with open(files[f], "rb") as fh:
-            fh.seek(off)
-            out[name] = fh.read(n)
-    return out
+    return index_reader(d, missing_ok=True)
 
 
 def _seen(reader, d, old, new):
@@ -235,8 +201,8 @@ def test_every_kill_point_leaves_one_whole_checkpoint(tmp_path, scenario):
         else:
             assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
         hf = _seen(_transformers_reader, d, old, new)
-        via_index = _seen(_index_reader, d, old, new)
-        mine = _seen(_ferry_reader, d, old, new)
+        via_index = _seen(lambda d: index_reader(d, missing_ok=True), d, old, new)
+        mine = _seen(ferry_reader, d, old, new)
         if old is not None:  # an earlier checkpoint stays readable, whole, until the new one is
             assert hf in ("old", "new"), (k, hf)
         else:  # a first save: nothing, a refusal (an index naming a missing shard), or the new one
@@ -249,7 +215,7 @@ def test_every_kill_point_leaves_one_whole_checkpoint(tmp_path, scenario):
             # The next save cleans what the killed ones left: only the new checkpoint's files.
         if k < len(steps):
             ft.save_safetensors(new_sd, d / "model.safetensors", max_shard_size=new_shard)
-            assert _seen(_ferry_reader, d, old, new) == "new" and temps(d) == []
+            assert _seen(ferry_reader, d, old, new) == "new" and temps(d) == []
             names = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"].values() \
                 if new_shard else ["model.safetensors"]
             assert sorted(os.listdir(d)) == sorted(set(names) | ({"model.safetensors.index.json"} if new_shard
@@ -297,7 +263,7 @@ def test_a_failed_rename_restores_the_earlier_checkpoint(tmp_path, how, at):
     else:
         assert e.value.errno == errno.ENOENT and "rename" in str(e.value)
     assert _state(tmp_path) == before and temps(tmp_path) == []
-    assert _seen(_ferry_reader, tmp_path, {k: raw(v) for k, v in old_sd.items()}, None) == "old"
+    assert _seen(ferry_reader, tmp_path, {k: raw(v) for k, v in old_sd.items()}, None) == "old"
 
 
 # ---- item 5: one path rule; nothing but a regular file is ever replaced ---------------

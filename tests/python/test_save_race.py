@@ -27,46 +27,15 @@ from safetensors.torch import load_file  # noqa: E402
 
 import ferry.torch as ft  # noqa: E402
 from ferry.errors import FerryError  # noqa: E402
-from ferry.load import read_catalog  # noqa: E402
+from checkpoint_readers import ferry_reader, index_reader, raw  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-
-
-def raw(t):
-    return bytes(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 def race_sd(round_, who, count=32, elems=1 << 17):
     """32 float32 tensors of 512 KiB, random per (round, saver): at 1 MiB a shard, 16 shards."""
     g = torch.Generator().manual_seed(1000 * round_ + who)
     return {f"layers.{i}.w": torch.randn(elems, generator=g) for i in range(count)}
-
-
-def index_reader(d, stem="model"):
-    """safetensors through the index: each tensor from the shard the index names."""
-    weight_map = json.loads((d / f"{stem}.safetensors.index.json").read_text())["weight_map"]
-    out = {}
-    for f in sorted(set(weight_map.values())):
-        for k, v in load_file(str(d / f)).items():
-            if weight_map.get(k) == f:
-                out[k] = raw(v)
-    if set(out) != set(weight_map):
-        raise KeyError("a tensor of the index is in no shard")
-    return out
-
-
-def ferry_reader(d):
-    """ferry's loader on the directory: its file choice and its strict catalog, bytes read from the files."""
-    from ferry.torch.safetensors import _resolve
-
-    files, names, of = _resolve(str(d))
-    cat = read_catalog(files, names, of)
-    out = {}
-    for name, f, off, n in zip(cat["names"], cat["file"], cat["offset"], cat["nbytes"]):
-        with open(files[f], "rb") as fh:
-            fh.seek(off)
-            out[name] = fh.read(n)
-    return out
 
 
 def which(reader, d, candidates):
