@@ -439,6 +439,9 @@ TEST(NodePoolHardening, DeadPoolsLeaveNoFilesBehind) {
 // Out of descriptors for its socket, a creator used to open a pool nobody could
 // attach to (and the next process made a second one). It fails its open now.
 TEST(NodePoolHardening, AMemberThatCannotServeFailsItsOpen) {
+  if (FERRYTEST_ASAN)  // the normal and TSan builds run it
+    GTEST_SKIP() << "a process starved of descriptors trips the sanitizers themselves: UBSan's vptr check "
+                    "probes memory through a pipe, which fails, and reports a false 'invalid vptr'";
   const std::string name = unique_name("nofds");
   MemberProcess starved;
   const std::string opened = starved.ask("open-few-fds " + name + " 1048576 starved 2");
