@@ -75,6 +75,15 @@ def _next_round(pool_name: str, identity: tuple) -> int:
         return n
 
 
+def round_key(pool_name: str, kind: str, identity: tuple) -> str:
+    """The named-block key of this process's next node load of `identity` (files'
+    device, inode, size, mtime): ``ferry.KIND:HASH:ROUND``. Every rank counts the
+    same rounds (calls are collective), so a new load never meets an earlier one's
+    words."""
+    digest = hashlib.blake2b(repr(identity).encode(), digest_size=16).hexdigest()
+    return f"ferry.{kind}:{digest}:{_next_round(pool_name, identity)}"
+
+
 def node_ranks(rank, ranks) -> tuple[int, int]:
     """(rank, ranks): as given, else LOCAL_RANK / LOCAL_WORLD_SIZE (torchrun
     sets them for every process it starts); InvalidArgumentError if neither."""
@@ -221,8 +230,7 @@ def open_file_once(pool, path, rank: int, ranks: int, *, timeout: float = DEFAUL
     try:
         st = os.fstat(fd)
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        digest = hashlib.blake2b(repr(identity).encode(), digest_size=16).hexdigest()
-        key = f"ferry.load:{digest}:{_next_round(pool.name, identity)}"
+        key = round_key(pool.name, "load", identity)
         if piece_bytes(st.st_size) >= 1 << 32:  # a piece's word counts its bytes in 32 bits
             raise InvalidArgumentError(f"{name}: {st.st_size} bytes is more than a node load reads in one file "
                                        f"({MAX_PIECES} pieces of under 4 GiB); split it into shards")

@@ -34,12 +34,12 @@ rank alone (through ``FORCE``).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 
 from .. import _ferry
 from ..errors import InvalidArgumentError
+from ..node import NodeBlock
 from . import node_load
 
 ALONE_SHARE = 0.9  # at least this share of a file cached: each rank reads it alone
@@ -91,14 +91,11 @@ class Plan:
         for p in paths:
             st = os.stat(p)
             identities.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-        identity = ("plan", tuple(identities))
-        digest = hashlib.blake2b(repr(identity).encode(), digest_size=16).hexdigest()
-        key = f"ferry.plan:{digest}:{node_load._next_round(pool.name, identity)}"
+        key = node_load.round_key(pool.name, "plan", ("plan", tuple(identities)))
         words = _W_ROUTE + min(len(paths), MAX_FILES)
         native = pool._live("load_safetensors(node=)")
         offset, nbytes, created = native.allocate_named(key, 4 * words)
-        from ..node import NodeBlock  # the plan's words are never DMA'd: the block is not pinned
-
+        # Not pool.named(): the plan's words are never DMA'd, so its block is not pinned.
         self.block = NodeBlock(pool, offset, nbytes, created, key)
         try:
             self.routes = self._agree(paths, rank, created)
