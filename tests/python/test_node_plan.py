@@ -92,15 +92,22 @@ def test_a_bad_forced_route_is_refused():
     assert "InvalidArgumentError" in out.stdout and "FERRY_NODE_LOAD='sideways'" in out.stdout, out
 
 
-def _planner(name, paths, rank, ranks, route, delay, hold, conn):
-    """One rank: wait `delay`, plan with FERRY_NODE_LOAD=route, keep the plan
-    `hold` seconds (its load), close; send back the routes and close's time."""
+def _planner(name, paths, rank, ranks, route, delay, marker, conn):
+    """One rank: with delay > 0, wait until `marker` exists (another rank has
+    planned) and then `delay` seconds more; plan with FERRY_NODE_LOAD=route
+    (with delay 0 and a marker, make the marker once planned); close; send back
+    the routes and close's time."""
     try:
         os.environ["FERRY_NODE_LOAD"] = route
         pool = NodePool(name, label=f"rank {rank}")
-        time.sleep(delay)
+        if delay > 0:
+            end = time.monotonic() + 60  # spawned ranks start seconds apart on a busy machine
+            while not os.path.exists(marker) and time.monotonic() < end:
+                time.sleep(0.01)
+            time.sleep(delay)
         plan = node_plan.plan(pool, paths, rank, ranks, timeout=30)
-        time.sleep(hold)
+        if delay == 0 and marker:
+            open(marker, "w").close()
         t0 = time.monotonic()
         plan.close()
         took = time.monotonic() - t0
@@ -122,23 +129,23 @@ def test_every_rank_takes_the_route_the_planner_chose(disk_files, ranks):
     name = _name("agree")
     routes = ["alone" if r % 2 else "pool" for r in range(ranks)]  # each would choose otherwise
     with NodePool(name, 1 << 20, label="test"):
-        outs = _spawn([(name, disk_files, r, ranks, routes[r], 0.0, 0.0) for r in range(ranks)])
+        outs = _spawn([(name, disk_files, r, ranks, routes[r], 0.0, None) for r in range(ranks)])
     assert all(not isinstance(o, str) for o in outs), outs
     chosen = {tuple(o[0]) for o in outs}
     assert len(chosen) == 1, outs  # one plan for every rank
     assert chosen.pop() in {("pool", "pool"), ("alone", "alone")}
 
 
-def test_a_late_rank_gets_the_plan_of_a_finished_planner(disk_files):
-    """Rank 0 plans "alone" and finishes its load at once; rank 1 comes 1 s later
-    wanting "pool": it must still get "alone" (the planner holds the plan until
-    every rank has read it)."""
-    name = _name("late")
+def test_a_late_rank_gets_the_plan_of_a_finished_planner(disk_files, tmp_path):
+    """Rank 0 plans "alone" and finishes its load at once; rank 1 comes 1 s after
+    rank 0 has planned, wanting "pool": it must still get "alone" (the planner
+    holds the plan until every rank has read it)."""
+    name, marker = _name("late"), str(tmp_path / "planned")
     with NodePool(name, 1 << 20, label="test"):
-        outs = _spawn([(name, disk_files, 0, 2, "alone", 0.0, 0.0), (name, disk_files, 1, 2, "pool", 1.0, 0.0)])
+        outs = _spawn([(name, disk_files, 0, 2, "alone", 0.0, marker), (name, disk_files, 1, 2, "pool", 1.0, marker)])
     assert all(not isinstance(o, str) for o in outs), outs
     assert outs[0][0] == outs[1][0] == ["alone", "alone"], outs
-    assert outs[0][1] >= 0.5  # the planner waited for the late rank
+    assert outs[0][1] >= 0.9  # the planner waited for the late rank
     assert outs[0][2] == outs[1][2] == 0  # and the plan's block is gone once both let go
 
 
