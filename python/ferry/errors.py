@@ -33,6 +33,18 @@ class NotSupportedError(FerryError, NotImplementedError):
     """This machine cannot do it, e.g. GDRCopy without gdrdrv (FERRY_ERROR_NOT_SUPPORTED)."""
 
 
+class HandoffError(FerryError):
+    """A node Handoff could not go on (see the message)."""
+
+
+class HandoffTimeoutError(HandoffError, TimeoutError):
+    """The handoff's peer is alive but did not fill or drain a slot within the timeout."""
+
+
+class HandoffPeerGoneError(HandoffError):
+    """The handoff's peer left the pool (exited, was killed or closed) with the handoff unfinished."""
+
+
 __all__ = [
     "FerryError",
     "InvalidArgumentError",
@@ -41,4 +53,7 @@ __all__ = [
     "CudaError",
     "NoDeviceError",
     "NotSupportedError",
+    "HandoffError",
+    "HandoffTimeoutError",
+    "HandoffPeerGoneError",
 ]

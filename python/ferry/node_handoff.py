@@ -41,7 +41,8 @@ import time
 from . import _args
 from ._resolve import resolve
 from .units import fmt_bytes
-from .errors import FerryError, InvalidArgumentError, NotSupportedError
+from .errors import (HandoffError, HandoffPeerGoneError, HandoffTimeoutError, InvalidArgumentError,
+                     NotSupportedError)
 
 MAGIC = 0x48444F46  # "FODH"
 ALIGN = 256  # items start at this boundary in the stream
@@ -52,18 +53,6 @@ META_WORDS = 4  # per slot: stream bytes (lo, hi), items, the send call's number
 # header words
 _W_MAGIC, _W_READY, _W_SLOTS, _W_SLOT_KIB4, _W_BROKEN = 0, 1, 2, 3, 4
 _W_SIDE = {"producer": 6, "consumer": 8}  # (member slot + 1, pid) of each side
-
-
-class HandoffError(FerryError):
-    """A handoff could not go on (see the message)."""
-
-
-class HandoffTimeoutError(HandoffError, TimeoutError):
-    """The peer is alive but did not fill or drain a slot within the timeout."""
-
-
-class HandoffPeerGoneError(HandoffError):
-    """The peer left the pool (exited, was killed or closed) with the handoff unfinished."""
 
 
 class _HandoffTimeout:
