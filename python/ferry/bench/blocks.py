@@ -17,7 +17,7 @@ from ..measure import median
 from ..units import KiB, parse_size
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite
+from .suite import Suite, add_repeats
 
 
 def measure(counts_sizes, iterations):
@@ -73,14 +73,14 @@ class BlocksSuite(Suite):
     def add_arguments(self, p):
         p.add_argument("--blocks", default="1024x16K,1024x64K,1024x256K",
                        help="COUNTxSIZE list (default: %(default)s)")
-        p.add_argument("--iterations", type=int, default=10, help="timed batches per case (default: %(default)s)")
+        add_repeats(p, 10, "timed batches per case", old=("--iterations",))
 
     def run(self, args) -> int:
         cases = []
         for item in args.blocks.split(","):
             count, size = item.lower().split("x")
             cases.append((int(count), parse_size(size)))
-        rows = measure(cases, args.iterations)
+        rows = measure(cases, args.repeats)
         out = [[r["blocks"], r["block_bytes"] // KiB, r["direction"], r["ferry_auto"], r["ferry_ce"], r["ferry_sm"],
                 r["memcpy_loop"], r["ferry_auto"] / r["memcpy_loop"]] for r in rows]
         print(table("Scattered blocks, pinned pool <-> device (GB/s)",

@@ -8,7 +8,7 @@ per transfer, one NIXL request per transfer (--split N: N). Two layouts of B's
 slots: `adjacent` (block k in slot k: a KV offload of consecutive blocks;
 ferry.nixl.post joins such descriptors, up to 2 MiB each by default,
 --coalesce sets the cap, 0 turns it off) and `shuffled` (a seeded
-permutation: nothing joins, every block is its own descriptor). --gpu/--peer-gpu
+permutation: nothing joins, every block is its own descriptor). --device/--peer-device
 place A's pool and B's memory (each process sees both GPUs, its own first,
 through CUDA_VISIBLE_DEVICES: indexes as nvidia-smi numbers them).
 
@@ -18,7 +18,7 @@ own UCX defaults, what NIXL's examples give), the baseline; both post through
 ferry.nixl.post, so coalescing applies to both. Every case is
 verified: B's memory is poisoned before each case, then every block is
 compared with A's bytes. GB/s = bytes of one transfer / median seconds (post to
-done, --iters timed transfers after one untimed).
+done, --repeats timed transfers after one untimed).
 
 Results are records {suite, case, params, metric, value, unit, baseline,
 ratio}: value is ferry's GB/s, baseline NIXL's defaults', ratio value/baseline.
@@ -33,7 +33,7 @@ import time
 
 from ..units import fmt_bytes, parse_size
 from .report import progress, table, write_json
-from .suite import Suite
+from .suite import Suite, add_repeats, deprecated_alias
 
 DEFAULT_SIZES = "64K,1M,2M"
 LAYOUTS = ("adjacent", "shuffled")
@@ -69,8 +69,8 @@ def check_args(args) -> None:
     if too_big:
         raise InvalidArgumentError(f"--sizes: {fmt_bytes(too_big[0])} is more than --total "
                                    f"({fmt_bytes(args.total)}): a transfer holds at least one block")
-    if args.iters < 1:
-        raise InvalidArgumentError(f"--iters={args.iters}: expected at least 1")
+    if args.repeats < 1:
+        raise InvalidArgumentError(f"--repeats={args.repeats}: expected at least 1")
     if args.timeout <= 0:
         raise InvalidArgumentError(f"--timeout={args.timeout:g}: expected seconds > 0")
     for op in args.ops.split(","):
@@ -103,15 +103,15 @@ def check_args(args) -> None:
             if what == "--ucx" and not key.startswith("UCX_"):
                 key = "UCX_" + key
             out[key] = value
-    if args.gpu < 0 or (args.peer_gpu is not None and args.peer_gpu < 0):
-        raise InvalidArgumentError(f"--gpu={args.gpu}, --peer-gpu={args.peer_gpu}: GPU indexes are >= 0")
-    two = (args.peer_gpu is not None and args.peer_gpu != args.gpu) or args.gpu != 0
-    if args.memory == "host" and (two or args.gpu):
-        raise InvalidArgumentError("--gpu/--peer-gpu need --memory gpu")
+    if args.device < 0 or (args.peer_device is not None and args.peer_device < 0):
+        raise InvalidArgumentError(f"--device={args.device}, --peer-device={args.peer_device}: GPU indexes are >= 0")
+    two = (args.peer_device is not None and args.peer_device != args.device) or args.device != 0
+    if args.memory == "host" and (two or args.device):
+        raise InvalidArgumentError("--device/--peer-device need --memory gpu")
     args.tuning = {"env": env, "backend": backend, "split": args.split,
                    "coalesce": True if args.coalesce_bytes is None else args.coalesce_bytes,
                    "cma": {"auto": None, "yes": True, "no": False}[args.cma],
-                   "gpus": (args.gpu, args.gpu if args.peer_gpu is None else args.peer_gpu) if two else None}
+                   "gpus": (args.device, args.device if args.peer_device is None else args.peer_device) if two else None}
 
 
 # ---- the two processes --------------------------------------------------------------
@@ -321,7 +321,7 @@ class _Pair:
         self.conns, self.procs = {}, {}
         for role in ("a", "b"):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_serve, args=(child, role, setting, args.memory, args.total, args.iters,
+            p = ctx.Process(target=_serve, args=(child, role, setting, args.memory, args.total, args.repeats,
                                                  args.timeout, args.seed, args.tuning), daemon=True)
             p.start()
             self.conns[role], self.procs[role] = parent, p
@@ -421,7 +421,7 @@ class NixlSuite(Suite):
         p.add_argument("--ops", default="READ,WRITE", help="READ and/or WRITE (default: %(default)s)")
         p.add_argument("--settings", default=",".join(SETTINGS),
                        help="ferry (ferry.nixl.agent) and/or nixl (NIXL's defaults) (default: %(default)s)")
-        p.add_argument("--iters", type=int, default=5, help="timed transfers per case (default: %(default)s)")
+        add_repeats(p, 5, "timed transfers per case", old=("--iters",), lo=-2**31)
         p.add_argument("--memory", choices=("gpu", "host"), default="gpu",
                        help="B's memory: gpu (default) or host (a ferry Pool: no GPU needed)")
         p.add_argument("--timeout", type=float, default=60.0, help="seconds per transfer (default: %(default)s)")
@@ -439,21 +439,16 @@ class NixlSuite(Suite):
                        help="a UCX backend parameter for both agents (repeatable), e.g. num_threads=4")
         p.add_argument("--cma", choices=("auto", "yes", "no"), default="auto",
                        help="ferry.nixl.agent's cma switch (auto: off where CUDA transports start)")
-        p.add_argument("--gpu", type=int, default=0, help="A's GPU (its pinned pool's device; default 0)")
-        p.add_argument("--peer-gpu", type=int, default=None,
+        p.add_argument("--device", type=int, default=0, metavar="N",
+                       help="A's GPU (its pinned pool's device) (default: %(default)s)")
+        deprecated_alias(p, "--gpu", "--device", "device", type=int)
+        p.add_argument("--peer-device", type=int, default=None, metavar="N",
                        help="B's GPU (default: A's; another one measures GPU -> GPU hosts with two)")
+        deprecated_alias(p, "--peer-gpu", "--peer-device", "peer_device", type=int)
         p.add_argument("--seed", type=int, default=1234, help="the blocks' generator seed (default: %(default)s)")
 
-    def main(self, argv=None) -> int:
-        from ..errors import InvalidArgumentError
-
-        args = self.parser().parse_args(argv)
-        try:
-            check_args(args)  # bad arguments fail here, on any machine, before the waived check
-        except InvalidArgumentError as e:
-            print(f"ferry bench nixl: {e}", file=sys.stderr)
-            return 2
-        return super().main(argv)
+    def check_args(self, args) -> None:
+        check_args(args)  # bad arguments fail here, on any machine, before the waived check
 
     def waived(self, args):
         from .. import nixl
@@ -475,7 +470,7 @@ class NixlSuite(Suite):
             cells.append([p["layout"], p["op"], fmt_bytes(p["block_bytes"]), p["blocks"], p["descriptors"],
                           rec["value"], rec["baseline"], rec["ratio"], "yes" if p["verified"] else "NO"])
         print(table(f"NIXL transfers, A's ferry pool <-> B's {'GPU' if args.memory == 'gpu' else 'host memory'}, "
-                    f"{fmt_bytes(args.total)} per transfer (GB/s, median of {args.iters})",
+                    f"{fmt_bytes(args.total)} per transfer (GB/s, median of {args.repeats})",
                     ["layout", "op", "block", "blocks", "posted", "ferry.nixl.agent", "NIXL defaults", "ratio",
                      "verified"], cells))
         print(f"[{time.monotonic() - start:.1f} s]")

@@ -41,7 +41,7 @@ import time
 from ..units import fmt_bytes, parse_size, parse_size_list
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite, choices_list, int_at_least, size, size_list
+from .suite import Suite, add_repeats, choices_list, int_at_least, size, size_list
 
 PARTS = ("attach", "dma", "handoff", "load")
 GB = 1e9
@@ -179,10 +179,10 @@ def nixl_handoff(args) -> tuple[dict[int, float] | None, str | None]:
     if not fn.available():
         return None, f"nixl not installed ({fn.unavailable_reason()})"
     argv = ["--sizes", ",".join(str(b) for b in args.block_list), "--total", str(args.handoff_nbytes),
-            "--ops", "WRITE", "--settings", "ferry", "--layouts", "shuffled", "--iters", str(args.iters),
+            "--ops", "WRITE", "--settings", "ferry", "--layouts", "shuffled", "--repeats", str(args.repeats),
             "--timeout", str(args.timeout)]
     if len(set(args.devices)) > 1:
-        argv += ["--gpu", str(args.devices[0]), "--peer-gpu", str(args.devices[1])]
+        argv += ["--device", str(args.devices[0]), "--peer-device", str(args.devices[1])]
     nargs = nixl.SUITE.parser().parse_args(argv)
     nixl.check_args(nargs)
     rows = nixl.measure(nargs)
@@ -220,7 +220,7 @@ def measure(args) -> dict:
             for direction in ("h2d", "d2h"):
                 for where in ("node", "pinned"):
                     progress(f"dma: {direction}, {args.ranks} ranks at once, {where}")
-                    times = ranks.all("dma", where, direction, args.dma_nbytes, args.iters)
+                    times = ranks.all("dma", where, direction, args.dma_nbytes, args.repeats)
                     dma[f"{where} {direction}"] = [_gbps(args.dma_nbytes, t) for t in times]
         if "handoff" in args.part_list:
             out["handoff"] = handoff(args, ranks)
@@ -245,13 +245,13 @@ def handoff(args, ranks: _Ranks) -> dict:
 
         def command(r, block=block):
             return ("handoff", "producer" if r == 0 else "consumer", f"kv-{block}", block, args.handoff_nbytes,
-                    args.slots, args.slot_nbytes, args.iters, args.seed)
+                    args.slots, args.slot_nbytes, args.repeats, args.seed)
 
         prod, cons = ranks.all(command, ranks=[0, 1])
         res[block] = {"gbps": _gbps(count * block, cons["seconds"]), "verified": cons["verified"],
                       "problem": cons["problem"], "producer_gbps": _gbps(count * block, prod["seconds"])}
     try:
-        peer = ranks.all("peer_copy", args.handoff_nbytes, args.iters, ranks=[0])[0]
+        peer = ranks.all("peer_copy", args.handoff_nbytes, args.repeats, ranks=[0])[0]
         res["torch_peer_gbps"] = None if peer is None else _gbps(args.handoff_nbytes, peer)
         res["torch_note"] = None if peer is not None else "one GPU: no peer copy"
     except Exception as e:  # torch missing or failing: the reference is left out, said why
@@ -441,19 +441,19 @@ class NodeSuite(Suite):
     def add_arguments(self, p):
         p.add_argument("--ranks", type=int_at_least(2), default=2, help="rank processes (default: %(default)s)")
         p.add_argument("--bytes", type=size, default="1G",
-                       help="the shared region, and each rank's own PinnedPool (default %(default)s; the "
+                       help="the shared region, and each rank's own PinnedPool (default: %(default)s; the "
                             "issue's figure: 16G)")
         p.add_argument("--dma-bytes", type=size, default="256M",
-                       help="bytes per DMA copy, per rank (default %(default)s; at most --bytes / --ranks)")
+                       help="bytes per DMA copy, per rank (default: %(default)s; at most --bytes / --ranks)")
         p.add_argument("--handoff-bytes", type=size, default="256M",
-                       help="bytes per handoff transfer (default %(default)s)")
+                       help="bytes per handoff transfer (default: %(default)s)")
         p.add_argument("--blocks", type=size_list, default="2M,64K",
                        help="handoff block sizes (default: %(default)s)")
         p.add_argument("--slots", type=int_at_least(1), default=4, help="handoff ring slots (default: %(default)s)")
         p.add_argument("--slot-bytes", type=size, default="16M",
-                       help="bytes per slot (default %(default)s: smaller slots fill the pipeline sooner, bigger ones "
+                       help="bytes per slot (default: %(default)s: smaller slots fill the pipeline sooner, bigger ones "
                             "cost fewer copy calls)")
-        p.add_argument("--iters", type=int_at_least(1), default=5, help="timed runs per figure (default: %(default)s)")
+        add_repeats(p, 5, "timed runs per figure", old=("--iters",))
         p.add_argument("--parts", type=choices_list(PARTS), default=",".join(PARTS),
                        help="what to measure (default: %(default)s)")
         p.add_argument("--checkpoint", default=None, metavar="PATH",
@@ -462,16 +462,8 @@ class NodeSuite(Suite):
         p.add_argument("--timeout", type=float, default=120.0, help="seconds a rank may wait (default: %(default)s)")
         p.add_argument("--seed", type=int, default=1234, help="the blocks' seed (default: %(default)s)")
 
-    def main(self, argv=None) -> int:
-        from ..errors import InvalidArgumentError
-
-        args = self.parser().parse_args(argv)
-        try:
-            check_args(args)  # on any machine, before the waiver
-        except InvalidArgumentError as e:
-            print(f"ferry bench node: {e}", file=sys.stderr)
-            return 2
-        return super().main(argv)
+    def check_args(self, args) -> None:
+        check_args(args)  # on any machine, before the waiver
 
     def run(self, args) -> int:
         check_args(args)
@@ -500,7 +492,7 @@ class NodeSuite(Suite):
                  for r in by.get("bandwidth", []) if r["case"] == "node pool"]
         if cells:
             print(table(f"(b) DMA, all ranks at once, {fmt_bytes(args.dma_nbytes)} per copy (GB/s, median of "
-                        f"{args.iters})", ["direction", "rank", "node pool", "own pinned", "ratio"], cells))
+                        f"{args.repeats})", ["direction", "rank", "node pool", "own pinned", "ratio"], cells))
         h = m.get("handoff") or {}
         cells = [[fmt_bytes(b), args.handoff_nbytes // b, h[b]["gbps"], (m.get("nixl") or {}).get(b),
                   h.get("torch_peer_gbps"), "yes" if h[b]["verified"] else "NO"] for b in args.block_list if b in h]

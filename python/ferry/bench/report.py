@@ -5,16 +5,18 @@ The JSON file: {"header": machine facts, "suites": {key: {"time", "waived"}},
 suite keeps raw rows for its own scripts "details": {key: ...}}. `--json FILE` is
 checked before a suite measures (check_json_path) and replaced atomically: a path
 that is not a regular file, or a file that is not a ferry bench file, is refused
-and left as it is.
+and left as it is. `--json -` writes the document to stdout (records_to_stdout).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import stat
 import sys
+import tempfile
 import time
 
 from ..atomic_file import AtomicFile, check_replaceable
@@ -132,6 +134,29 @@ def write_json(path: str | None, suite: str, records: list[dict], waived: str | 
     _replace(dest, json.dumps(doc, indent=2).encode())
     progress(f"wrote {dest} ({len(records)} records of {suite}"
              + (f", {len(kept)} of {', '.join(k for k in suites if k != suite)} kept)" if kept else ")"))
+
+
+@contextlib.contextmanager
+def records_to_stdout():
+    """`--json -`: yields the path of a new temporary file that the suites write
+    their records into (write_json's rules, merging included); while they run,
+    what they print goes to stderr, so that stdout holds the JSON document alone,
+    written at the end (also when a suite failed after writing)."""
+    fd, path = tempfile.mkstemp(prefix="ferry-bench-", suffix=".json")
+    os.close(fd)
+    real_stdout = sys.stdout
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield path
+    finally:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        finally:
+            os.unlink(path)
+        if text.strip():
+            real_stdout.write(text if text.endswith("\n") else text + "\n")
+            real_stdout.flush()
 
 
 def _replace(path: str, data: bytes) -> None:

@@ -43,7 +43,7 @@ from ..units import parse_size
 from .load import PeakAnon
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite, missing_module
+from .suite import Suite, add_repeats, missing_module
 
 SETS = ("transformer", "moe")
 SAVERS = ("torch.save", "save_file (GPU)", "save_file (CPU)", "dcp.save", "dcp.async_save",
@@ -342,7 +342,7 @@ class SaveSuite(Suite):
                        help=f"state dicts, comma-separated (default: {','.join(SETS)})")
         p.add_argument("--scale", type=_positive_float, default=1.0,
                        help="multiplies the layer counts (default: %(default)s)")
-        p.add_argument("--repeats", type=_positive_int, default=2, help="timed saves per saver (default: %(default)s)")
+        add_repeats(p, 2, "timed saves per saver")
         p.add_argument("--savers", type=_choices(SAVERS), default=None,
                        help="only savers whose name contains one of these, comma-separated (default: all)")
         p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",

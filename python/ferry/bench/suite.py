@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 
 def _checked(convert, name: str):
@@ -126,6 +127,67 @@ def choices_list(allowed):
     return _checked(convert, "list")
 
 
+# ---- one vocabulary: --repeats, --device, --json FILE ----------------------------------
+#
+# Every suite spells "how many timed runs" --repeats, where the data lives --device and
+# where the records go --json FILE ("-": stdout). Spellings of earlier releases still
+# parse, with a DeprecationWarning and a note on stderr naming the new spelling; they go
+# away one release after they were deprecated (docs/bench.md lists them).
+
+
+def deprecation_note(prog: str, old: str, new: str) -> None:
+    """Tells the user (stderr: a DeprecationWarning is hidden by default) and the
+    warnings machinery (tests, -W error) that `old` is spelled `new` now."""
+    note = f"{prog}: {old} is deprecated: use {new}"
+    print(note, file=sys.stderr, flush=True)
+    warnings.warn(note, DeprecationWarning, stacklevel=3)
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of an option: stores what the new one would (into its dest), after
+    deprecation_note(). nargs=0 with const: a flag that stood for a value (fork --cpu
+    is --device cpu)."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        kwargs.setdefault("help", argparse.SUPPRESS)  # `--help` shows the new spelling only
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        deprecation_note(parser.prog, option_string, self.new)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, dest: str, **kwargs) -> None:
+    """`old` is parsed as `new` (whose dest is `dest`), with a deprecation note. kwargs:
+    the new option's type (or nargs=0 and const for a flag that stood for a value)."""
+    parser.add_argument(old, dest=dest, action=DeprecatedAlias, new=new, **kwargs)
+
+
+def add_repeats(parser: argparse.ArgumentParser, default: int, what: str, old: tuple[str, ...] = (),
+                lo: int = 1) -> None:
+    """--repeats N, the one spelling of a suite's repeat count (what: "timed copies per
+    case"); `old`: the suite's earlier spellings, kept as deprecated aliases."""
+    kind = int_at_least(lo)
+    parser.add_argument("--repeats", type=kind, default=default, metavar="N", help=f"{what} (default: %(default)s)")
+    for spelling in old:
+        deprecated_alias(parser, spelling, "--repeats", "repeats", type=kind, metavar="N")
+
+
+def add_device(parser: argparse.ArgumentParser, choices=("cuda", "cpu"), default="cuda", what: str = "",
+               old_cpu_flag: str | None = None) -> None:
+    """--device, where a suite's data lives: cuda (a GPU) or cpu (the suite's host-side
+    code, e.g. in CI without a GPU). old_cpu_flag: an earlier `--cpu` flag, kept as a
+    deprecated spelling of `--device cpu`."""
+    parser.add_argument("--device", choices=choices, default=default,
+                        help=f"{what or 'where the data lives'} (default: %(default)s)")
+    if old_cpu_flag:
+        deprecated_alias(parser, old_cpu_flag, "--device cpu", "device", nargs=0, const="cpu")
+
+
+STDOUT = "-"  # --json -: the records go to stdout (the tables to stderr)
+
+
 # What each suite says when a package is missing, in one form: what, then how to get it.
 NEEDS = {"torch": "needs PyTorch: pip install 'ferry[torch]'",
          "safetensors": "needs safetensors: pip install safetensors"}
@@ -173,12 +235,33 @@ class Suite:
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--json", metavar="FILE",
                        help="write the results as JSON records (with the machine's facts); "
-                            "other suites' records in FILE are kept")
+                            "other suites' records in FILE are kept; '-': the records to stdout, "
+                            "the tables to stderr")
         self.add_arguments(p)
         return p
 
+    def check_args(self, args: argparse.Namespace) -> None:
+        """Refuses bad argument combinations (InvalidArgumentError) on any machine,
+        before the waiver. Default: nothing to check."""
+
     def main(self, argv: list[str] | None = None) -> int:
         args = self.parser().parse_args(argv)
+        from ..errors import InvalidArgumentError
+
+        try:
+            self.check_args(args)
+        except InvalidArgumentError as e:
+            print(f"ferry bench {self.key}: {e}", file=sys.stderr)
+            return 2
+        if args.json == STDOUT:
+            from .report import records_to_stdout
+
+            with records_to_stdout() as path:
+                args.json = path
+                return self._main(args)
+        return self._main(args)
+
+    def _main(self, args: argparse.Namespace) -> int:
         if args.json is not None:  # before measuring, not after: a bad FILE must not cost the results
             from ..errors import InvalidArgumentError
             from .report import check_json_path
