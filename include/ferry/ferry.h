@@ -62,8 +62,10 @@ extern "C" {
  * 1.4: ferry_copy_v2 and ferry_copy_many_v2 take a stream and a strategy in the
  *      order of the async calls; ferry_copy and ferry_copy_many are deprecated.
  * 1.5: the node pool (ferry_node_pool_*): one pool of host memory per node,
- *      shared by every process that opens it by name. */
-#define FERRY_API_MINOR 5
+ *      shared by every process that opens it by name.
+ * 1.6: the node handoff (ferry_handoff_*) and its statuses FERRY_ERROR_TIMEOUT,
+ *      FERRY_ERROR_PEER_GONE, FERRY_ERROR_BROKEN. */
+#define FERRY_API_MINOR 6
 #define FERRY_API_VERSION ((FERRY_API_MAJOR << 16) | FERRY_API_MINOR)
 
 #if defined(__GNUC__)
@@ -82,7 +84,10 @@ typedef enum ferry_status {
   FERRY_ERROR_CUDA = 4,             /* a CUDA call failed; the message has its code */
   FERRY_ERROR_NO_DEVICE = 5,        /* no CUDA driver or no CUDA device */
   FERRY_ERROR_NOT_SUPPORTED = 6,    /* this machine cannot do it (e.g. no gdrdrv) */
-  FERRY_ERROR_INTERNAL = 7          /* a bug in ferry: please report it */
+  FERRY_ERROR_INTERNAL = 7,         /* a bug in ferry: please report it */
+  FERRY_ERROR_TIMEOUT = 8,          /* (1.6) a bounded wait for another process ended: it did not keep up */
+  FERRY_ERROR_PEER_GONE = 9,        /* (1.6) the process on the other side left (exited, died, closed) */
+  FERRY_ERROR_BROKEN = 10           /* (1.6) an earlier error (either side) ended this handoff: open a new key */
 } ferry_status_t;
 
 /* Message of the last failing call on this thread ("" if none). */

@@ -22,6 +22,9 @@ const char* ferry_status_name(ferry_status_t status) {
     case FERRY_ERROR_NO_DEVICE: return "FERRY_ERROR_NO_DEVICE";
     case FERRY_ERROR_NOT_SUPPORTED: return "FERRY_ERROR_NOT_SUPPORTED";
     case FERRY_ERROR_INTERNAL: return "FERRY_ERROR_INTERNAL";
+    case FERRY_ERROR_TIMEOUT: return "FERRY_ERROR_TIMEOUT";
+    case FERRY_ERROR_PEER_GONE: return "FERRY_ERROR_PEER_GONE";
+    case FERRY_ERROR_BROKEN: return "FERRY_ERROR_BROKEN";
   }
   return "FERRY_ERROR_UNKNOWN";
 }
