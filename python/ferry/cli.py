@@ -49,11 +49,20 @@ def cmd_bench(args) -> int:
     if unknown or not keys:
         raise InvalidArgumentError(f"unknown bench suite '{unknown[0] if unknown else args.suite}' "
                                    f"(suites: {', '.join(found)})")
+    if args.json == "-":  # every suite's records in one document on stdout, the tables on stderr
+        from .bench.report import records_to_stdout
+
+        with records_to_stdout() as path:
+            return _run_suites(found, keys, args.rest, path)
     if args.json is not None:
         from .bench.report import check_json_path
 
         check_json_path(args.json)  # before the first suite measures: InvalidArgumentError, exit status 2
-    rest = list(args.rest) + (["--json", args.json] if args.json is not None else [])
+    return _run_suites(found, keys, args.rest, args.json)
+
+
+def _run_suites(found: dict, keys: list[str], rest: list[str], json_path: str | None) -> int:
+    rest = list(rest) + (["--json", json_path] if json_path is not None else [])
     # Each suite merges its records into the file (bench/report.py write_json).
     return max(found[k].main(rest) for k in keys)
 
@@ -61,8 +70,20 @@ def cmd_bench(args) -> int:
 # ---- ferry doctor --------------------------------------------------------------------
 
 
+DOCTOR_DESCRIPTION = (
+    "This machine's host and GPU facts, measurements (pinned bandwidth against the link, "
+    "CUDA's pageable path beside ferry's, pinned allocation, small-copy latency, host memcpy, "
+    "first touch, registration by page size) within 60 s (--quick: 15 s), and findings with "
+    "fixes, the findings first. Exit status: 0 when it ran (findings are not failures), "
+    "1 when a report file could not be written, 2 for bad options.")
+
+
 def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object (no progress)")
+    # `--json` alone is `--json -` (stdout): the spelling of earlier releases, kept as
+    # the short form of `--json -`, not deprecated (docs/doctor.md).
+    parser.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                        help="write the report as one JSON object to FILE, the text report still on stdout; "
+                             "'-' or no FILE: the JSON on stdout instead of the text (no progress)")
     speed = parser.add_mutually_exclusive_group()
     speed.add_argument("--quick", action="store_true", help="smaller sizes, at most 15 s")
     speed.add_argument("--full", action="store_true", help="more sizes and threads, no time limit")
@@ -81,12 +102,27 @@ def cmd_doctor(args) -> int:
         if problem:
             print(f"ferry doctor: error: cannot write the HTML report: {problem}", file=sys.stderr)
             return 2
-    report = doctor.run(mode, quiet=args.json)
-    if args.json:
+    to_stdout = args.json == "-"
+    if args.json is not None and not to_stdout:
+        problem = html_report.unwritable(args.json)  # the page's path rule, before measuring
+        if problem:
+            print(f"ferry doctor: error: cannot write the JSON report: {problem}", file=sys.stderr)
+            return 2
+    report = doctor.run(mode, quiet=to_stdout)
+    if to_stdout:
         json.dump(report, sys.stdout, indent=2, sort_keys=False, default=str)
         sys.stdout.write("\n")
     else:
         print(text_report.format_report(report))
+    if args.json is not None and not to_stdout:
+        sys.stdout.flush()
+        text = json.dumps(report, indent=2, sort_keys=False, default=str) + "\n"
+        try:
+            written = html_report.write_bytes(text.encode("utf-8"), args.json)
+        except OSError as e:
+            print(f"ferry doctor: error: cannot write the JSON report to {args.json}: {e}", file=sys.stderr)
+            return 1
+        print(f"ferry doctor: JSON report written to {written}", file=sys.stderr, flush=True)
     if args.html is not None:
         sys.stdout.flush()
         try:
@@ -121,14 +157,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=version_text())
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("doctor", help="facts, measurements and findings for this machine")
+    d = sub.add_parser("doctor", help="facts, measurements and findings for this machine",
+                       description=DOCTOR_DESCRIPTION)
     add_doctor_arguments(d)
     d.set_defaults(func=cmd_doctor)
 
     b = sub.add_parser("bench", help="benchmarks: ferry beside its baseline (`ferry bench` lists the suites)",
                        description=bench_description(), formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--json", metavar="FILE",
-                   help="write every suite's records into FILE (with the machine's facts)")
+                   help="write every suite's records into FILE (with the machine's facts); "
+                        "'-': one document on stdout, the tables on stderr")
     b.add_argument("suite", nargs="?", help="the suite to run, or several: copy,pool (listed above)")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="the suite's options")
     b.set_defaults(func=cmd_bench)

@@ -34,8 +34,8 @@ def _one(records, case, metric, **params):
 def test_cpu_part_runs_and_writes_one_record_per_figure(tmp_path, capsys):
     pytest.importorskip("torch")
     out = tmp_path / "fork.json"
-    assert fork.main(["--cpu", "--sizes", str(HELD), "--repeat", "3", "--workers", "2", "--loader-held", "16M",
-                      "--loader-repeat", "1", "--json", str(out)]) == 0
+    assert fork.main(["--device", "cpu", "--sizes", str(HELD), "--repeats", "3", "--workers", "2", "--loader-held", "16M",
+                      "--loader-repeats", "1", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "fork ms" in printed and "child MiB" in printed and "first batch ms" in printed
     records = _records(out)
@@ -153,7 +153,7 @@ def _address(m):
         del view
 
 
-@pytest.mark.parametrize("argv", [["--sizes", "1X"], ["--repeat", "0"], ["--holders", "pinned"], ["--workers", "0"]])
+@pytest.mark.parametrize("argv", [["--sizes", "1X"], ["--repeats", "0"], ["--holders", "pinned"], ["--workers", "0"]])
 def test_bad_arguments_are_refused_before_anything_runs(argv, capsys):
     with pytest.raises(SystemExit) as e:
         fork.main(argv)
@@ -162,8 +162,8 @@ def test_bad_arguments_are_refused_before_anything_runs(argv, capsys):
 
 
 def test_cpu_refuses_gpu_holders():
-    with pytest.raises(ferry.InvalidArgumentError, match="--cpu runs only the holders pageable, ferry Pool"):
-        fork.main(["--cpu", "--holders", "pageable,ferry PinnedPool"])
+    with pytest.raises(ferry.InvalidArgumentError, match="--device cpu runs only the holders pageable, ferry Pool"):
+        fork.main(["--device", "cpu", "--holders", "pageable,ferry PinnedPool"])
 
 
 def test_without_a_device_the_suite_is_waived_and_says_how_to_run_its_cpu_part(tmp_path, capsys):
@@ -173,6 +173,6 @@ def test_without_a_device_the_suite_is_waived_and_says_how_to_run_its_cpu_part(t
     assert fork.main(["--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("ferry bench fork: waived: needs a CUDA device")
-    assert "--cpu measures the pageable and ferry Pool holders" in printed
+    assert "--device cpu measures the pageable and ferry Pool holders" in printed
     doc = json.loads(out.read_text())
     assert doc["suites"]["fork"]["waived"].startswith("needs a CUDA device") and doc["records"] == []

@@ -22,7 +22,7 @@ from ferry.bench.records import Records
 from ferry.bench.report import MAX_RECORDS_FILE_BYTES, write_json
 from ferry.errors import InvalidArgumentError, OSLayerError
 
-SUITE = ["blocks", "--blocks", "8x4K", "--iterations", "1"]
+SUITE = ["blocks", "--blocks", "8x4K", "--repeats", "1"]
 SECONDS = 30  # each case ends in about a second; this bounds a hang
 
 

@@ -26,7 +26,7 @@ def test_the_suite_is_registered():
     (["--bytes", "lots"], "--bytes"),
     (["--blocks", "2M,x"], "--blocks"),
     (["--parts", "attach,teleport"], "--parts"),
-    (["--iters", "0"], "--iters"),
+    (["--repeats", "0"], "--repeats"),
 ])
 def test_bad_arguments_are_refused_by_the_parser(argv, message, capsys):
     with pytest.raises(SystemExit) as e:

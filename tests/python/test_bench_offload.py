@@ -35,7 +35,7 @@ def test_waived_here_names_each_missing_piece(tmp_path, capsys):
     if _runnable_here():
         pytest.skip("this machine has a GPU, torch and transformers: the suite runs rather than waives")
     out = tmp_path / "o.json"
-    assert offload.main(["--steps", "1", "--json", str(out)]) == 0
+    assert offload.main(["--repeats", "1", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("ferry bench offload: waived: "), printed
     gpu = gpu_absent_reason(ferry.cuda_info())
@@ -54,7 +54,7 @@ def test_waived_here_names_each_missing_piece(tmp_path, capsys):
     (["--cases", "none,ferry,bogus"], "'none,ferry,bogus'"),
     (["--cases", ","], "','"),
     (["--cases", "ferry overhead"], "'ferry overhead'"),
-    (["--steps", "0"], "'0'"),
+    (["--repeats", "0"], "'0'"),
     (["--warmup", "1"], "'1'"),  # ferry-overhead's calibration step needs one more
     (["--hidden", "2k"], "'2k'"),
 ])

@@ -288,9 +288,9 @@ def test_small_runs_on_a_gpu_write_records_of_their_measurements(gpu, tmp_path):
     """On a device: blocks, latency and thp, small, into one file; every figure a
     positive number, every ferry figure compared with its baseline."""
     out = str(tmp_path / "bench.json")
-    assert blocks.main(["--blocks", "64x16K,8x1M", "--iterations", "3", "--json", out]) == 0
-    assert latency.main(["--iterations", "50", "--json", out]) == 0
-    assert thp.main(["--size", "8M", "--iterations", "2", "--json", out]) == 0
+    assert blocks.main(["--blocks", "64x16K,8x1M", "--repeats", "3", "--json", out]) == 0
+    assert latency.main(["--repeats", "50", "--json", out]) == 0
+    assert thp.main(["--size", "8M", "--repeats", "2", "--json", out]) == 0
     data = json.loads(open(out).read())
     assert set(data["suites"]) == {"blocks", "latency", "thp"}
     assert all(s["waived"] is None for s in data["suites"].values())

@@ -114,14 +114,14 @@ def test_the_parent_runs_each_configuration_in_its_own_child(monkeypatch, tmp_pa
     monkeypatch.setattr(uvm, "_have_torch", lambda: True)
     monkeypatch.setattr(uvm, "_run_child", child)
     out = tmp_path / "uvm.json"
-    assert uvm.main(["--nodes", "5M,15M", "--epochs", "2", "--json", str(out)]) == 0
+    assert uvm.main(["--nodes", "5M,15M", "--repeats", "2", "--json", str(out)]) == 0
     captured = capsys.readouterr()
     assert "15M nodes: skipped" in captured.out  # 15M needs more than 90% of 100 GB
     assert "1.10x" in captured.out  # the ratio to PyTorch stays; no project target is printed
     assert "target" not in captured.out.lower() and "met)" not in captured.out
     assert "timed out" in captured.out
     assert "[bench] uvm: 5M nodes, device (2/5) ..." in captured.err
-    assert len(calls) == 1 + 5 and all("--epochs" in c for c in calls[1:])
+    assert len(calls) == 1 + 5 and all("--repeats" in c for c in calls[1:])
     data = json.loads(out.read_text())
     assert set(data["suites"]) == {"uvm"} and all(r["suite"] == "uvm" for r in data["records"])
     runs = [r for r in data["records"] if r["params"].get("nodes") == 5_000_000 and "setup" not in r["params"]]

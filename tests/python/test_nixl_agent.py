@@ -246,7 +246,7 @@ def test_doctor_quick_check_runs_no_child_and_reads_the_environment(monkeypatch)
 @pytest.mark.parametrize("argv, fragment", [
     (["--sizes", "64K,1Q"], "'1Q' is not a size"),
     (["--sizes", "4M", "--total", "1M"], "more than --total"),
-    (["--iters", "0"], "--iters=0"),
+    (["--repeats", "0"], "--repeats=0"),
     (["--ops", "READ,COPY"], "'COPY'"),
     (["--settings", "ferry,fast"], "'fast'"),
     (["--split", "0"], "--split=0"),
@@ -255,8 +255,8 @@ def test_doctor_quick_check_runs_no_child_and_reads_the_environment(monkeypatch)
     (["--ucx", "TLS"], "expected KEY=VALUE"),
     (["--backend", "=3"], "expected KEY=VALUE"),
     (["--timeout", "0"], "--timeout=0"),
-    (["--gpu", "-1"], "GPU indexes are >= 0"),
-    (["--memory", "host", "--peer-gpu", "1"], "need --memory gpu"),
+    (["--device", "-1"], "GPU indexes are >= 0"),
+    (["--memory", "host", "--peer-device", "1"], "need --memory gpu"),
 ])
 def test_bench_refuses_bad_arguments_before_the_waived_check(capsys, argv, fragment):
     assert bench_nixl.main(argv) == 2
@@ -362,7 +362,7 @@ def test_doctor_nixl_check_self_test(nixl_installed):
 def test_bench_nixl_host_memory_run(nixl_installed, tmp_path):
     out = tmp_path / "bench.json"
     r = run_python(["-m", "ferry.bench.nixl", "--memory", "host", "--sizes", "64K,1M", "--total", "2M",
-                    "--iters", "2", "--timeout", "60", "--json", str(out)])
+                    "--repeats", "2", "--timeout", "60", "--json", str(out)])
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(out.read_text())
     recs = doc["records"]

@@ -17,7 +17,7 @@ from ..measure import median
 from ..units import GiB, KiB, MiB
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite
+from .suite import Suite, add_repeats
 
 
 def timed(fn) -> float:
@@ -125,15 +125,15 @@ class ApiperfSuite(Suite):
     description = "the time of each API call (pool, registration, channel) beside CUDA's, like gdrcopy_apiperf"
 
     def add_arguments(self, p):
-        p.add_argument("--reps", type=int, default=5, help="runs per call (default: %(default)s)")
+        add_repeats(p, 5, "runs per call", old=("--reps",))
 
     def run(self, args) -> int:
         from .. import _ferry
 
         _ferry.cuda_warm_up(0)
-        pools = pool_calls(args.reps)
-        regs = register_calls(args.reps)
-        chans = channel_calls(args.reps)
+        pools = pool_calls(args.repeats)
+        regs = register_calls(args.repeats)
+        chans = channel_calls(args.repeats)
         print(table("Pool calls", ["call", "Median(us)"], pools))
         print()
         print(table("Registration (4 KiB pages, touched; ferry widens a range to whole 2 MiB pages)",

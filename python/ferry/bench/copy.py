@@ -40,7 +40,7 @@ from .. import _ferry
 from ..units import GiB, KiB, MiB, link_limit, parse_size_list
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite, Waived, choices_list, int_at_least, missing_module, size_list, size_list_or_none
+from .suite import Suite, Waived, add_repeats, choices_list, missing_module, size_list, size_list_or_none
 
 
 def _torch_with_cuda() -> bool:
@@ -481,7 +481,7 @@ class CopySuite(Suite):
         p.add_argument("--directions", type=choices_list(("h2d", "d2h", "bidir")), default="h2d,d2h,bidir", help="(default: %(default)s)")
         p.add_argument("--backings", type=choices_list(("4k", "thp", "memfd", "memfd-thp")), default="4k,thp,memfd", help="(default: %(default)s)")
         p.add_argument("--strategies", type=choices_list(STRATEGIES), default=",".join(STRATEGIES), help="(default: %(default)s)")
-        p.add_argument("--iterations", type=int_at_least(1), default=5, help="timed repeats per case (default: %(default)s)")
+        add_repeats(p, 5, "timed repeats per case", old=("--iterations",))
         p.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
         p.add_argument("--plot", metavar="PNG", help="write a plot of bandwidth by size")
         p.add_argument("--calibrate", action="store_true", help="measure and write the machine profile")
@@ -498,7 +498,7 @@ class CopySuite(Suite):
                 print("ferry bench copy: --calibrate: nowhere to write the profile: set XDG_CACHE_HOME, HOME "
                       "or FERRY_PROFILE", file=sys.stderr)
                 return 2
-            text = calibrate(args.iterations)
+            text = calibrate(args.repeats)
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             with open(path, "w") as f:
                 f.write(text)
@@ -523,7 +523,7 @@ class CopySuite(Suite):
             print_multi(results["gpus"], GiB)
         if not args.no_backings:
             rows = measure(parse_size_list(args.sizes), args.directions.split(","), args.backings.split(","),
-                           args.strategies.split(","), args.iterations, have_torch)
+                           args.strategies.split(","), args.repeats, have_torch)
             link = link_gbps([r["cuda_pinned"] for r in rows if r.get("cuda_pinned")])
             print_table(rows, link)
             results.update({"link_gbps": link, "rows": rows})

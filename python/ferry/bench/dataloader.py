@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 from .report import progress, table, write_json
-from .suite import Suite, missing_module
+from .suite import Suite, add_repeats, missing_module
 
 DEFAULT_BATCHES = "uint8:256x3x224x224,float32:64x3x224x224,uint8:26x3x224x224"
 LOADERS = ("torch", "torch pin_memory", "ferry")
@@ -162,17 +162,18 @@ class DataLoaderSuite(Suite):
 
     def add_arguments(self, p):
         p.add_argument("--batches", default=DEFAULT_BATCHES,
-                       help=f"dtype:shape of each batch (default {DEFAULT_BATCHES})")
+                       help="dtype:shape of each batch (default: %(default)s)")
         from ..measure import usable_cpus
 
         cpus = usable_cpus()
         p.add_argument("--workers", default=default_workers(cpus),
                        help=f"worker counts (default: {default_workers(cpus)}, from the {cpus} CPUs this "
                             "process may use: min(8, CPUs) and min(14, CPUs - 2))")
-        p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per case (default 3)")
-        p.add_argument("--prefetch", type=int, default=2, help="prefetch_factor (default 2, PyTorch's)")
+        p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per run of a case (default: %(default)s)")
+        add_repeats(p, 1, "timed runs per case, each in a fresh process; the run of median GB/s is shown")
+        p.add_argument("--prefetch", type=int, default=2, help="prefetch_factor, PyTorch's (default: %(default)s)")
         p.add_argument("--loaders", default=",".join(LOADERS),
-                       help=f"which loaders, comma-separated (default {','.join(LOADERS)})")
+                       help="which loaders, comma-separated (default: %(default)s)")
         p.add_argument("--case", help=argparse_suppress())
 
     def check_arguments(self, args):
@@ -210,14 +211,18 @@ class DataLoaderSuite(Suite):
                 for name in args.loader_list:
                     progress(f"{name}: {dtype} {'x'.join(map(str, shape))}, {workers} workers")
                     case = json.dumps({"loader": name, "dtype": dtype, "shape": shape, "workers": workers})
-                    r = subprocess.run([sys.executable, "-m", "ferry.bench.dataloader", "--case", case,
-                                        "--seconds", str(args.seconds), "--prefetch", str(args.prefetch)],
-                                       capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-                    if r.returncode != 0:
-                        print(f"{name} failed:\n{r.stderr[-3000:]}", file=sys.stderr)
-                        failed = True
-                        continue
-                    got[name] = json.loads(r.stdout.strip().splitlines()[-1])
+                    runs = []
+                    for _ in range(args.repeats):
+                        r = subprocess.run([sys.executable, "-m", "ferry.bench.dataloader", "--case", case,
+                                            "--seconds", str(args.seconds), "--prefetch", str(args.prefetch)],
+                                           capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                        if r.returncode != 0:
+                            print(f"{name} failed:\n{r.stderr[-3000:]}", file=sys.stderr)
+                            failed = True
+                            break
+                        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+                    if len(runs) == args.repeats:  # the run of median GB/s (the lower middle of an even count)
+                        got[name] = sorted(runs, key=lambda x: x["gbps"])[(len(runs) - 1) // 2]
                 base = got.get("torch pin_memory")
                 ours = got.get("ferry")
                 verified = bool(base and ours and base["checksums"] == ours["checksums"])

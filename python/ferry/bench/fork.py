@@ -29,9 +29,9 @@ baseline (always measured).
         torch's DataLoader (--workers workers, forked: multiprocessing_context
         "fork", persistent_workers False, CPU batches of a small synthetic
         dataset), with --loader-held bytes of --loader-holder held vs nothing
-        held; median of --loader-repeat iterators in one process.
+        held; median of --loader-repeats iterators in one process.
 
---cpu runs the holders that need no CUDA (pageable, ferry Pool; the loader
+--device cpu runs the holders that need no CUDA (pageable, ferry Pool; the loader
 holds ferry Pool memory). Times in ms; memory in MiB (2^20 bytes, as smaps).
 """
 
@@ -48,7 +48,7 @@ import time
 from ..units import MiB
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite, choices_list, int_at_least, missing_module
+from .suite import Suite, add_device, add_repeats, deprecated_alias, choices_list, int_at_least, missing_module
 
 FERRY_PINNED = "ferry PinnedPool"
 FERRY_MEMFD = "ferry PinnedPool memfd"
@@ -410,43 +410,44 @@ class ForkSuite(Suite):
 
     def add_arguments(self, p):
         p.add_argument("--sizes", type=_held_list, default="0,1G,4G",
-                       help="bytes held (default 0,1G,4G; 0, nothing held, is always measured)")
-        p.add_argument("--repeat", type=int_at_least(1), default=5, help="forks per case (default 5; the median)")
+                       help="bytes held; 0, nothing held, is always measured (default: %(default)s)")
+        add_repeats(p, 5, "forks per case, the median", old=("--repeat",))
         p.add_argument("--holders", type=choices_list(HOLDERS),
-                       help=f"comma-separated (default: all; with --cpu: {', '.join(CPU_HOLDERS)})")
-        p.add_argument("--cpu", action="store_true",
-                       help=f"only the holders that need no CUDA ({', '.join(CPU_HOLDERS)})")
+                       help=f"comma-separated (default: all; with --device cpu: {', '.join(CPU_HOLDERS)})")
+        add_device(p, what=f"cuda: every holder; cpu: only the holders that need no CUDA ({', '.join(CPU_HOLDERS)})",
+                   old_cpu_flag="--cpu")
         p.add_argument("--workers", type=int_at_least(1), default=min(12, os.cpu_count() or 1),
-                       help="DataLoader workers (default min(12, cores): %(default)s)")
+                       help="DataLoader workers, min(12, cores) (default: %(default)s)")
         p.add_argument("--loader-held", type=_held_or_none, default="4G",
-                       help="bytes held in the DataLoader cases (default 4G; none: no DataLoader cases)")
+                       help="bytes held in the DataLoader cases; none: no DataLoader cases (default: %(default)s)")
         p.add_argument("--loader-holder", choices=HOLDERS, metavar="HOLDER",
-                       help=f"who holds them (default {FERRY_PINNED}; with --cpu {FERRY_POOL})")
-        p.add_argument("--loader-repeat", type=int_at_least(1), default=3,
-                       help="iterators per DataLoader case (default 3; the median)")
+                       help=f"who holds them (default: {FERRY_PINNED}; with --device cpu: {FERRY_POOL})")
+        p.add_argument("--loader-repeats", type=int_at_least(1), default=3, metavar="N",
+                       help="iterators per DataLoader case, the median (default: %(default)s)")
+        deprecated_alias(p, "--loader-repeat", "--loader-repeats", "loader_repeats", type=int_at_least(1))
         p.add_argument("--case", help=argparse.SUPPRESS)
 
     def check_arguments(self, args) -> None:
         from ..errors import InvalidArgumentError
 
-        allowed = CPU_HOLDERS if args.cpu else HOLDERS
+        allowed = CPU_HOLDERS if args.device == "cpu" else HOLDERS
         args.holder_list = [h for h in (args.holders.split(",") if args.holders else allowed) if h]
-        args.loader_holder = args.loader_holder or (FERRY_POOL if args.cpu else FERRY_PINNED)
+        args.loader_holder = args.loader_holder or (FERRY_POOL if args.device == "cpu" else FERRY_PINNED)
         wrong = [h for h in args.holder_list + [args.loader_holder] if h not in allowed]
         if wrong:
-            raise InvalidArgumentError(f"--cpu runs only the holders {', '.join(CPU_HOLDERS)}, not {wrong[0]!r} "
-                                       "(leave out --cpu on a machine with a CUDA device)")
+            raise InvalidArgumentError(f"--device cpu runs only the holders {', '.join(CPU_HOLDERS)}, not "
+                                       f"{wrong[0]!r} (use --device cuda on a machine with a CUDA device)")
 
     def waived(self, args):
         if args.case:
             return None  # a child that a run started
         self.check_arguments(args)  # a typo is caught on any machine
         why = missing_module("torch")
-        if why or args.cpu:
+        if why or args.device == "cpu":
             return why
         why = super().waived(args)
         if why:
-            return f"{why} (--cpu measures the {' and '.join(CPU_HOLDERS)} holders without one)"
+            return f"{why} (--device cpu measures the {' and '.join(CPU_HOLDERS)} holders without one)"
         import torch
 
         if not torch.cuda.is_available():
@@ -458,12 +459,12 @@ class ForkSuite(Suite):
             print(json.dumps(run_in_case(json.loads(args.case))))
             return 0
         sizes = sorted(set(args.sizes) | {0})
-        fork_rows = measure_forks(args.holder_list, sizes, args.repeat)
+        fork_rows = measure_forks(args.holder_list, sizes, args.repeats)
         loader_rows = []
         if args.loader_held:
-            loader_rows = measure_loaders(args.loader_holder, args.loader_held, args.workers, args.loader_repeat,
+            loader_rows = measure_loaders(args.loader_holder, args.loader_held, args.workers, args.loader_repeats,
                                           fork_rows)
-        print_tables(fork_rows, loader_rows, args.repeat)
+        print_tables(fork_rows, loader_rows, args.repeats)
         write_json(args.json, self.key, records(fork_rows, loader_rows),
                    details={"fork": fork_rows, "loader": loader_rows})
         return 1 if any(r.get("error") for r in fork_rows + loader_rows) else 0

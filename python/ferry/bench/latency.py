@@ -17,7 +17,7 @@ import time
 from ..measure import median, percentile
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite
+from .suite import Suite, add_repeats
 
 SIZES = (1, 4, 64, 1024, 4096, 16384, 65536)
 
@@ -153,10 +153,10 @@ class LatencySuite(Suite):
     description = "small host<->GPU copies and round trips: ferry's channel beside cudaMemcpy, like gdrcopy_copylat"
 
     def add_arguments(self, p):
-        p.add_argument("--iterations", type=int, default=2000, help="requests per case (default: %(default)s)")
+        add_repeats(p, 2000, "requests per case", old=("--iterations",))
 
     def run(self, args) -> int:
-        r = measure(args.iterations)
+        r = measure(args.repeats)
         print_tables(r)
         write_json(args.json, self.key, records(r))
         return 0

@@ -42,7 +42,7 @@ from .load_methods import _loader, methods, run_once, transformers_case, warm_ru
 from .load_methods import TENSORIZER_FILE, TENSORIZER_READERS, _why_not  # noqa: F401 - as above (the tests use _why_not)
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite, int_at_least, size, missing_module
+from .suite import Suite, add_repeats, int_at_least, size, missing_module
 
 
 # ---- main ---------------------------------------------------------------------------
@@ -66,7 +66,7 @@ class LoadSuite(Suite):
         p.add_argument("--dtype", choices=sorted(_ST_DTYPES), default="bf16",
                        help="dtype of the matrices (default: %(default)s; moe keeps router and norms in f32)")
         p.add_argument("--shards", type=int_at_least(1), help="files (dense: 1, moe: 8)")
-        p.add_argument("--repeats", type=int_at_least(1), default=3, help="timed warm loads per path (default: %(default)s)")
+        add_repeats(p, 3, "timed warm loads per path")
         p.add_argument("--staging", type=size, default="512M", help="ferry's pinned staging (default: %(default)s)")
         p.add_argument("--threads", type=int_at_least(0), default=0, help="ferry's reader threads; 0 = one per core (max 16)")
         p.add_argument("--no-cold", action="store_true", help="skip the cold (page cache dropped) runs")

@@ -417,13 +417,13 @@ class NixlSuite(Suite):
     def add_arguments(self, p):
         p.add_argument("--sizes", default=DEFAULT_SIZES, help="block sizes (default: %(default)s)")
         p.add_argument("--total", type=parse_size, default=parse_size("256M"),
-                       help="bytes per transfer (default 256M; blocks = total / size)")
+                       help="bytes per transfer; blocks = total / size (default: 256M)")
         p.add_argument("--ops", default="READ,WRITE", help="READ and/or WRITE (default: %(default)s)")
         p.add_argument("--settings", default=",".join(SETTINGS),
                        help="ferry (ferry.nixl.agent) and/or nixl (NIXL's defaults) (default: %(default)s)")
         add_repeats(p, 5, "timed transfers per case", old=("--iters",), lo=-2**31)
         p.add_argument("--memory", choices=("gpu", "host"), default="gpu",
-                       help="B's memory: gpu (default) or host (a ferry Pool: no GPU needed)")
+                       help="B's memory: gpu or host (a ferry Pool: no GPU needed) (default: %(default)s)")
         p.add_argument("--timeout", type=float, default=60.0, help="seconds per transfer (default: %(default)s)")
         p.add_argument("--layouts", default=",".join(LAYOUTS),
                        help="B's slots: adjacent (block k in slot k) and/or shuffled (default: %(default)s)")
@@ -431,14 +431,14 @@ class NixlSuite(Suite):
                        help="cap on a descriptor ferry.nixl.post joins from adjacent ones (default: its own, "
                             "2M; 0: off)")
         p.add_argument("--split", type=int, default=1,
-                       help="NIXL requests each transfer is posted as (ferry.nixl.post split=; default 1)")
+                       help="NIXL requests each transfer is posted as, ferry.nixl.post split= (default: %(default)s)")
         p.add_argument("--ucx", action="append", default=[], metavar="KEY=VALUE",
                        help="a UCX_* variable for both processes (the user's: it wins over ferry's choice; "
                             "repeatable), e.g. RNDV_FRAG_SIZE=host:4M or PROTO_INFO=y")
         p.add_argument("--backend", action="append", default=[], metavar="KEY=VALUE",
                        help="a UCX backend parameter for both agents (repeatable), e.g. num_threads=4")
         p.add_argument("--cma", choices=("auto", "yes", "no"), default="auto",
-                       help="ferry.nixl.agent's cma switch (auto: off where CUDA transports start)")
+                       help="ferry.nixl.agent's cma switch; auto: off where CUDA transports start (default: %(default)s)")
         p.add_argument("--device", type=int, default=0, metavar="N",
                        help="A's GPU (its pinned pool's device) (default: %(default)s)")
         deprecated_alias(p, "--gpu", "--device", "device", type=int)

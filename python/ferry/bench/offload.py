@@ -17,7 +17,7 @@ pinned host cache emptied after each, the GPU's peak reset):
   ferry-overhead  offload_activations(max_overhead=0.1): what the link hides
 
 Each case runs --warmup steps (ferry-overhead's first is its calibration, which
-offloads nothing), then --steps timed ones with the GPU synchronized around each:
+offloads nothing), then --repeats timed ones with the GPU synchronized around each:
 the median step time (forward + backward + optimizer), its forward, backward and
 optimizer parts (CUDA events), the peak GPU memory over the timed steps, bytes
 offloaded per step (ferry's stats; "-" for save_on_cpu, which does not say), the
@@ -46,7 +46,7 @@ import time
 from ..measure import median
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite, choices_list, int_at_least, missing_module
+from .suite import Suite, add_repeats, choices_list, int_at_least, missing_module
 
 CASES = ("none", "save_on_cpu", "ferry", "ferry-overhead")
 MAX_OVERHEAD = 0.1  # the ferry-overhead case's budget: a tenth of the step
@@ -195,7 +195,7 @@ def run_case(torch, case: str, model, opt, ids, initial: dict, args) -> dict:
     torch.cuda.reset_peak_memory_stats(0)
     rss0, reserved0 = rss_bytes(), pool_bytes(pool.stats(), "reserved")
     walls, parts, loss = [], [], None
-    for _ in range(args.steps):
+    for _ in range(args.repeats):
         wall, part, loss = one_step(torch, model, opt, ids, case_context(torch, case, offload))
         walls.append(wall)
         parts.append(part)
@@ -249,8 +249,9 @@ class OffloadSuite(Suite):
         for name, default, what in (("hidden", 2048, "hidden size"), ("layers", 12, "decoder layers"),
                                     ("intermediate", 5632, "MLP size"), ("heads", 16, "attention heads"),
                                     ("vocab", 32000, "vocabulary"), ("batch", 8, "sequences a step"),
-                                    ("seq", 2048, "tokens a sequence"), ("steps", 6, "timed steps a case")):
+                                    ("seq", 2048, "tokens a sequence")):
             p.add_argument(f"--{name}", type=int_at_least(1), default=default, help=f"{what} (default: {default})")
+        add_repeats(p, 6, "timed steps a case", old=("--steps",))
         p.add_argument("--warmup", type=int_at_least(2), default=2,
                        help="steps before the timed ones (default: 2; ferry-overhead's first is its calibration)")
         p.add_argument("--cases", type=choices_list(CASES), default=",".join(CASES),
@@ -284,7 +285,7 @@ class OffloadSuite(Suite):
         release_memory(torch)
         res = {}
         for case in cases:
-            progress(f"offload: {case}: {args.warmup} warm-up + {args.steps} timed steps")
+            progress(f"offload: {case}: {args.warmup} warm-up + {args.repeats} timed steps")
             res[case] = run_case(torch, case, model, opt, ids, initial, args)
         floor = None
         if "none" in res and "ferry" in res:
@@ -295,7 +296,7 @@ class OffloadSuite(Suite):
             progress("offload: no link floor (it needs the cases none and ferry)")
         params = {"hidden": args.hidden, "layers": args.layers, "intermediate": args.intermediate,
                   "heads": args.heads, "vocab": args.vocab, "batch": args.batch, "seq": args.seq,
-                  "steps": args.steps, "dtype": "bfloat16", "model_bytes": model_bytes}
+                  "steps": args.repeats, "dtype": "bfloat16", "model_bytes": model_bytes}
         records = _records(self.key, params, res, floor, d2h, h2d, model_bytes)
         _print(res, floor, d2h, h2d, model_bytes)
         write_json(args.json, self.key, records.items, details={"cases": res, "model_bytes": model_bytes})

@@ -36,7 +36,7 @@ from ..measure import median, percentile
 from ..units import GiB, KiB, MiB, parse_size_list
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite
+from .suite import Suite, add_repeats, deprecated_alias, int_at_least
 
 HUGETLB_DIR = "/sys/kernel/mm/hugepages/hugepages-{kb}kB/nr_hugepages"
 TORCH_BEST = "pinned_use_cuda_host_register:True,pinned_num_register_threads:16"
@@ -466,11 +466,11 @@ class PoolSuite(Suite):
         p.add_argument("--sizes", default="1G,8G", help="time-to-pinned sizes (default: %(default)s)")
         p.add_argument("--methods", default=",".join(METHODS),
                        help="time-to-pinned rows (default: %(default)s; also torch-pin_memory)")
-        p.add_argument("--repeats", type=int, default=3,
-                       help="fresh processes per time-to-pinned row (default: %(default)s)")
+        add_repeats(p, 3, "fresh processes per time-to-pinned row")
         p.add_argument("--register-sizes", default="1G,8G,32G", help="registration sizes (default: %(default)s)")
-        p.add_argument("--iterations", type=int, default=2000,
+        p.add_argument("--recycle-repeats", type=int_at_least(1), default=2000, metavar="N",
                        help="recycle iterations per size (default: %(default)s)")
+        deprecated_alias(p, "--iterations", "--recycle-repeats", "recycle_repeats", type=int_at_least(1))
         p.add_argument("--python-sizes", default="64K,1M,16M",
                        help="sizes of the Python recycle rows (default: %(default)s)")
         p.add_argument("--only", default="pinned,recycle,registration", help="tables to run (default: %(default)s)")
@@ -499,7 +499,7 @@ class PoolSuite(Suite):
             if "pinned" in only:
                 results["time_to_pinned"] = time_to_pinned(pin_sizes, methods, args.repeats)
             if "recycle" in only:
-                results["recycle"] = recycle_latency([4 * KiB << (2 * i) for i in range(8)], args.iterations)
+                results["recycle"] = recycle_latency([4 * KiB << (2 * i) for i in range(8)], args.recycle_repeats)
                 progress("recycle latency from Python (fresh process)")
                 results["python_recycle"] = python_recycle(parse_size_list(args.python_sizes))
             if "registration" in only:

@@ -14,7 +14,7 @@ import traceback
 from ..units import MiB
 from .records import Records
 from .report import write_json
-from .suite import Suite, Waived
+from .suite import Suite, Waived, add_repeats
 
 
 def _need_gpu():
@@ -303,17 +303,22 @@ CHECKS = [
 ]
 
 
-def run(verbose: bool = False) -> dict:
+def run(verbose: bool = False, repeats: int = 1) -> dict:
+    """{check: (state, why)}; each check runs `repeats` times and passes only if it
+    passes every time (the first failure is the one reported)."""
     results = {}
     for name, fn in CHECKS:
-        try:
-            fn()
-            results[name] = ("Passed", "")
-        except Waived as w:
-            results[name] = ("Waived", str(w))
-        except Exception as e:  # a failed check must not stop the others
-            detail = traceback.format_exc() if verbose else f"{type(e).__name__}: {e}"
-            results[name] = ("Failed", detail)
+        for _ in range(repeats):
+            try:
+                fn()
+                results[name] = ("Passed", "")
+            except Waived as w:
+                results[name] = ("Waived", str(w))
+                break
+            except Exception as e:  # a failed check must not stop the others
+                detail = traceback.format_exc() if verbose else f"{type(e).__name__}: {e}"
+                results[name] = ("Failed", detail)
+                break
     return results
 
 
@@ -331,12 +336,13 @@ class SanitySuite(Suite):
 
     def add_arguments(self, p):
         p.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failed checks")
+        add_repeats(p, 1, "runs of each check; a check passes only if every run passes")
 
     def waived(self, args):
         return None  # each check waives itself
 
     def run(self, args) -> int:
-        results = run(args.verbose)
+        results = run(args.verbose, args.repeats)
         width = max(len(n) for n in results)
         for name, (state, why) in results.items():
             print(f"{name:<{width}}  {state}{': ' + why if why else ''}")

@@ -19,7 +19,7 @@ import statistics
 import time
 
 from .records import Records
-from .suite import Suite, missing_module
+from .suite import Suite, add_repeats, missing_module
 
 DEFAULT_LAYER = "4096x4096*4,11008x4096*2,4096x11008,4096*2"
 
@@ -63,10 +63,10 @@ class TensorsSuite(Suite):
     description = "a transformer-shaped state_dict to the GPU and back: to_device(dict) vs a .to loop"
 
     def add_arguments(self, p):
-        p.add_argument("--layers", type=int, default=12, help="layers (default 12)")
-        p.add_argument("--layer", default=DEFAULT_LAYER, help=f"shapes of one layer (default {DEFAULT_LAYER})")
-        p.add_argument("--dtype", default="bfloat16", help="torch dtype (default bfloat16)")
-        p.add_argument("--repeats", type=int, default=3, help="timed runs per case (default 3)")
+        p.add_argument("--layers", type=int, default=12, help="layers (default: %(default)s)")
+        p.add_argument("--layer", default=DEFAULT_LAYER, help="shapes of one layer (default: %(default)s)")
+        p.add_argument("--dtype", default="bfloat16", help="torch dtype (default: %(default)s)")
+        add_repeats(p, 3, "timed runs per case")
 
     def waived(self, args):
         why = super().waived(args)

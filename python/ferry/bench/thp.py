@@ -20,7 +20,7 @@ from ..measure import HostBuffer, median
 from ..units import MiB, parse_size
 from .records import Records
 from .report import progress, table, write_json
-from .suite import Suite
+from .suite import Suite, add_repeats
 
 SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
 
@@ -99,7 +99,7 @@ class ThpSuite(Suite):
 
     def add_arguments(self, p):
         p.add_argument("--size", default="256M", help="buffer size (default: %(default)s)")
-        p.add_argument("--iterations", type=int, default=5, help="timed copies per case (default: %(default)s)")
+        add_repeats(p, 5, "timed copies per case", old=("--iterations",))
         p.add_argument("--set-shmem-advise", action="store_true",
                        help="set shmem_enabled=advise for the memfd-thp row (root), restored afterwards")
 
@@ -121,7 +121,7 @@ class ThpSuite(Suite):
             waived["memfd-thp"] = (f"shmem_enabled={original}: shmem THP is off "
                                    "(pass --set-shmem-advise to allow it for this run)")
         try:
-            rows = measure(nbytes, args.iterations, backings)
+            rows = measure(nbytes, args.repeats, backings)
         finally:
             if changed:
                 set_shmem(original)

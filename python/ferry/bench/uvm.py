@@ -37,7 +37,7 @@ import time
 
 from .records import Records
 from .report import progress, table, write_json
-from .suite import NEEDS, Suite, Waived
+from .suite import NEEDS, Suite, Waived, add_repeats
 
 GB = 1e9
 FEATURES, HIDDEN, CLASSES, EDGES_PER_NODE = 128, 256, 10, 10
@@ -437,7 +437,7 @@ class UvmSuite(Suite):
         p.add_argument("--nodes", default=DEFAULT_NODES, help="node counts (default: %(default)s)")
         p.add_argument("--configs", default=",".join(CONFIGS),
                        help="configurations, in order (default: %(default)s)")
-        p.add_argument("--epochs", type=int, default=3, help="timed epochs (median; default: %(default)s)")
+        add_repeats(p, 3, "timed epochs, the median", old=("--epochs",))
         p.add_argument("--warmup", type=int, default=1, help="untimed epochs first (default: %(default)s)")
         p.add_argument("--impl", choices=("sparse", "pyg"), default="sparse",
                        help="propagation: plain PyTorch CSR chunks, or torch_geometric's GCNConv "
@@ -468,7 +468,7 @@ class UvmSuite(Suite):
             return 0
         if args.worker:
             n = parse_nodes(args.nodes)[0]
-            print("RESULT " + json.dumps(worker(args.worker, n, args.epochs, args.warmup, args.impl,
+            print("RESULT " + json.dumps(worker(args.worker, n, args.repeats, args.warmup, args.impl,
                                                 args.chunk_rows)), flush=True)
             return 0
         probe, why = _run_child(["--probe"], 300)
@@ -486,7 +486,7 @@ class UvmSuite(Suite):
         for i, (n, config) in enumerate(runs, 1):
             progress(f"uvm: {human_nodes(n)} nodes, {config} ({i}/{len(runs)}) ...")
             t0 = time.monotonic()
-            r, why = _run_child(["--worker", config, "--nodes", str(n), "--epochs", str(args.epochs),
+            r, why = _run_child(["--worker", config, "--nodes", str(n), "--repeats", str(args.repeats),
                                  "--warmup", str(args.warmup), "--impl", args.impl,
                                  "--chunk-rows", str(args.chunk_rows)], args.timeout)
             if r is None:
@@ -496,11 +496,11 @@ class UvmSuite(Suite):
                     else f"failed: {r.get('error')}")
             progress(f"uvm: {human_nodes(n)} nodes, {config}: {done} ({time.monotonic() - t0:.0f} s)")
         add_ratios(rows)
-        print(render(rows, args.epochs, args.warmup))
+        print(render(rows, args.repeats, args.warmup))
         for s in skipped:
             print(f"{human_nodes(s['nodes'])} nodes: skipped ({s['why']})")
         model = {"features": FEATURES, "hidden": HIDDEN, "classes": CLASSES, "edges_per_node": EDGES_PER_NODE,
-                 "impl": args.impl, "chunk_rows": args.chunk_rows, "epochs": args.epochs, "warmup": args.warmup}
+                 "impl": args.impl, "chunk_rows": args.chunk_rows, "epochs": args.repeats, "warmup": args.warmup}
         write_json(args.json, self.key, records(rows, skipped, model, probe))
         if args.plot:
             plot(args.plot, rows)

@@ -452,7 +452,11 @@ def write(report: dict, path: str | os.PathLike) -> str:
     replaced (a FIFO without a reader is an error, not a hang). Anything else the path
     rule refuses (an empty path, a directory, a block device, a socket) raises OSError
     saying so."""
-    page = build(report).encode("utf-8")
+    return write_bytes(build(report).encode("utf-8"), path)
+
+
+def write_bytes(page: bytes, path: str | os.PathLike) -> str:
+    """write()'s rules for any bytes (the doctor's --json FILE too); the absolute path."""
     try:
         dest = _target(path)
     except InvalidArgumentError as e:

@@ -66,7 +66,7 @@ def self_test() -> dict:
 
     gpu = measure.gpu_absent_reason(_ferry.cuda_info()) is None
     n, block = SELF_TEST_BYTES, SELF_TEST_BLOCK
-    args = argparse.Namespace(memory="gpu" if gpu else "host", total=n, iters=SELF_TEST_ITERS, timeout=20.0,
+    args = argparse.Namespace(memory="gpu" if gpu else "host", total=n, repeats=SELF_TEST_ITERS, timeout=20.0,
                               seed=7, tuning={"env": {}, "backend": {}, "split": 1, "coalesce": True, "cma": None,
                                               "gpus": None})
     out = {"memory": "pinned pool -> another process's GPU" if gpu else
