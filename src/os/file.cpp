@@ -14,7 +14,8 @@ int open_for_reading(const char* path, bool direct, int* fd_out) noexcept {
   // O_NONBLOCK: open() of a FIFO would wait for a writer for ever (a FIFO
   // among a checkpoint's shards hung the load). Cleared at once: reads of the
   // regular file the caller then checks for (regular_file_size) block as usual.
-  int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (direct ? O_DIRECT : 0);
+  // O_NOCTTY: a terminal named by mistake never becomes the controlling one.
+  int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (direct ? O_DIRECT : 0);
   int fd;
   do {
     fd = ::open(path, flags);
@@ -36,6 +37,32 @@ int regular_file_size(int fd, uint64_t* bytes_out) noexcept {
   if (S_ISDIR(st.st_mode)) return EISDIR;
   if (!S_ISREG(st.st_mode)) return EINVAL;
   *bytes_out = static_cast<uint64_t>(st.st_size);
+  return 0;
+}
+
+namespace {
+FileIdentity identity_of(const struct stat& st) {
+  FileIdentity id;
+  id.device = static_cast<uint64_t>(st.st_dev);
+  id.inode = static_cast<uint64_t>(st.st_ino);
+  id.size = static_cast<uint64_t>(st.st_size);
+  id.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  id.mode = static_cast<uint32_t>(st.st_mode);
+  return id;
+}
+}  // namespace
+
+int file_identity(int fd, FileIdentity* out) noexcept {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return errno;
+  *out = identity_of(st);
+  return 0;
+}
+
+int path_identity(const char* path, FileIdentity* out) noexcept {
+  struct stat st;
+  if (::stat(path, &st) != 0) return errno;
+  *out = identity_of(st);
   return 0;
 }
 

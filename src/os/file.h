@@ -26,6 +26,20 @@ int open_for_reading(const char* path, bool direct, int* fd_out) noexcept;
 // anything else that is not a regular file (a FIFO, a device).
 int regular_file_size(int fd, uint64_t* bytes_out) noexcept;
 
+// What fstat/stat say of a file: enough to tell whether two opens saw the same
+// file, unchanged (device, inode, size, modification time), and its kind.
+struct FileIdentity {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint32_t mode = 0;  // st_mode: the kind (S_ISREG ...) and permissions
+};
+// fstat of descriptor fd.
+int file_identity(int fd, FileIdentity* out) noexcept;
+// stat of `path` (symbolic links followed).
+int path_identity(const char* path, FileIdentity* out) noexcept;
+
 // pread until `bytes` are read or the file ends (retrying EINTR and partial
 // reads). *got is how many bytes arrived (fewer than asked only at the end of
 // the file). O_DIRECT descriptors need buffer, offset and bytes aligned to

@@ -152,6 +152,56 @@ int receive_with_fd(int fd, void* data, size_t bytes, size_t* got, int* passed_o
   return 0;
 }
 
+int packet_socket_pair(int* first_out, int* second_out) noexcept {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) return errno;
+  *first_out = fds[0];
+  *second_out = fds[1];
+  return 0;
+}
+
+int send_message(int fd, const void* data, size_t bytes) noexcept {
+  ssize_t n;
+  do n = ::send(fd, data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return errno;
+  return static_cast<size_t>(n) == bytes ? 0 : EMSGSIZE;
+}
+
+int receive_message(int fd, void* data, size_t bytes, size_t* got, int* passed_out, bool* truncated_out) noexcept {
+  FdMessage m(data, bytes);
+  msghdr& msg = m.msg;
+  ssize_t n;
+  do n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return errno;
+  int passed = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+      std::memcpy(&passed, CMSG_DATA(c), sizeof(int));
+  *got = static_cast<size_t>(n);
+  *passed_out = passed;
+  *truncated_out = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0;
+  return 0;
+}
+
+namespace {
+int poll_ms(int64_t timeout_ns) {
+  if (timeout_ns < 0) return -1;
+  const int64_t ms = timeout_ns / 1000000 + (timeout_ns % 1000000 != 0);  // never 0 for a wait left
+  return static_cast<int>(ms > INT_MAX ? INT_MAX : ms);
+}
+}  // namespace
+
+int wait_writable(int fd, int64_t timeout_ns) noexcept {
+  pollfd p{fd, POLLOUT, 0};
+  int rc;
+  do rc = ::poll(&p, 1, poll_ms(timeout_ns));
+  while (rc < 0 && errno == EINTR);  // a signal: wait again (the caller's deadline bounds the whole)
+  if (rc < 0) return errno;
+  return rc == 0 ? ETIMEDOUT : 0;
+}
+
 int wait_readable(const int* fds, size_t count, int64_t timeout_ns, size_t* ready_out) noexcept {
   std::vector<pollfd> p(count);
   for (size_t i = 0; i < count; ++i) p[i] = pollfd{fds[i], POLLIN, 0};

@@ -62,6 +62,28 @@ int send_with_fd(int fd, const void* data, size_t bytes, int passed) noexcept;
 // no descriptor. *got: bytes read.
 int receive_with_fd(int fd, void* data, size_t bytes, size_t* got, int* passed_out) noexcept;
 
+// socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC): two connected ends,
+// blocking (the sends and receives below never wait anyway), for a parent
+// and the child it starts.
+int packet_socket_pair(int* first_out, int* second_out) noexcept;
+
+// One message of `bytes` with no descriptor, never waiting (EAGAIN when the
+// peer's queue is full; EPIPE once the peer closed).
+int send_message(int fd, const void* data, size_t bytes) noexcept;
+
+// Receives one message of at most `bytes`, with or without a descriptor,
+// never waiting (EAGAIN when nothing has arrived). *passed_out: the
+// descriptor attached (close-on-exec), -1 for none. *truncated_out: the
+// message was longer than `bytes`, or carried more than one descriptor (the
+// kernel closes those that did not fit). *got 0 with no descriptor: the peer
+// closed its end (or sent an empty message, which callers never do).
+int receive_message(int fd, void* data, size_t bytes, size_t* got, int* passed_out, bool* truncated_out) noexcept;
+
+// poll() until fd can take a message, waiting at most timeout_ns (negative:
+// no limit). ETIMEDOUT: it could not by then; a hung-up peer counts as
+// writable (the send then says EPIPE).
+int wait_writable(int fd, int64_t timeout_ns) noexcept;
+
 // poll() for the first of fds[0..count) that has something to read, or was
 // hung up or failed (a receive then tells which), waiting at most timeout_ns
 // (negative: no limit). *ready_out: its index. ETIMEDOUT: none by then.

@@ -36,6 +36,7 @@ void bind_managed(nanobind::module_& m);  // PyTorch allocators: managed_binding
 void bind_load(nanobind::module_& m);     // checkpoint loader, safetensors: load_bindings.cpp
 void bind_node(nanobind::module_& m);     // the node pool: node_bindings.cpp
 void bind_write_pipeline(nanobind::module_& m);  // load/write_pipeline.h: write_pipeline_bindings.cpp
+void bind_os(nanobind::module_& m);  // src/os for python/ferry (files, mappings, sockets, /proc): os_bindings.cpp
 }
 
 namespace nb = nanobind;
@@ -455,4 +456,5 @@ NB_MODULE(_ferry, m) {
   ferry::python::bind_load(m);     // checkpoint loader
   ferry::python::bind_node(m);     // node pool
   ferry::python::bind_write_pipeline(m);  // save's writers
+  ferry::python::bind_os(m);              // the OS layer python/ferry uses
 }
