@@ -1,17 +1,8 @@
-"""The errors ferry.nixl raises besides ferry's own."""
+"""The errors ferry.nixl raises besides ferry's own: defined in ferry.errors (every
+class ferry raises lives there), named here too."""
 
 from __future__ import annotations
 
-from ..errors import FerryError, NotSupportedError
+from ..errors import NixlError, NixlTimeoutError, NixlUnavailableError  # noqa: F401  (re-exported)
 
-
-class NixlUnavailableError(NotSupportedError):
-    """NIXL's Python package is not installed or does not load."""
-
-
-class NixlError(FerryError, RuntimeError):
-    """A NIXL call failed or a transfer ended in error; the message says which."""
-
-
-class NixlTimeoutError(NixlError, TimeoutError):
-    """A transfer was not done within its timeout (it stays posted)."""
+__all__ = ["NixlError", "NixlTimeoutError", "NixlUnavailableError"]

@@ -15,15 +15,10 @@ import os as _os
 import threading
 
 from .. import _ferry
-from ..errors import FerryError, InvalidArgumentError, NotSupportedError
+from ..errors import AllocatorTooLateError, InvalidArgumentError, NotSupportedError
 from ._torch import torch_module as _torch
 
 ALLOCATORS = ("device", "managed", "managed_pool")
-
-
-class AllocatorTooLateError(FerryError, RuntimeError):
-    """PyTorch's CUDA allocator is already initialized (or another ferry
-    allocator was chosen): the allocator can be chosen once per process, first."""
 
 
 _alloc_lock = threading.Lock()

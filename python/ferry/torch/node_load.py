@@ -23,12 +23,17 @@ Keys: a hash of the file's identity (device, inode, size, mtime) and this
 process's count of node loads of that file, so a new load never joins the
 signal words of an earlier one (calls are collective: every rank counts the
 same). A rank that dies, or never comes, makes the others fail after
-``timeout`` seconds with NodeLoadTimeout (how many ranks arrived); none hangs
+``timeout`` seconds with NodeLoadTimeoutError (how many ranks arrived); none hangs
 (``timeout=None`` or ``math.inf``: no limit, a rank waits for the others for good).
 
-Only a regular file is loaded: the path is opened with O_NONBLOCK (a FIFO's open
-does not wait for a writer) and anything else (a FIFO, /dev/zero, a directory) is
-refused, as load_safetensors refuses it.
+Reads: a rank reads its part piece by piece on one thread of its own, each
+piece by ``_ferry.File.read_range`` (C++ threads on src/os's pread loop, the
+GIL released), and adds the piece's bytes to its word once they are in: the
+pieces before it are copied to the GPU while it reads the next.
+
+Only a regular file is loaded: ``_ferry.File`` opens the path without waiting (a
+FIFO's open does not wait for a writer) and refuses anything else (a FIFO,
+/dev/zero, a directory), as load_safetensors refuses it.
 """
 
 from __future__ import annotations
@@ -36,19 +41,16 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import stat
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-from .. import _args
-from ..errors import FerryError, InvalidArgumentError
+from .. import _args, _ferry
+from ..errors import InvalidArgumentError, NodeLoadTimeoutError
 
 HEADER_BYTES = 4096  # the block's first page: signal words; the file starts after it
 DEFAULT_TIMEOUT = 600.0  # seconds a rank waits for the others (a slow disk, a big shard)
 MAX_RANKS = 256  # one claim word per rank, below the piece words
-_READ_CHUNK = 32 << 20  # one os.preadv; a rank's part is read by several threads
-_READ_THREADS = 8
+_READ_THREADS = 8  # threads of each piece's read (_ferry.File.read_range: C++, the GIL released)
 
 # signal words (32-bit) of the header page
 _W_RANKS = 1  # set by the block's maker: the ranks taking part
@@ -60,8 +62,10 @@ MIN_PIECE = 64 << 20
 _POLL_S = 0.25  # how often a piece wait looks at this rank's own readers
 
 
-class NodeLoadTimeout(FerryError, TimeoutError):
-    """Ranks of a node load did not all arrive within the timeout."""
+# Ranks of a node load did not all arrive within the timeout: ferry.errors'
+# NodeLoadTimeoutError (a ferry.errors.FerryTimeoutError); NodeLoadTimeout, its name
+# before issue 43, is kept for one release.
+NodeLoadTimeout = NodeLoadTimeoutError
 
 
 _rounds: dict = {}  # (pool name, file identity) -> node loads of it started by this process
@@ -157,7 +161,7 @@ class NodeFile:
 
     def pieces(self):
         """(lo, hi) file byte ranges, in file order, each once every rank's bytes
-        of it are in the block. NodeLoadTimeout after the load's timeout; this
+        of it are in the block. NodeLoadTimeoutError after the load's timeout; this
         rank's own read error as soon as it happens."""
         step = piece_bytes(self.size)
         for p, lo in enumerate(range(0, self.size, step)):
@@ -189,7 +193,7 @@ class NodeFile:
                 r.raise_error()
             if time.monotonic() >= deadline:
                 arrived = pool.value(block, _W_ARRIVED)
-                raise NodeLoadTimeout(
+                raise NodeLoadTimeoutError(
                     f"{path}: {arrived} of {ranks} ranks had read their part after "
                     f"{timeout:g} s, and {what} of the file was not in (a rank died, did not call "
                     "the load, or reads slowly); every rank of the node must call it with the same files "
@@ -207,7 +211,7 @@ class NodeFile:
 def read_file_once(pool, path, rank: int, ranks: int, *, timeout: float = DEFAULT_TIMEOUT) -> NodeFile:
     """Collective: every one of `ranks` processes of the node calls it with the
     same file; each reads its part into one named block of `pool` and returns
-    once all parts are in (NodeLoadTimeout after `timeout` seconds). The
+    once all parts are in (NodeLoadTimeoutError after `timeout` seconds). The
     caller releases the returned NodeFile."""
     nf = open_file_once(pool, path, rank, ranks, timeout=timeout)
     try:
@@ -226,17 +230,17 @@ def open_file_once(pool, path, rank: int, ranks: int, *, timeout: float = DEFAUL
     timeout = check_node(pool, timeout)
     rank, ranks = node_ranks(rank, ranks)
     name = os.fsdecode(os.fspath(path))
-    fd = _open_regular(name)
+    file = _ferry.File(name)  # InvalidArgumentError "NAME: not a regular file" for a FIFO, a device, a directory
     try:
-        st = os.fstat(fd)
-        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        identity = file.identity()[:4]  # device, inode, size, mtime_ns
+        size = identity[2]
         key = round_key(pool.name, "load", identity)
-        if piece_bytes(st.st_size) >= 1 << 32:  # a piece's word counts its bytes in 32 bits
-            raise InvalidArgumentError(f"{name}: {st.st_size} bytes is more than a node load reads in one file "
+        if piece_bytes(size) >= 1 << 32:  # a piece's word counts its bytes in 32 bits
+            raise InvalidArgumentError(f"{name}: {size} bytes is more than a node load reads in one file "
                                        f"({MAX_PIECES} pieces of under 4 GiB); split it into shards")
-        block = pool.named(key, HEADER_BYTES + st.st_size)
+        block = pool.named(key, HEADER_BYTES + size)
     except BaseException:
-        os.close(fd)
+        file.close()
         raise
     try:
         deadline = time.monotonic() + timeout
@@ -253,85 +257,50 @@ def open_file_once(pool, path, rank: int, ranks: int, *, timeout: float = DEFAUL
         if pool.add(block, _W_CLAIM + rank) != 0:
             raise InvalidArgumentError(f"{name}: rank={rank} is taken by another process of this load; "
                                        "each process of the node needs its own rank")
-        bounds = parts(st.st_size, ranks)
+        bounds = parts(size, ranks)
         lo, hi = bounds[rank], bounds[rank + 1]
         stats = {"part": (lo, hi), "bytes_read": hi - lo, "read_seconds": None, "wait_seconds": None,
                  "made_block": block.created}
-        reading = _Reads(pool, block, fd, name, st, lo, hi)
-        fd = -1  # the reads own it now
-        return NodeFile(pool, block, st.st_size, stats, reading, (name, ranks, timeout, deadline))
+        reading = _Reads(pool, block, file, identity, lo, hi)
+        file = None  # the reads own it now
+        return NodeFile(pool, block, size, stats, reading, (name, ranks, timeout, deadline))
     except BaseException:
-        if fd >= 0:
-            os.close(fd)
+        if file is not None:
+            file.close()
         pool.free(block)
         raise
 
 
-def _open_regular(name: str) -> int:
-    """A descriptor of the regular file `name`; InvalidArgumentError for anything else.
-    O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused after)."""
-    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InvalidArgumentError(f"{name}: not a regular file")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 class _Reads:
-    """This rank's part of a file read into the block on threads: each chunk,
-    once read, adds its bytes to the words of the pieces it covers; once all
-    are read (and the file did not change meanwhile), the rank's arrival."""
+    """This rank's part of a file read into the block on a thread of its own,
+    piece by piece (each piece by C++ threads, the GIL released); each piece,
+    once read, adds its bytes to its word; once all are read (and the file did
+    not change meanwhile), the rank's arrival."""
 
-    def __init__(self, pool, block, fd, name, st, lo, hi):
-        self.pool, self.block, self.fd, self.name, self.st = pool, block, fd, name, st
-        self.step = piece_bytes(st.st_size)
-        self.view = block.view()
+    def __init__(self, pool, block, file, identity, lo, hi):
+        self.pool, self.block, self.file, self.identity = pool, block, file, identity
+        self.step = piece_bytes(identity[2])
+        self.base = block.address + HEADER_BYTES
         self.stopping = False
         self.error = None
         self.seconds = None
         self.t0 = time.monotonic()
-        chunks = [(o, min(o + _READ_CHUNK, hi)) for o in range(lo, hi, _READ_CHUNK)]
-        self.pending = len(chunks)
-        self.lock = threading.Lock()  # guards pending and error
-        self.pool_ex = ThreadPoolExecutor(max(1, min(_READ_THREADS, len(chunks))),
-                                          thread_name_prefix="ferry-node-read")
-        self.futures = [self.pool_ex.submit(self._read, c) for c in chunks]
-        if not chunks:
-            self._arrive()
+        # (lo, hi, piece) of the part, cut where pieces end
+        self.spans = [(max(lo, p * self.step), min(hi, (p + 1) * self.step), p)
+                      for p in range(lo // self.step, -(-hi // self.step))] if hi > lo else []
+        self.lock = threading.Lock()  # guards error
+        self.thread = threading.Thread(target=self._run, name="ferry-node-read", daemon=True)
+        self.thread.start()
 
-    def _read(self, chunk) -> None:
-        if self.stopping or self.error is not None:
-            return
-        a, b = chunk
+    def _run(self) -> None:
         try:
-            at = a
-            while at < b:
-                n = os.preadv(self.fd, [self.view[HEADER_BYTES + at:HEADER_BYTES + b]], at)
-                if n == 0:
-                    raise InvalidArgumentError(f"{self.name}: ends at byte {at}, before {b} (the file shrank while "
-                                               "it was read)")
-                at += n
-            for p in range(a // self.step, (b - 1) // self.step + 1):
-                lo, hi = max(a, p * self.step), min(b, (p + 1) * self.step)
-                self.pool.add(self.block, _W_PIECE + p, hi - lo)
-        except BaseException as e:  # noqa: BLE001 - raised by the loading thread
-            with self.lock:
-                self.error = self.error or e
-            return
-        with self.lock:
-            self.pending -= 1
-            last = self.pending == 0
-        if last:
-            self._arrive()
-
-    def _arrive(self) -> None:
-        try:
-            if os.fstat(self.fd).st_mtime_ns != self.st.st_mtime_ns:
-                raise InvalidArgumentError(f"{self.name}: the file changed while it was read; load it again")
+            for a, b, p in self.spans:
+                if self.stopping:
+                    return
+                self.file.read_range(a, self.base + a, b - a, _READ_THREADS)  # a short file: InvalidArgumentError
+                self.pool.add(self.block, _W_PIECE + p, b - a)
+            if self.file.identity()[3] != self.identity[3]:
+                raise InvalidArgumentError(f"{self.file.name}: the file changed while it was read; load it again")
             self.seconds = time.monotonic() - self.t0
             self.pool.add(self.block, _W_ARRIVED)
         except BaseException as e:  # noqa: BLE001 - raised by the loading thread
@@ -346,19 +315,16 @@ class _Reads:
             raise e
 
     def join(self) -> None:
-        """Waits for every read (raising the first error) and closes the file."""
-        if self.pool_ex is not None:
-            for f in self.futures:
-                f.result()
-            self.pool_ex.shutdown(wait=True)
-            self.pool_ex = None
-            self.view.release()
-            os.close(self.fd)
+        """Waits for the reads (raising their error) and closes the file."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+            self.file.close()
         if self.error is not None:
             raise self.error
 
     def stop(self) -> None:
-        """After an error elsewhere: no new chunk starts; waits for those running."""
+        """After an error elsewhere: no new piece starts; waits for the one being read."""
         self.stopping = True
         try:
             self.join()

@@ -115,7 +115,7 @@ class Plan:
             pool.add(block, _W_RANKS, self.ranks)
         else:
             if not pool.wait(block, _W_RANKS, 1, self.timeout):
-                raise node_load.NodeLoadTimeout(
+                raise node_load.NodeLoadTimeoutError(
                     f"{self.path}: the rank that plans this node load did not decide within {self.timeout:g} s "
                     "(it died, or was stopped); every rank of the node must call the load with the same files")
             if pool.value(block, _W_RANKS) != self.ranks:
