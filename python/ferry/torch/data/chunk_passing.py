@@ -47,6 +47,8 @@ import select
 import socket
 import struct
 
+from ...errors import DataLoaderError
+
 # (generation, fd in the main process): the chunk's key, with the chunk's fd
 HEADER = struct.Struct("<qq")
 # A task's slot given later: (token, state, slot id, generation, fd, offset, capacity)
@@ -104,7 +106,7 @@ class ChunkSender:
         except (BrokenPipeError, ConnectionResetError):
             return  # the worker is gone: PyTorch's checks report its death
         except OSError as e:
-            raise RuntimeError(f"ferry DataLoader: cannot send the batch memory to worker {self._worker_id}: {e}") \
+            raise DataLoaderError(f"ferry DataLoader: cannot send the batch memory to worker {self._worker_id}: {e}") \
                 from e
         self._sent.add(key)
 
@@ -122,7 +124,7 @@ class ChunkSender:
         except (BrokenPipeError, ConnectionResetError):
             return  # the worker is gone: nothing waits for it
         except OSError as e:
-            raise RuntimeError(f"ferry DataLoader: cannot send a slot to worker {self._worker_id}: {e}") from e
+            raise DataLoaderError(f"ferry DataLoader: cannot send a slot to worker {self._worker_id}: {e}") from e
 
     def close(self) -> None:
         self._sock.close()
@@ -173,7 +175,7 @@ class SlotMappings:
                 return
         except BlockingIOError:
             pass
-        raise RuntimeError(f"ferry DataLoader worker: the main process sent no descriptor for the batch "
+        raise DataLoaderError(f"ferry DataLoader worker: the main process sent no descriptor for the batch "
                            f"memory chunk {wanted} before the task that needs it")
 
     def _read_one(self, wanted, flags_in: int = 0) -> bool:
@@ -190,7 +192,7 @@ class SlotMappings:
                 self._assigned[token] = (state, tuple(slot) if state == SLOT else None)
                 return True
             if len(data) != HEADER.size or len(fds) != 1 or flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
-                raise RuntimeError(f"ferry DataLoader worker: a malformed batch memory message ({len(data)} bytes, "
+                raise DataLoaderError(f"ferry DataLoader worker: a malformed batch memory message ({len(data)} bytes, "
                                    f"{len(fds)} descriptors, flags {flags:#x}) while waiting for chunk {wanted}")
             key = HEADER.unpack(data)
             m = mmap.mmap(fds[0], os.fstat(fds[0]).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
