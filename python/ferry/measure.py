@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable
 
 from . import _ferry
+from .errors import InvalidArgumentError, MeasurementError
 from .pool import PinnedPool, Pool
 from .units import HUGE_PAGE, KiB, MiB
 
@@ -69,10 +70,10 @@ def gbps(nbytes: int, ns: list[int]) -> float:
 
 
 def _usable_gbps(nbytes: int, ns: list[int]) -> float:
-    """gbps(), or RuntimeError when there is no usable timing (the doctor lists it)."""
+    """gbps(), or MeasurementError when there is no usable timing (the doctor lists it)."""
     rate = gbps(nbytes, ns)
     if not (rate > 0 and math.isfinite(rate)):
-        raise RuntimeError(f"no usable timing of {nbytes} bytes: {list(ns)[:5]} ns")
+        raise MeasurementError(f"no usable timing of {nbytes} bytes: {list(ns)[:5]} ns")
     return rate
 
 
@@ -121,7 +122,7 @@ class HostBuffer:
 
     def __init__(self, nbytes: int, backing: str):
         if backing not in self.BACKINGS:
-            raise ValueError(f"backing {backing!r}: expected one of {', '.join(self.BACKINGS)}")
+            raise InvalidArgumentError(f"backing {backing!r}: expected one of {', '.join(self.BACKINGS)}")
         self.nbytes = nbytes
         size = (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
         if backing.startswith("memfd"):
@@ -237,7 +238,7 @@ def aggregate_pinned_gbps(devices: list[int], nbytes: int, reps: int) -> dict[st
             for t in threads:
                 t.join()
             if len(times) != len(devices):
-                raise RuntimeError("a GPU's copy thread failed")
+                raise MeasurementError("a GPU's copy thread failed")
             out[direction] = len(devices) * nbytes * reps / (max(times.values()) / 1e9) / 1e9
         return out
     finally:
