@@ -76,10 +76,9 @@ struct File {
       os::close_fd(opened);
       check(e, "fstat of " + name);
     }
-    if (!S_ISREG(id.mode)) {
+    if (!S_ISREG(id.mode)) {  // the loader's words (load_safetensors refuses these alike)
       os::close_fd(opened);
-      const std::string kind = kind_of(id.mode);
-      throw InvalidArgument(name + ": " + (kind == "not a regular file" ? kind : kind + ", not a regular file"));
+      throw InvalidArgument(name + ": not a regular file");
     }
     fd = opened;
   }

@@ -87,10 +87,7 @@ class Plan:
     def __init__(self, pool, paths: list[str], rank: int, ranks: int, timeout: float):
         self.pool, self.ranks, self.timeout = pool, ranks, timeout
         self.path = paths[0] if len(paths) == 1 else f"{len(paths)} files"
-        identities = []
-        for p in paths:
-            st = os.stat(p)
-            identities.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        identities = [_ferry.path_identity(p)[:4] for p in paths]  # device, inode, size, mtime_ns (stat)
         key = node_load.round_key(pool.name, "plan", ("plan", tuple(identities)))
         words = _W_ROUTE + min(len(paths), MAX_FILES)
         native = pool._live("load_safetensors(node=)")
