@@ -52,6 +52,7 @@ const char* error_class(ferry_status_t s) {
     case FERRY_ERROR_CUDA: return "CudaError";
     case FERRY_ERROR_NO_DEVICE: return "NoDeviceError";
     case FERRY_ERROR_NOT_SUPPORTED: return "NotSupportedError";
+    case FERRY_ERROR_INTERNAL: return "InternalError";
     case FERRY_ERROR_TIMEOUT: return "HandoffTimeoutError";  // the node handoff's (node/handoff.h)
     case FERRY_ERROR_PEER_GONE: return "HandoffPeerGoneError";
     case FERRY_ERROR_BROKEN: return "HandoffError";
