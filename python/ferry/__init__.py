@@ -21,6 +21,8 @@ from .copy import (  # noqa: F401
     Registration,
     copy,
     copy_async,
+    copy_blocks,
+    copy_blocks_async,
     copy_many,
     copy_many_async,
     engine,

@@ -12,7 +12,10 @@ pinned memory, the CPU copy of one chunk overlapping the DMA of the previous.
 Streams: ``stream`` is an int handle, a ``torch.cuda.Stream`` or None. None
 means torch's current stream of the tensor's device when a torch CUDA tensor
 is involved (like ``Tensor.copy_``), else the legacy default stream (like
-``cudaMemcpy``). The device is the CUDA tensor's, or the one the driver reports
+``cudaMemcpy``); ``copy_many`` and ``copy_blocks`` then run on a stream of
+ferry's per direction that first waits for the work queued on the legacy
+stream (so opposite directions overlap), and later work waits on the call's
+return or its ``Copy``. The device is the CUDA tensor's, or the one the driver reports
 for a device pointer, or ``device=``.
 
 Async contract: an async host->device copy of pageable memory below 64 MiB has
@@ -92,10 +95,42 @@ def copy_many(dsts, srcs, sizes=None, *, stream=None, strategy: str | None = Non
     one device, both directions. Pinned items go to the DMA engines as one
     batch; pageable items move through one pipelined staged run (item i+1 is
     staged while item i is on the link; small items share staging chunks).
-    `sizes` is needed for addresses given as ints (lists or int64 arrays), and
-    copies prefixes otherwise. Every item is checked before any work starts;
-    an error names the item's index. Returns when every item is in place."""
+    `sizes` is needed for addresses given as ints (lists or int64 arrays; one
+    int for blocks of one size), and copies prefixes otherwise. Items whose
+    both sides continue the previous item's are merged into one copy. Every
+    item is checked before any work starts; an error names the item's index.
+    With no stream (and no torch tensor), the copy runs on ferry's own stream
+    for its direction, after the work queued on the legacy default stream
+    before the call; two threads copying opposite ways overlap. Returns when
+    every item is in place."""
     _ferry.copy_many(dsts, srcs, sizes, stream, strategy, device, True)
+
+
+def copy_blocks(dst_base: int, src_base: int, dst_ids, src_ids, block_bytes: int, *, layers: int = 1,
+                dst_block_stride: int | None = None, src_block_stride: int | None = None,
+                dst_layer_stride: int | None = None, src_layer_stride: int | None = None, stream=None,
+                strategy: str | None = None, device: int | None = None) -> None:
+    """Copy blocks of a paged layout (a KV cache) given by their ids, without
+    building an address per block: for each layer l and pair i,
+    ``block_bytes`` from ``src_base + l * src_layer_stride + src_ids[i] * src_block_stride``
+    to the same place on the dst side. Ids are lists or 1-d int32/int64
+    arrays (numpy, torch CPU tensors); block strides default to block_bytes.
+    The blocks then move as ``copy_many``'s items do (adjacent ones merged, small
+    ones by the SM kernel, the rest as one DMA batch). Returns when every block
+    is in place."""
+    _ferry.copy_blocks(dst_base, src_base, dst_ids, src_ids, block_bytes, layers, dst_block_stride,
+                       src_block_stride, dst_layer_stride, src_layer_stride, stream, strategy, device, True)
+
+
+def copy_blocks_async(dst_base: int, src_base: int, dst_ids, src_ids, block_bytes: int, *, layers: int = 1,
+                      dst_block_stride: int | None = None, src_block_stride: int | None = None,
+                      dst_layer_stride: int | None = None, src_layer_stride: int | None = None, stream=None,
+                      strategy: str | None = None, device: int | None = None) -> Copy:
+    """copy_blocks, returning a Copy (the ids are read before it returns)."""
+    native = _ferry.copy_blocks(dst_base, src_base, dst_ids, src_ids, block_bytes, layers, dst_block_stride,
+                                src_block_stride, dst_layer_stride, src_layer_stride, stream, strategy, device,
+                                False)
+    return Copy(native, None)
 
 
 def _items(value, name: str):

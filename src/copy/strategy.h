@@ -73,6 +73,10 @@ struct MachineProfile {
   // against 4.4 through the copy engines; at 64 KiB both gave 32-34 GB/s, at
   // 256 KiB the copy engines 46 against 45.
   size_t batch_sm_below_bytes = 128u << 10;
+  // SMs the block-copy kernel may use (its grid: one 1024-thread block per
+  // SM); 0: the kernel's default (cuda/copy/block_copy.h, 8). Each SM taken
+  // is one a concurrent model kernel cannot use while the copy runs.
+  int batch_sm_max_sms = 0;
 
   static MachineProfile defaults();
 };

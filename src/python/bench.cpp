@@ -16,6 +16,7 @@
 #include "cuda/bench/baselines.h"
 #include "cuda/copy/copy_engine.h"
 #include "pool/pool.h"
+#include "python/copy_args.h"
 #include "python/handles.h"
 #include "python/gil.h"
 
@@ -147,7 +148,31 @@ std::vector<uint64_t> batch_ns(cuda::CopyEngine& e, const std::vector<uintptr_t>
   return ns;
 }
 
+// cudaMemcpyBatchAsync baseline (baselines.h): `lists` is one (dsts, srcs,
+// sizes) tuple of address arrays per thread; returns (wall_ns, submit_ns).
+nb::tuple memcpy_batch_ns(nb::list lists, int iterations) {
+  std::vector<cuda::BatchList> ls;
+  for (nb::handle h : lists) {
+    nb::tuple t = nb::cast<nb::tuple>(h);
+    cuda::BatchList l;
+    for (uintptr_t a : addresses(t[0], "dsts")) l.dsts.push_back(as_ptr(a));
+    for (uintptr_t a : addresses(t[1], "srcs")) l.srcs.push_back(as_ptr(a));
+    for (uintptr_t a : addresses(t[2], "sizes")) l.sizes.push_back(a);
+    if (l.dsts.size() != l.srcs.size() || l.dsts.size() != l.sizes.size() || l.dsts.empty())
+      throw nb::value_error("memcpy_batch_ns: dsts, srcs and sizes of one list must have the same, nonzero length");
+    ls.push_back(std::move(l));
+  }
+  if (ls.empty() || iterations < 1) throw nb::value_error("memcpy_batch_ns: needs a list and iterations >= 1");
+  cuda::BatchTimes t;
+  {
+    ferry::python::GilRelease unlocked;
+    t = cuda::time_memcpy_batch(ls, iterations);
+  }
+  return nb::make_tuple(t.wall_ns, t.submit_ns);
+}
+
 void bind_bench(nb::module_& m) {
+  m.def("memcpy_batch_ns", &memcpy_batch_ns, "lists"_a, "iterations"_a = 5);
   m.def("host_memcpy_ns", &host_memcpy_ns, "nbytes"_a, "threads"_a, "iterations"_a = 3);
   m.def("batch_ns", &batch_ns, "engine"_a, "dsts"_a, "srcs"_a, "sizes"_a, "strategy"_a = "auto",
         "iterations"_a = 10);

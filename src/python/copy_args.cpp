@@ -133,6 +133,41 @@ std::vector<uintptr_t> addresses(nb::handle obj, const char* role) {
   return out;
 }
 
+std::vector<int64_t> block_ids(nb::handle obj, const char* role) {
+  if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr())) {
+    const size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(obj.ptr()));
+    PyObject** items = PySequence_Fast_ITEMS(obj.ptr());
+    std::vector<int64_t> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      PyObject* v = items[i];
+      const long long x = PyLong_Check(v) && !PyBool_Check(v) ? PyLong_AsLongLong(v) : -1;
+      if (!PyLong_Check(v) || PyBool_Check(v) || PyErr_Occurred()) {
+        PyErr_Clear();
+        throw InvalidArgument(std::string(role) + "[" + std::to_string(i) + "]=" + arg_repr(v) +
+                              ": expected a block id (an integer)");
+      }
+      out[i] = x;
+    }
+    return out;
+  }
+  nb::ndarray<nb::ro, nb::ndim<1>, nb::device::cpu> a;
+  if (!nb::try_cast(obj, a))
+    throw InvalidArgument(std::string(role) + ": expected a list or a 1-d int32/int64 array of block ids, not " +
+                          python_type_name(obj));
+  std::vector<int64_t> out(a.shape(0));
+  const int64_t stride = a.stride(0);
+  if (a.dtype() == nb::dtype<int64_t>()) {
+    const auto* data = static_cast<const int64_t*>(a.data());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = data[i * stride];
+  } else if (a.dtype() == nb::dtype<int32_t>()) {
+    const auto* data = static_cast<const int32_t*>(a.data());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = data[i * stride];
+  } else {
+    throw InvalidArgument(std::string(role) + ": an array of block ids must hold int32 or int64");
+  }
+  return out;
+}
+
 cudaStream_t stream_of(nb::handle stream, int torch_device) {
   if (stream.is_none()) {
     if (torch_device < 0) return nullptr;

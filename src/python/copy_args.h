@@ -33,6 +33,10 @@ CopyArg resolve_copy_arg(nanobind::handle obj, bool writable, const char* role);
 // A list, tuple or 1-d integer array of addresses; InvalidArgument otherwise.
 std::vector<uintptr_t> addresses(nanobind::handle obj, const char* role);
 
+// Block ids: a list or tuple of ints, or a 1-d int32/int64 array (numpy, torch
+// CPU tensors); negative ids are refused later (copy/block_table.h).
+std::vector<int64_t> block_ids(nanobind::handle obj, const char* role);
+
 // None -> torch's current stream on `device` when a torch CUDA tensor is
 // involved (torch_device >= 0), else 0 (the legacy default stream); an int;
 // or anything with a `cuda_stream` attribute (torch.cuda.Stream).

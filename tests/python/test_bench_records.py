@@ -151,12 +151,27 @@ def test_copy_records_compare_each_path_with_its_baseline():
 
 def test_blocks_latency_thp_tensors_and_apiperf_records():
     rng = random.Random()
-    rows = [{"blocks": 1024, "block_bytes": 16384, "direction": d, "ferry_auto": gbps(rng), "ferry_ce": gbps(rng),
-             "ferry_sm": gbps(rng), "memcpy_loop": gbps(rng)} for d in ("h2d", "d2h")]
-    items = blocks.records(rows)
+    rows = [{"blocks": 1024, "block_bytes": 16384, "layout": "scattered", "direction": d, "path": "sm",
+             "ferry": gbps(rng), "ferry_sm": gbps(rng), "ferry_dma": gbps(rng), "ferry_sm4": gbps(rng),
+             "batch": gbps(rng), "torch_loop": None, "ferry_cpu_us": rng.uniform(0.01, 1),
+             "batch_cpu_us": rng.uniform(0.1, 1)} for d in ("h2d", "d2h", "both")]
+    gemm = [{"block_bytes": 4096, "sms": 0, "gemm_alone_ms": 1.4, "gemm_beside_ms": 1.45,
+             "slowdown_pct": rng.uniform(0, 9), "copies_gbps": gbps(rng)}]
+    items = blocks.records({"rows": rows, "gemm": gemm})
     check_records(items, "blocks")
-    assert find(items, "ferry batch auto", direction="d2h")["ratio"] == pytest.approx(
-        rows[1]["ferry_auto"] / rows[1]["memcpy_loop"])  # the table's "auto x loop"
+    assert find(items, "ferry copy_many", direction="d2h")["ratio"] == pytest.approx(
+        rows[1]["ferry"] / rows[1]["batch"])  # the table's "ferry x batch"
+    assert find(items, "ferry copy_many", direction="bidir")["value"] == rows[2]["ferry"]
+    assert find(items, "ferry sm 4 SMs", direction="h2d")["value"] == rows[0]["ferry_sm4"]
+    assert find(items, "ferry copy_many", "submit_per_block", direction="h2d")["ratio"] == pytest.approx(
+        rows[0]["ferry_cpu_us"] / rows[0]["batch_cpu_us"])
+    assert find(items, "bf16 GEMM beside ferry copies", "slowdown")["value"] == gemm[0]["slowdown_pct"]
+    assert not [r for r in items if r["case"] == "torch copy_ loop"]  # not measured: no record
+    # --calibrate: the first size from which the copy engines keep up in every direction.
+    cal = [{"block_bytes": b, "layout": "scattered", "direction": d, "ferry_sm": 40.0, "ferry_dma": dma}
+           for b, dma in ((4096, 10.0), (32768, 45.0), (65536, 39.0), (131072, 50.0)) for d in ("h2d", "d2h")]
+    assert blocks.calibrate(cal) == "batch_sm_below_bytes = 131072"
+    assert blocks.calibrate(cal[:2]) is None
 
     def stats():
         m = rng.uniform(1, 20)

@@ -3,7 +3,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <exception>
 #include <thread>
 
@@ -128,6 +130,54 @@ std::vector<uint64_t> time_memcpy_loop_ns(void* const* dsts, const void* const* 
     if (i >= 0) ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
   }
   return ns;
+}
+
+BatchTimes time_memcpy_batch(const std::vector<BatchList>& lists, int iterations) {
+  const size_t n = lists.size();
+  std::vector<std::unique_ptr<StreamHandle>> streams;
+  for (size_t k = 0; k < n; ++k) streams.push_back(std::make_unique<StreamHandle>());
+  auto one = [&](size_t k) {  // the CPU nanoseconds of the batch call
+    const BatchList& l = lists[k];
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t attr_index = 0;
+    const auto t0 = Clock::now();
+    check(cudaMemcpyBatchAsync(const_cast<void**>(l.dsts.data()), const_cast<const void**>(l.srcs.data()),
+                               const_cast<size_t*>(l.sizes.data()), l.dsts.size(), &attr, &attr_index, 1,
+                               streams[k]->get()),
+          "cudaMemcpyBatchAsync");
+    const uint64_t submit = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    check(cudaStreamSynchronize(streams[k]->get()), "cudaStreamSynchronize");
+    return submit;
+  };
+  BatchTimes t;
+  for (int i = -1; i < iterations; ++i) {
+    std::vector<uint64_t> submit(n, 0);
+    std::vector<std::exception_ptr> errors(n);
+    const auto t0 = Clock::now();
+    std::vector<std::thread> others;
+    for (size_t k = 1; k < n; ++k)
+      others.emplace_back([&, k] {
+        try {
+          submit[k] = one(k);
+        } catch (...) {
+          errors[k] = std::current_exception();
+        }
+      });
+    try {
+      submit[0] = one(0);
+    } catch (...) {
+      errors[0] = std::current_exception();
+    }
+    for (auto& th : others) th.join();
+    const uint64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    if (i < 0) continue;
+    t.wall_ns.push_back(wall);
+    t.submit_ns.push_back(*std::max_element(submit.begin(), submit.end()));
+  }
+  return t;
 }
 
 StreamHandle::StreamHandle() {

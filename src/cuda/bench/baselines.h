@@ -44,6 +44,21 @@ std::vector<uint64_t> time_bidirectional_ns(CopyEngine* engine, void* dev_a, con
 std::vector<uint64_t> time_memcpy_loop_ns(void* const* dsts, const void* const* srcs, const size_t* sizes,
                                           size_t count, int iterations);
 
+// cudaMemcpyBatchAsync as a KV connector would call it directly (vLLM's
+// cuMemcpyBatchAsync path): each list on its own thread and non-blocking
+// stream, all started together, one batch call per list per round, then a
+// stream synchronize. Per round: the wall nanoseconds until every list is
+// done, and the longest CPU time a thread spent in its batch call.
+struct BatchList {
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+};
+struct BatchTimes {
+  std::vector<uint64_t> wall_ns, submit_ns;
+};
+BatchTimes time_memcpy_batch(const std::vector<BatchList>& lists, int iterations);
+
 // A non-blocking stream, destroyed with the handle (for benchmarks).
 class StreamHandle {
  public:

@@ -11,66 +11,95 @@
 namespace ferry::cuda {
 namespace {
 
-// Ops travel by value in the kernel's parameters (no buffer to keep alive):
-// 1024 ops of 24 bytes fit the 32 KiB parameter space of CUDA 12.1+.
-constexpr int kOpsPerLaunch = 1024;
+constexpr int kThreads = 1024;  // per thread block: one block per SM, 32 warps
+constexpr int kUnroll = 8;      // vectors in flight per lane: 4 KiB per warp of 16-byte vectors
 
-struct Ops {
-  BlockCopy op[kOpsPerLaunch];
-  int count;
-};
-
-__device__ void copy_bytes(unsigned char* d, const unsigned char* s, size_t n) {
-  for (size_t i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
+// `v` vectors of type V from s to d by the 32 lanes of a warp, kUnroll loads
+// issued before their stores so that a PCIe read's latency is paid once per
+// 32 * kUnroll vectors, not once per vector.
+template <class V>
+__device__ __forceinline__ void warp_copy_vectors(V* __restrict__ d, const V* __restrict__ s, size_t v, int lane) {
+  size_t i = lane;
+  for (; i + (kUnroll - 1) * 32 < v; i += kUnroll * 32) {
+    V r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) r[u] = s[i + u * 32];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) d[i + u * 32] = r[u];
+  }
+  if (i >= v) return;
+  V r[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (i + u * 32 < v) r[u] = s[i + u * 32];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (i + u * 32 < v) d[i + u * 32] = r[u];
 }
 
-// One thread block per op (grid-stride over ops). When source and destination
-// share their alignment modulo 16, the body moves as 16-byte vectors, four in
-// flight per thread; otherwise byte by byte (rare for KV blocks).
-__global__ void __launch_bounds__(512) copy_blocks_kernel(const __grid_constant__ Ops ops) {
-  for (int i = blockIdx.x; i < ops.count; i += gridDim.x) {
-    auto* d = static_cast<unsigned char*>(ops.op[i].dst);
-    const auto* s = static_cast<const unsigned char*>(ops.op[i].src);
-    size_t n = ops.op[i].bytes;
-    const uintptr_t da = reinterpret_cast<uintptr_t>(d), sa = reinterpret_cast<uintptr_t>(s);
-    if ((da & 15) != (sa & 15)) {
-      copy_bytes(d, s, n);
-      continue;
+// Head bytes up to V's alignment, the body as V vectors, the tail bytes.
+// Preconditions: d and s have the same address modulo sizeof(V).
+template <class V>
+__device__ __forceinline__ void warp_copy_aligned(unsigned char* d, const unsigned char* s, size_t n, int lane) {
+  constexpr size_t w = sizeof(V);
+  size_t head = (w - (reinterpret_cast<uintptr_t>(d) & (w - 1))) & (w - 1);
+  if (head > n) head = n;
+  if (static_cast<size_t>(lane) < head) d[lane] = s[lane];
+  d += head, s += head, n -= head;
+  const size_t v = n / w;
+  warp_copy_vectors(reinterpret_cast<V*>(d), reinterpret_cast<const V*>(s), v, lane);
+  const size_t tail = n - v * w;
+  if (static_cast<size_t>(lane) < tail) d[v * w + lane] = s[v * w + lane];
+}
+
+// The widest vector that both ends' alignment allows (KV blocks: 16 bytes).
+__device__ __forceinline__ void warp_copy(unsigned char* d, const unsigned char* s, size_t n, int lane) {
+  const uintptr_t skew = reinterpret_cast<uintptr_t>(d) ^ reinterpret_cast<uintptr_t>(s);
+  if ((skew & 15) == 0)
+    warp_copy_aligned<uint4>(d, s, n, lane);
+  else if ((skew & 7) == 0)
+    warp_copy_aligned<uint2>(d, s, n, lane);
+  else if ((skew & 3) == 0)
+    warp_copy_aligned<unsigned int>(d, s, n, lane);
+  else
+    warp_copy_vectors(d, s, n, lane);
+}
+
+// Each warp takes `group` consecutive ops at a time (lane k reads op k of the
+// group: one round trip for the group's descriptors), then copies them one
+// after the other, every lane on each.
+__global__ void __launch_bounds__(kThreads) copy_blocks_kernel(const BlockCopy* __restrict__ ops, size_t count,
+                                                               int group) {
+  const int lane = threadIdx.x & 31;
+  const size_t warp = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const size_t warps = (static_cast<size_t>(gridDim.x) * blockDim.x) >> 5;
+  for (size_t first = warp * group; first < count; first += warps * group) {
+    unsigned long long d = 0, s = 0, n = 0;
+    if (lane < group && first + lane < count) {
+      const BlockCopy op = ops[first + lane];
+      d = reinterpret_cast<uintptr_t>(op.dst), s = reinterpret_cast<uintptr_t>(op.src), n = op.bytes;
     }
-    size_t head = (16 - (da & 15)) & 15;
-    if (head > n) head = n;
-    copy_bytes(d, s, head);
-    d += head;
-    s += head;
-    n -= head;
-    const size_t vectors = n / 16;
-    auto* dv = reinterpret_cast<uint4*>(d);
-    const auto* sv = reinterpret_cast<const uint4*>(s);
-    size_t v = threadIdx.x;
-    const size_t stride = blockDim.x;
-    for (; v + 3 * stride < vectors; v += 4 * stride) {
-      uint4 a = sv[v], b = sv[v + stride], c = sv[v + 2 * stride], e = sv[v + 3 * stride];
-      dv[v] = a;
-      dv[v + stride] = b;
-      dv[v + 2 * stride] = c;
-      dv[v + 3 * stride] = e;
+    const int here = static_cast<int>(count - first < static_cast<size_t>(group) ? count - first : group);
+    for (int k = 0; k < here; ++k) {
+      const auto dk = __shfl_sync(0xffffffffu, d, k), sk = __shfl_sync(0xffffffffu, s, k),
+                 nk = __shfl_sync(0xffffffffu, n, k);
+      warp_copy(reinterpret_cast<unsigned char*>(dk), reinterpret_cast<const unsigned char*>(sk), nk, lane);
     }
-    for (; v < vectors; v += stride) dv[v] = sv[v];
-    copy_bytes(d + vectors * 16, s + vectors * 16, n - vectors * 16);
   }
 }
 
 }  // namespace
 
-void launch_block_copies(const BlockCopy* copies, size_t count, cudaStream_t stream, int max_sms) {
-  const int sms = max_sms > 0 ? max_sms : 16;
-  for (size_t first = 0; first < count; first += kOpsPerLaunch) {
-    Ops ops{};
-    ops.count = static_cast<int>(std::min<size_t>(kOpsPerLaunch, count - first));
-    std::copy_n(copies + first, ops.count, ops.op);
-    copy_blocks_kernel<<<std::min(ops.count, sms), 512, 0, stream>>>(ops);
-    check(cudaGetLastError(), "copy_blocks_kernel launch");
-  }
+void launch_block_copies(const BlockCopy* ops, size_t count, cudaStream_t stream, int max_sms) {
+  if (count == 0) return;
+  const size_t sms = max_sms > 0 ? static_cast<size_t>(max_sms) : kDefaultBlockCopySms;
+  // Ops per warp group: 32 when there are many (one descriptor per lane),
+  // fewer when a batch is short, so that every warp of the grid gets some.
+  const size_t warps = sms * (kThreads / 32);
+  const int group = static_cast<int>(std::clamp<size_t>(count / warps, 1, 32));
+  const size_t blocks = std::min(sms, (count + group * size_t{kThreads / 32} - 1) / (group * size_t{kThreads / 32}));
+  copy_blocks_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(ops, count, group);
+  check(cudaGetLastError(), "copy_blocks_kernel launch");
 }
 
 }  // namespace ferry::cuda

@@ -1,9 +1,18 @@
 // block_copy.h — copies of many small blocks between pinned host memory and
-// device memory done by a few SMs instead of the copy engines: each thread
-// block takes whole blocks and moves them with 16-byte loads and stores
-// through the host memory's device mapping. For the KV-cache pattern (1024
-// blocks of 16-256 KiB scattered on both sides), where per-copy DMA setup
-// costs more than the bytes.
+// device memory done by a few SMs instead of the copy engines: each warp takes
+// whole blocks and moves them with 16-byte loads and stores (eight in flight
+// per lane) through the host memory's device mapping. For the KV-cache
+// pattern (thousands of 4-32 KiB blocks scattered on both sides), where a copy
+// engine's per-descriptor setup costs more than the bytes.
+//
+// The block list travels in device-readable memory (a pinned, device-mapped
+// buffer of the engine's, op_buffers.h), not in kernel parameters: one launch
+// moves any number of blocks, and the CPU writes 24 bytes per block.
+//
+// SMs: the grid is `max_sms` thread blocks of 1024 threads, so at most that
+// many SMs run copies, whatever else the GPU is doing (a model's kernels keep
+// the rest). Warps take groups of blocks (one 24-byte descriptor per lane,
+// read at once) in grid-stride order.
 #pragma once
 
 #include <cstddef>
@@ -18,11 +27,20 @@ struct BlockCopy {
   size_t bytes;
 };
 
-// Enqueues all copies on `stream` using at most `max_sms` thread blocks
-// (0 = 16). Preconditions: every pointer is device-accessible (device memory,
-// or pinned host memory with canUseHostPointerForRegisteredMem / its device
-// pointer); ranges do not overlap. Launches in groups that fit the 32 KiB
-// kernel parameter space. Throws CudaError on a launch failure.
-void launch_block_copies(const BlockCopy* copies, size_t count, cudaStream_t stream, int max_sms = 0);
+// The longest block the kernel takes as one: longer ones are cut into pieces
+// of this size, so that a few long blocks do not leave one warp with them all.
+inline constexpr size_t kBlockPieceBytes = size_t{64} << 10;
+inline size_t block_pieces(size_t bytes) { return (bytes + kBlockPieceBytes - 1) / kBlockPieceBytes; }
+
+// The default of MachineProfile::batch_sm_max_sms (copy/strategy.h) when 0.
+inline constexpr int kDefaultBlockCopySms = 8;
+
+// Enqueues the copies of `ops[0..count)` on `stream`, on at most `max_sms`
+// SMs (0: kDefaultBlockCopySms). Preconditions: `ops` is device-readable
+// (device memory or the device view of pinned memory) and stays unchanged
+// until the kernel has run; each op's bytes <= kBlockPieceBytes and > 0;
+// every pointer is device-accessible; ranges do not overlap. The engine's
+// device is current. Throws CudaError on a launch failure.
+void launch_block_copies(const BlockCopy* ops, size_t count, cudaStream_t stream, int max_sms);
 
 }  // namespace ferry::cuda

@@ -105,6 +105,8 @@ CopyEngine::~CopyEngine() {
     for (auto& w : m.workers) w.reset();  // joins after the queued chunk tasks
     m.lanes.reset();    // synchronizes each lane's stream
     m.areas.reset();    // waits for each slot's last DMA
+    for (cudaStream_t& s : m.side)
+      if (s) cudaStreamSynchronize(s), cudaStreamDestroy(s), s = nullptr;
   } catch (...) {  // no device to switch to: nothing of ours can still run on it
   }
   cudaGetLastError();
@@ -171,8 +173,11 @@ Completion CopyEngine::Impl::start(void* dst, const void* src, size_t bytes, cud
                        stream);
       break;
     case Path::sm_kernel: {
-      BlockCopy op{lookup.device_view(dst), lookup.device_view(src), bytes};
-      launch_block_copies(&op, 1, stream);
+      std::vector<BlockCopy> ops;
+      split_at_registrations(dst, src, bytes, lookup, [&](void* d, const void* s, size_t k) {
+        ops.push_back({lookup.device_view(d), lookup.device_view(s), k});
+      });
+      launch_kernel(ops, stream);
       check(cudaEventRecord(st->done, stream), "cudaEventRecord");
       break;
     }
@@ -214,29 +219,73 @@ void CopyEngine::copy_many(std::span<const CopyOp> ops, cudaStream_t stream, Str
   impl_copy_many(ops, stream, strategy, /*wait=*/true).wait();
 }
 
+namespace {
+
+// The handles that mean "no stream": the legacy default stream.
+bool no_stream(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy; }
+
+}  // namespace
+
+cudaStream_t CopyEngine::Impl::side_stream(Direction d) {
+  std::call_once(side_made, [&] {
+    for (cudaStream_t& s : side) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate (copy_many)");
+  });
+  return side[static_cast<int>(d)];
+}
+
+void CopyEngine::Impl::launch_kernel(std::span<const BlockCopy> ops, cudaStream_t stream) {
+  size_t pieces = 0;
+  for (const BlockCopy& op : ops) pieces += block_pieces(op.bytes);
+  OpBuffers::Buffer* b = op_buffers.acquire(pieces * sizeof(BlockCopy));
+  auto* out = static_cast<BlockCopy*>(b->host);
+  for (const BlockCopy& op : ops) {
+    auto* d = static_cast<char*>(op.dst);
+    auto* s = static_cast<const char*>(op.src);
+    for (size_t at = 0; at < op.bytes; at += kBlockPieceBytes)
+      *out++ = {d + at, s + at, std::min(kBlockPieceBytes, op.bytes - at)};
+  }
+  bool enqueued = false;
+  try {
+    launch_block_copies(static_cast<const BlockCopy*>(b->device), pieces, stream, options.profile.batch_sm_max_sms);
+    enqueued = true;
+  } catch (...) {
+    op_buffers.release(b, stream, enqueued);
+    throw;
+  }
+  op_buffers.release(b, stream, enqueued);
+}
+
+// With no stream, the call runs on the engine's stream for its direction
+// (side_stream), which first waits for the work queued on the legacy default
+// stream before the call (an event recorded there): a kernel that wrote the
+// source on the legacy stream, or on a blocking stream that the legacy stream
+// waits for, is ordered before the copy. Nothing queued later on any stream
+// waits for the copy: copy_many returns once it is done; copy_many_async's
+// Completion (wait(), or its event) is what later work waits on.
 Completion CopyEngine::impl_copy_many(std::span<const CopyOp> ops, cudaStream_t stream, Strategy strategy,
                                       bool wait) {
   Impl& m = *impl_;
   m.refuse_if_forked();
   if (ops.empty()) throw InvalidArgument("copy_many: no items");
-  // Check every item before anything is enqueued; one lookup asks the
-  // driver once per allocation, not several times per item.
+  // Check every item before anything is enqueued: by allocation range where
+  // the batch is blocks of pinned and device memory, else one by one; one
+  // lookup asks the driver once per allocation, not several times per item.
   PointerLookup lookup;
-  std::vector<CopyPair> pairs(ops.size());
-  for (size_t i = 0; i < ops.size(); ++i) {
-    try {
-      pairs[i] = check_copy_pair(ops[i].dst, ops[i].src, ops[i].bytes, lookup, m.options.device);
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument("item " + std::to_string(i) + " of " + std::to_string(ops.size()) + ": " + e.what());
-    }
-  }
   const Strategy requested = strategy != Strategy::automatic ? strategy : m.options.strategy;
-  ManyPlan p = plan_many(ops, pairs, wait ? CallKind::copy_many : CallKind::copy_many_async, m.options.profile,
-                         requested, lookup);
+  ManyPlan p = plan_many(ops, wait ? CallKind::copy_many : CallKind::copy_many_async, m.options.profile, requested,
+                         lookup, m.options.device);
   ScopedDevice on(m.options.device);
+  if (no_stream(stream)) {
+    const Direction d = p.directions[0] || !p.directions[1] ? Direction::h2d : Direction::d2h;
+    cudaStream_t mine = m.side_stream(d);
+    PooledEvent before(m.events);
+    check(cudaEventRecord(before.get(), cudaStreamLegacy), "cudaEventRecord (legacy stream)");
+    check(cudaStreamWaitEvent(mine, before.get(), 0), "cudaStreamWaitEvent");
+    stream = mine;
+  }
   auto st = begin_copy(p.main, p.total);
   if (!p.dsts.empty()) {
-    if (stream == nullptr) {  // the batch API refuses the legacy stream: one call each
+    if (stream == cudaStreamPerThread) {  // the batch API refuses the default streams: one call each
       for (size_t i = 0; i < p.dsts.size(); ++i)
         check(cudaMemcpyAsync(p.dsts[i], p.srcs[i], p.sizes[i], cudaMemcpyDefault, stream), "cudaMemcpyAsync (batch)");
     } else {
@@ -248,7 +297,7 @@ Completion CopyEngine::impl_copy_many(std::span<const CopyOp> ops, cudaStream_t 
             "cudaMemcpyBatchAsync");
     }
   }
-  if (!p.kernel_ops.empty()) launch_block_copies(p.kernel_ops.data(), p.kernel_ops.size(), stream);
+  if (!p.kernel_ops.empty()) m.launch_kernel(p.kernel_ops, stream);
   // Host->device first: its DMAs queue behind the pinned ones while the CPU
   // stages; device->host (synchronous calls) after.
   size_t eager_runs = 0;
@@ -259,8 +308,8 @@ Completion CopyEngine::impl_copy_many(std::span<const CopyOp> ops, cudaStream_t 
   }
   std::vector<Completion> parts;
   try {
-    for (size_t i : p.single)
-      parts.push_back(m.start(ops[i].dst, ops[i].src, ops[i].bytes, stream, p.routes[i], lookup));
+    for (const auto& [i, route] : p.single)
+      parts.push_back(m.start(ops[i].dst, ops[i].src, ops[i].bytes, stream, route, lookup));
     // Streamed items recorded their own events, which the caller's stream
     // already waits on; the call's event follows them on that stream.
     check(cudaEventRecord(st->done, stream), "cudaEventRecord");

@@ -27,6 +27,8 @@
 #include "cuda/copy/eager_copy.h"
 #include "cuda/copy/lane_pool.h"
 #include "cuda/copy/area_pool.h"
+#include "cuda/copy/block_copy.h"
+#include "cuda/copy/op_buffers.h"
 #include "cuda/event_pool.h"
 
 namespace ferry {
@@ -50,6 +52,13 @@ struct CopyEngine::Impl {
   std::unique_ptr<LanePool> lanes;
   std::unique_ptr<AreaPool> areas;     // eager staged copies
   EventPool events;                    // sync copies wait on one of these
+  OpBuffers op_buffers;                // the block-copy kernel's block lists
+  // copy_many with no stream: one non-blocking stream per direction, so that
+  // two threads (or two async calls) copying opposite ways overlap instead of
+  // queueing on the legacy default stream. Made once (side_made), destroyed
+  // with the engine.
+  std::once_flag side_made;
+  cudaStream_t side[2] = {nullptr, nullptr};
   std::unique_ptr<WorkerPool> pinner;  // one thread that unregisters pieces behind their DMA
   mutable std::mutex stats_mu;
   CopyEngineStats stats;  // stats_mu
@@ -71,6 +80,12 @@ struct CopyEngine::Impl {
   Completion start(void* dst, const void* src, size_t bytes, cudaStream_t stream, const Route& r,
                    PointerLookup& lookup);
   void count(Strategy s, size_t bytes, size_t chunks, size_t pieces, size_t eager);
+
+  // The no-stream copy_many's stream for direction d (made on first use).
+  cudaStream_t side_stream(Direction d);
+  // The block-copy kernel over `ops` (device views; cut into pieces of at
+  // most kBlockPieceBytes) on `stream`: one list in an op buffer, one launch.
+  void launch_kernel(std::span<const BlockCopy> ops, cudaStream_t stream);
 
   // DMAs of pinned memory on `stream`, waited for.
   void dma_and_wait(void* dst, const void* src, size_t n, cudaStream_t stream, PointerLookup& lookup);

@@ -1,0 +1,64 @@
+// op_buffers.cpp — the block lists' pinned buffers (op_buffers.h).
+#include "cuda/copy/op_buffers.h"
+
+#include <cuda_runtime_api.h>
+
+#include <bit>
+
+#include "cuda/cuda_check.h"
+
+namespace ferry::cuda {
+
+OpBuffers::~OpBuffers() {
+  for (auto& b : all_) {
+    if (b->recorded) cudaEventSynchronize(b->used);  // a kernel may still read it
+    if (b->host) cudaFreeHost(b->host);
+    if (b->used) cudaEventDestroy(b->used);
+  }
+}
+
+OpBuffers::Buffer* OpBuffers::acquire(size_t bytes) {
+  Buffer* b = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (!free_.empty()) {
+      b = free_.back();
+      free_.pop_back();
+    } else {
+      all_.push_back(std::make_unique<Buffer>());
+      b = all_.back().get();
+    }
+  }
+  try {
+    if (!b->used) check(cudaEventCreateWithFlags(&b->used, cudaEventDisableTiming), "cudaEventCreate (op buffer)");
+    if (b->recorded) check(cudaEventSynchronize(b->used), "cudaEventSynchronize (op buffer)");
+    if (b->capacity < bytes) {
+      if (b->host) check(cudaFreeHost(b->host), "cudaFreeHost (op buffer)");
+      b->host = b->device = nullptr;
+      b->capacity = 0;
+      const size_t n = std::bit_ceil(std::max<size_t>(bytes, 64u << 10));
+      check(cudaHostAlloc(&b->host, n, cudaHostAllocMapped | cudaHostAllocWriteCombined), "cudaHostAlloc (op buffer)");
+      b->capacity = n;
+      check(cudaHostGetDevicePointer(&b->device, b->host, 0), "cudaHostGetDevicePointer (op buffer)");
+    }
+  } catch (...) {
+    release(b, nullptr, false);
+    throw;
+  }
+  return b;
+}
+
+void OpBuffers::release(Buffer* b, cudaStream_t stream, bool enqueued) noexcept {
+  if (enqueued) {
+    // If the record fails, wait for the stream instead: the buffer must not be
+    // rewritten while a kernel may read it.
+    if (cudaEventRecord(b->used, stream) == cudaSuccess)
+      b->recorded = true;
+    else
+      cudaStreamSynchronize(stream), b->recorded = false, cudaGetLastError();
+  }
+  std::lock_guard lock(mu_);
+  free_.push_back(b);
+}
+
+}  // namespace ferry::cuda
