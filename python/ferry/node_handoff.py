@@ -29,30 +29,46 @@ up raises HandoffTimeoutError after ``timeout``. After either, the handoff is
 broken (the peer's waits fail too): open a new key.
 
 ``copy``: the copy function, ``copy(dsts, srcs, sizes)`` with int64 arrays of
-addresses (default ``ferry.copy_many(..., device=pool.device)``);
-``memmove_many`` copies host memory to host memory (tests, CPU-only runs).
+addresses (default: the copy engine of ``device``, in C++ with no Python call
+per slot; ``ferry.copy_many(...)`` where there is no device); ``memmove_many``
+copies host memory to host memory (tests, CPU-only runs; in C++ as well).
+
+Routes (``route=``): where the two GPUs reach each other (the same GPU, or peer
+access over NVLink or PCIe), the consumer publishes a ring on its GPU at its
+first ``recv`` (CUDA IPC) and the producer copies each slot GPU to GPU into it;
+"auto" (default) does so when the consumer's destinations are on its GPU and
+the producer's GPU reaches it, else the slots go through the pool (host
+destinations, an offload tier, take the pool); "pool" never uses the device
+ring; "peer" insists (NotSupportedError where it cannot). Slots sent before
+the consumer published go through the pool; each slot records which way it
+went and the consumer reads it from there. ``last_route`` says which way the
+last send or recv call went ("pool", "peer", "mixed", None: nothing moved);
+``stats()`` counts slots by route.
+
+The protocol (block layout, words, slot states, ordering) is written down in
+src/node/handoff.h; this class binds it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import time
+import math
 
-from . import _args
+from . import _args, _ferry
 from ._resolve import resolve
-from .units import fmt_bytes
 from .errors import (HandoffError, HandoffPeerGoneError, HandoffTimeoutError, InvalidArgumentError,
                      NotSupportedError)
 
-MAGIC = 0x48444F46  # "FODH"
-ALIGN = 256  # items start at this boundary in the stream
-SLOT_ALIGN = 4096  # slot_bytes is rounded up to this
-MAX_SLOTS = 4096
-HEADER_WORDS = 16
-META_WORDS = 4  # per slot: stream bytes (lo, hi), items, the send call's number
-# header words
-_W_MAGIC, _W_READY, _W_SLOTS, _W_SLOT_KIB4, _W_BROKEN = 0, 1, 2, 3, 4
-_W_SIDE = {"producer": 6, "consumer": 8}  # (member slot + 1, pid) of each side
+__all__ = ["Handoff", "HandoffError", "HandoffPeerGoneError", "HandoffTimeoutError", "memmove_many", "plan",
+           "header_bytes", "HANDOFF_TIMEOUT", "ROUTES"]
+
+# The protocol's constants, from src/node/handoff.h (one source).
+MAGIC = _ferry.HANDOFF_MAGIC
+ALIGN = _ferry.HANDOFF_ALIGN  # items start at this boundary in the stream
+SLOT_ALIGN = _ferry.HANDOFF_SLOT_ALIGN  # slot_bytes is rounded up to this
+MAX_SLOTS = _ferry.HANDOFF_MAX_SLOTS
+HEADER_WORDS = _ferry.HANDOFF_HEADER_WORDS
+META_WORDS = _ferry.HANDOFF_META_WORDS
+ROUTES = ("auto", "pool", "peer")
 
 
 class _HandoffTimeout:
@@ -67,11 +83,7 @@ HANDOFF_TIMEOUT = _HandoffTimeout()
 
 def header_bytes(slots: int, granule: int) -> int:
     """The ring's header (signal words), whole granules: the slots start after it."""
-    return _align(4 * (HEADER_WORDS + (2 + META_WORDS) * slots), granule)
-
-
-def _sizes(slots: int, slot_bytes: int) -> str:
-    return f"slots={slots}, slot_bytes={slot_bytes} ({fmt_bytes(slot_bytes)})"
+    return _ferry.handoff_header_bytes(slots, granule)
 
 
 def _numpy():
@@ -84,9 +96,10 @@ def _numpy():
 
 
 def memmove_many(dsts, srcs, sizes) -> None:
-    """copy(dsts, srcs, sizes) for host memory on both sides (ctypes.memmove per item)."""
-    for d, s, n in zip(dsts.tolist(), srcs.tolist(), sizes.tolist()):
-        ctypes.memmove(d, s, n)
+    """copy(dsts, srcs, sizes) for host memory on both sides (a memmove per item; a
+    Handoff given this function runs it in C++, with no Python call per slot)."""
+    np = _numpy()
+    _ferry.host_copy_many(*(np.ascontiguousarray(a, np.int64) for a in (dsts, srcs, sizes)))
 
 
 def _align(n: int, a: int) -> int:
@@ -123,46 +136,18 @@ def _addresses(items, sizes, writable: bool, what: str):
         for i, n in enumerate(known):
             if n is not None and lengths[i] > n:
                 raise InvalidArgumentError(f"sizes[{i}]={int(lengths[i])}: {what}[{i}] holds only {n} bytes")
-    return addrs, lengths
+    return np.ascontiguousarray(addrs, np.int64), np.ascontiguousarray(lengths, np.int64)
 
 
 def plan(lengths, slot_bytes: int) -> tuple[int, list]:
     """(stream bytes, per slot-sized chunk (item index, offset in item, offset in slot,
     length) as arrays): item i starts at a 256-byte boundary after item i-1; the
-    stream is cut every slot_bytes. Both sides compute the same plan from the sizes."""
+    stream is cut every slot_bytes. Both sides compute the same plan from the sizes
+    (src/node/handoff.h's plan_handoff, which send and recv run)."""
     np = _numpy()
-    lengths = np.asarray(lengths, np.int64)
-    keep = np.nonzero(lengths > 0)[0]
-    if len(keep) == 0:
-        return 0, []
-    n = lengths[keep]
-    padded = (n + ALIGN - 1) // ALIGN * ALIGN
-    start = np.cumsum(padded) - padded
-    total = int(start[-1] + n[-1])
-    first, last = start // slot_bytes, (start + n - 1) // slot_bytes
-    item, off, pos, length = [keep], [np.zeros(len(keep), np.int64)], [start], [n]
-    crossing = np.nonzero(first != last)[0]
-    if len(crossing):  # split the items that cross a slot boundary
-        whole = first == last
-        item, off, pos, length = [keep[whole]], [off[0][whole]], [start[whole]], [n[whole]]
-        for j in crossing.tolist():
-            s, e = int(start[j]), int(start[j] + n[j])
-            cut = s
-            while cut < e:
-                end = min(e, (cut // slot_bytes + 1) * slot_bytes)
-                item.append(np.array([keep[j]]))
-                off.append(np.array([cut - s]))
-                pos.append(np.array([cut]))
-                length.append(np.array([end - cut]))
-                cut = end
-    item, off, pos, length = (np.concatenate(x).astype(np.int64) for x in (item, off, pos, length))
-    order = np.argsort(pos, kind="stable")
-    item, off, pos, length = item[order], off[order], pos[order], length[order]
-    chunk = pos // slot_bytes
-    bounds = np.searchsorted(chunk, np.arange((total + slot_bytes - 1) // slot_bytes + 1))
-    chunks = [(item[a:b], off[a:b], pos[a:b] - c * slot_bytes, length[a:b])
-              for c, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
-    return total, chunks
+    total, pieces, bounds = _ferry.handoff_plan(np.ascontiguousarray(lengths, np.int64), slot_bytes)
+    cols = np.array(pieces, np.int64).reshape(-1, 4)
+    return total, [tuple(cols[a:b, k].copy() for k in range(4)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 class Handoff:
@@ -172,10 +157,13 @@ class Handoff:
     size (rounded up to 4 KiB); both sides give the same values. timeout:
     seconds a wait may take (also for the block's header to be written by the
     side that made it; None or math.inf: no limit). poll: how often a wait checks
-    that the peer is still in the pool. copy: the copy function (module docstring)."""
+    that the peer is still in the pool. copy: the copy function (module docstring).
+    route: "auto", "pool" or "peer" (module docstring). device: the GPU this side
+    copies with (default: the pool's)."""
 
     def __init__(self, pool, key: str, slots: int = 4, slot_bytes: int = 64 << 20, *,
-                 timeout: float | None = 60.0, poll: float = 0.25, copy=None, device: int | None = None):
+                 timeout: float | None = 60.0, poll: float = 0.25, copy=None, device: int | None = None,
+                 route: str = "auto"):
         self.slots = _args.integer(slots, "slots", 1, MAX_SLOTS)
         self.slot_bytes = _align(_args.integer(slot_bytes, "slot_bytes", 1, 1 << 44), SLOT_ALIGN)
         timeout = _args.timeout(timeout, "timeout")
@@ -183,83 +171,64 @@ class Handoff:
             raise InvalidArgumentError(f"poll={_args.quote(poll)}: expected seconds > 0")
         if copy is not None and not callable(copy):
             raise InvalidArgumentError(f"copy={_args.quote(copy)}: expected a function copy(dsts, srcs, sizes)")
-        self.pool, self.key, self.timeout, self.poll = pool, key, timeout, float(poll)
-        self.device = pool.device if device is None else device
-        if copy is None:
-            from .copy import copy_many
-
-            dev = self.device
-
-            def copy(dsts, srcs, sizes):
-                copy_many(dsts, srcs, sizes, device=dev)
-        self._copy = copy
-        header = header_bytes(self.slots, pool.granule)
-        self._data_offset = header
+        if route not in ROUTES:
+            raise InvalidArgumentError(f"route={_args.quote(route)}: expected 'auto', 'pool' or 'peer'")
+        if not isinstance(key, str):
+            raise InvalidArgumentError(f"key={_args.quote(key)}: expected a str")
+        self.pool, self.key, self.poll, self.route = pool, key, float(poll), route
+        self.device = pool.device if device is None else _args.integer(device, "device", 0, 1 << 30)
         self.block = None
+        self._native = None
+        native_pool = pool._live(f"Handoff {key!r}")
+        if copy is memmove_many:
+            mode, fn = "host", None
+        elif copy is None and self.device is not None:
+            mode, fn = "engine", None
+        else:
+            if copy is None:
+                from .copy import copy_many
+
+                def copy(dsts, srcs, sizes):
+                    copy_many(dsts, srcs, sizes, device=None)
+            np = _numpy()
+            user = copy
+
+            def fn(dsts, srcs, sizes):
+                user(np.array(dsts, np.int64), np.array(srcs, np.int64), np.array(sizes, np.int64))
+            mode = "python"
+        self._native = _ferry.Handoff(native_pool, key, self.slots, self.slot_bytes,
+                                      math.inf if timeout is None else timeout, self.poll, route, mode, fn,
+                                      -1 if self.device is None else self.device)
         try:
-            self.block = pool.named(key, header + self.slots * self.slot_bytes)
-        except InvalidArgumentError:
-            other = self._other_side()
-            if other is None:
-                raise
-            raise InvalidArgumentError(f"Handoff {key!r}: the other side opened it with {other}; this side "
-                                       f"asked {_sizes(self.slots, self.slot_bytes)}: give both sides the same "
-                                       "slots and slot_bytes (or another key)") from None
-        try:
-            self._open(header)
+            from .node import NodeBlock
+
+            handle, nbytes, created = self._native.block
+            self.block = pool._touched(NodeBlock(pool, handle, nbytes, created, key))
+            if pool.device is not None:
+                pool.wait_ready(self.block)
         except BaseException:
             self.close()  # lets go of what it holds: a failed open leaves nothing behind
             raise
 
-    def _other_side(self) -> str | None:
-        """What the process that made the named block `key` asked, when it differs in size
-        from this side's (for the message); None if no such block is there."""
-        native = self.pool._live(f"Handoff {self.key!r}")
-        found = native.find_named(self.key)
-        if found is None:
-            return None
-        offset, nbytes = found
-        granule = self.pool.granule
-        # a look without holding the block: its maker may still be writing the header, or free it
-        magic, ready, slots, kib4 = (native.load(offset + 4 * w) for w in (_W_MAGIC, _W_READY, _W_SLOTS,
-                                                                           _W_SLOT_KIB4))
-        if magic == MAGIC and ready and 1 <= slots <= MAX_SLOTS and \
-                header_bytes(slots, granule) + slots * kib4 * SLOT_ALIGN == nbytes:
-            return _sizes(slots, kib4 * SLOT_ALIGN)
-        return f"a block of {nbytes} bytes ({fmt_bytes(nbytes)}; its header is not a handoff's, or not written yet)"
+    @property
+    def timeout(self) -> float | None:
+        """Seconds a wait may take (None: no limit); settable."""
+        t = self._native.timeout if self._native is not None else math.inf
+        return None if math.isinf(t) else t
 
-    def _open(self, header: int) -> None:
-        pool, key = self.pool, self.key
-        base = self.block.address
-        self._words = (ctypes.c_uint32 * (header // 4)).from_address(base)
-        self._slot_base = base + header
-        self._filled, self._drained = HEADER_WORDS, HEADER_WORDS + self.slots
-        self._meta = HEADER_WORDS + 2 * self.slots
-        # The pool zeroes a named block's first 4 KiB when it makes it, so READY
-        # reads 0 until the maker has written the whole header (which may run
-        # past 4 KiB: it clears that part first) and bumped READY.
-        if self.block.created:
-            ctypes.memset(base, 0, 4 * (HEADER_WORDS + (2 + META_WORDS) * self.slots))
-            self._words[_W_MAGIC], self._words[_W_SLOTS] = MAGIC, self.slots
-            self._words[_W_SLOT_KIB4] = self.slot_bytes // SLOT_ALIGN
-            pool.add(self.block, _W_READY)
-        elif not pool.wait(self.block, _W_READY, 1, self.timeout):
-            raise HandoffTimeoutError(f"handoff {key!r}: the process that made its block did not "
-                                      f"finish writing the header within {self.timeout:g} s")
-        got = (self._words[_W_MAGIC], self._words[_W_SLOTS], self._words[_W_SLOT_KIB4] * SLOT_ALIGN)
-        if got != (MAGIC, self.slots, self.slot_bytes):
-            theirs = "a block that is not a handoff's" if got[0] != MAGIC else _sizes(got[1], got[2])
-            raise InvalidArgumentError(
-                f"Handoff {key!r}: the other side opened it with {theirs}; this side asked "
-                f"{_sizes(self.slots, self.slot_bytes)}: give both sides the same slots and slot_bytes "
-                "(or another key)")
-        if pool.device is not None:
-            pool.wait_ready(self.block)
-        # where each side is: a side's position is what its counters say (so a reopened side resumes)
-        self._sent = sum(self._words[self._filled + s] for s in range(self.slots))
-        self._received = sum(self._words[self._drained + s] for s in range(self.slots))
-        self._calls = {"producer": 0, "consumer": 0}
-        self._roles: set[str] = set()
+    @timeout.setter
+    def timeout(self, value) -> None:
+        t = _args.timeout(value, "timeout")
+        if self._native is not None:
+            self._native.timeout = math.inf if t is None else t
+
+    @property
+    def _sent(self) -> int:
+        return self._native.sent if self._native is not None else 0
+
+    @property
+    def _received(self) -> int:
+        return self._native.received if self._native is not None else 0
 
     # --- the two sides ----------------------------------------------------------------------
     def send(self, srcs, sizes=None) -> int:
@@ -268,128 +237,65 @@ class Handoff:
         tensors/buffers (sizes: None for whole objects, an int for every item, or a list)."""
         self._usable("send")
         addrs, lengths = _addresses(srcs, sizes, False, "srcs")
-        self._join("producer")
-        total, chunks = plan(lengths, self.slot_bytes)
-        call = self._calls["producer"] = self._calls["producer"] + 1
-        for item, off, pos, length in chunks:
-            b = self._sent
-            slot, rnd = b % self.slots, b // self.slots
-            self._wait(self._drained + slot, rnd, "consumer", f"drain slot {slot} (batch {b})", self.timeout)
-            self._copy(self._slot_base + slot * self.slot_bytes + pos, addrs[item] + off, length)
-            m = self._meta + META_WORDS * slot
-            self._words[m], self._words[m + 1] = total & 0xFFFFFFFF, total >> 32
-            self._words[m + 2], self._words[m + 3] = len(lengths) & 0xFFFFFFFF, call & 0xFFFFFFFF
-            self.pool.add(self.block, self._filled + slot)
-            self._sent = b + 1
-        return total
+        return self._native.send(addrs, lengths)
 
     def recv(self, dsts, sizes=None) -> int:
         """Copies the next send call's items into dsts (the same sizes as sent), one copy
         call per slot; returns the bytes received."""
         self._usable("recv")
         addrs, lengths = _addresses(dsts, sizes, True, "dsts")
-        self._join("consumer")
-        total, chunks = plan(lengths, self.slot_bytes)
-        for k, (item, off, pos, length) in enumerate(chunks):
-            b = self._received
-            slot, rnd = b % self.slots, b // self.slots
-            self._wait(self._filled + slot, rnd + 1, "producer", f"fill slot {slot} (batch {b})", self.timeout)
-            m = self._meta + META_WORDS * slot
-            sent = (self._words[m] | self._words[m + 1] << 32, self._words[m + 2])
-            if k == 0 and sent != (total, len(lengths) & 0xFFFFFFFF):
-                raise InvalidArgumentError(
-                    f"handoff {self.key!r}: recv of {len(lengths)} items ({total} bytes in the stream) but "
-                    f"the producer's send had {sent[1]} items ({sent[0]} bytes): give recv the sizes send had")
-            self._copy(addrs[item] + off, self._slot_base + slot * self.slot_bytes + pos, length)
-            self.pool.add(self.block, self._drained + slot)
-            self._received = b + 1
-        return total
+        return self._native.recv(addrs, lengths)
 
     def drain(self, timeout: float | None = HANDOFF_TIMEOUT) -> None:
         """Producer: waits until the consumer drained every slot sent, at most `timeout`
         seconds in all (default: the Handoff's timeout; None or math.inf: no limit)."""
         self._usable("drain")
         limit = self.timeout if timeout is HANDOFF_TIMEOUT else _args.timeout(timeout, "timeout")
-        deadline = None if limit is None else time.monotonic() + limit
-        for s in range(self.slots):
-            need = self._sent // self.slots + (1 if s < self._sent % self.slots else 0)
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._wait(self._drained + s, need, "consumer", f"drain slot {s}", left, limit)
+        self._native.drain(math.inf if limit is None else limit)
 
     @property
     def pending(self) -> int:
         """Slots sent and not yet drained."""
         self._usable("pending")
-        return sum(self._words[self._filled + s] - self._words[self._drained + s] for s in range(self.slots))
+        return self._native.pending
 
-    # --- waiting, watching the peer ---------------------------------------------------------
+    @property
+    def last_route(self) -> str | None:
+        """Which way the last send or recv call's slots went: "pool" (host slots of the
+        node pool), "peer" (GPU to GPU through the consumer's device ring), "mixed", or
+        None when it moved nothing."""
+        self._usable("last_route")
+        s = self._native.stats()
+        pool, peer = s["last_pool_slots"], s["last_peer_slots"]
+        return ("mixed" if pool and peer else "peer" if peer else "pool" if pool else None)
+
+    def stats(self) -> dict:
+        """Slots this process sent and received since it opened the handoff, and how many
+        went each way: sent, received, pool_slots, peer_slots, last_pool_slots,
+        last_peer_slots (the last call's)."""
+        self._usable("stats")
+        return self._native.stats()
+
     def _usable(self, what: str) -> None:
         """NotSupportedError in a forked child (the pool's memory is not mapped there);
         InvalidArgumentError once closed."""
         self.pool._live(f"Handoff {self.key!r}.{what}")
-        if self.block is None:
+        if self._native is None:
             raise InvalidArgumentError(f"Handoff {self.key!r}.{what}: the handoff was closed; open it again")
-
-    def _join(self, role: str) -> None:
-        """Writes this process's pool slot and pid for `role`, once, so the peer can watch it."""
-        self._check_broken()
-        if role in self._roles:
-            return
-        me = next(m for m in self.pool.stats()["members"] if m["this_process"])
-        w = _W_SIDE[role]
-        self._words[w + 1] = me["pid"] & 0xFFFFFFFF
-        self._words[w] = me["slot"] + 1
-        self._roles.add(role)
-
-    def _peer_gone(self, peer: str) -> str | None:
-        slot, pid = self._words[_W_SIDE[peer]], self._words[_W_SIDE[peer] + 1]
-        if slot == 0:
-            return None  # not started yet: only the timeout applies
-        alive = {(m["slot"] + 1, m["pid"] & 0xFFFFFFFF) for m in self.pool.stats()["members"]}
-        return None if (slot, pid) in alive else f"the {peer} (pid {pid}) left the pool"
-
-    def _check_broken(self) -> None:
-        why = self._words[_W_BROKEN]
-        if why:
-            side = {1: "producer", 2: "consumer"}.get(why, "other side")
-            raise HandoffError(f"handoff {self.key!r} is broken: the {side} gave up after an error; "
-                               f"open a new key")
-
-    def _wait(self, word: int, value: int, peer: str, what: str, timeout: float | None,
-              told: float | None = None) -> None:
-        """Waits until the word reaches value, at most `timeout` seconds (None: no limit;
-        `told`: the limit the message names, if not that)."""
-        limit = timeout
-        deadline = None if limit is None else time.monotonic() + limit
-        step = self.poll if limit is None else min(self.poll, limit)
-        while not self.pool.wait(self.block, word, value & 0xFFFFFFFF, step):
-            self._check_broken()
-            gone = self._peer_gone(peer)
-            if gone or (deadline is not None and time.monotonic() >= deadline):
-                self._words[_W_BROKEN] = 1 if peer == "consumer" else 2  # the peer's waits fail too
-                if gone:
-                    raise HandoffPeerGoneError(f"handoff {self.key!r}: waiting for the {peer} to {what}, but "
-                                               f"{gone} (died, was killed or closed the pool): "
-                                               f"{self.pending} slots undelivered")
-                told = limit if told is None else told
-                if self._words[_W_SIDE[peer]] == 0:
-                    where = f"it has not started: no {'recv' if peer == 'consumer' else 'send'} call yet"
-                else:
-                    where = f"it is still in the pool: {self.pool.holders()}"
-                raise HandoffTimeoutError(f"handoff {self.key!r}: the {peer} did not {what} within {told:g} s "
-                                          f"({where}); raise timeout= if it is slow")
 
     # --- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Lets go of the named block (freed when both sides did). In a forked child it
-        only drops this object (the block stays the parent's)."""
-        if self.block is not None:
-            block, self.block, self._words = self.block, None, None
-            try:
-                self.pool._live(f"Handoff {self.key!r}.close")
-            except NotSupportedError:
-                return  # a forked child: nothing here is ours to free
-            self.pool.free(block)
+        """Lets go of the named block (freed when both sides did); a consumer's device
+        ring is freed once the producer let go of it (at most the timeout). In a forked
+        child it only drops this object (the block stays the parent's)."""
+        native, self._native, self.block = self._native, None, None
+        if native is None:
+            return
+        try:
+            self.pool._live(f"Handoff {self.key!r}.close")
+        except NotSupportedError:
+            return  # a forked child: nothing here is ours to free (the native object knows it too)
+        native.close()
 
     def __enter__(self):
         return self

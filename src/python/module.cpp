@@ -35,6 +35,7 @@ void bind_channel(nanobind::module_& m);  // low-latency channel: channel_bindin
 void bind_managed(nanobind::module_& m);  // PyTorch allocators: managed_bindings.cpp
 void bind_load(nanobind::module_& m);     // checkpoint loader, safetensors: load_bindings.cpp
 void bind_node(nanobind::module_& m);     // the node pool: node_bindings.cpp
+void bind_handoff(nanobind::module_& m);  // the node handoff: handoff_bindings.cpp
 void bind_write_pipeline(nanobind::module_& m);  // load/write_pipeline.h: write_pipeline_bindings.cpp
 void bind_os(nanobind::module_& m);  // src/os for python/ferry (files, mappings, sockets, /proc): os_bindings.cpp
 }
@@ -456,6 +457,7 @@ NB_MODULE(_ferry, m) {
   ferry::python::bind_managed(m);  // PyTorch allocators
   ferry::python::bind_load(m);     // checkpoint loader
   ferry::python::bind_node(m);     // node pool
+  ferry::python::bind_handoff(m);  // node handoff
   ferry::python::bind_write_pipeline(m);  // save's writers
   ferry::python::bind_os(m);              // the OS layer python/ferry uses
 }

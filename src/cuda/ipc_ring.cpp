@@ -1,0 +1,190 @@
+// ipc_ring.cpp — the node handoff's device ring over CUDA IPC (ipc_ring.h).
+#include "cuda/ipc_ring.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/copy/copy_engine.h"
+#include "cuda/cuda_check.h"
+#include "cuda/pointer_lookup.h"
+#include "cuda/scoped_device.h"
+
+namespace ferry::cuda {
+
+namespace {
+
+// A non-blocking stream on one device, made on first use, destroyed with the holder.
+class OwnStream {
+ public:
+  explicit OwnStream(int device) : device_(device) {}
+  ~OwnStream() {
+    if (!stream_) return;
+    ScopedDevice keep;
+    if (cudaSetDevice(device_) == cudaSuccess) cudaStreamDestroy(stream_);
+    cudaGetLastError();
+  }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+  cudaStream_t get() {  // the caller has made device_ current
+    if (!stream_) check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return stream_;
+  }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+node::HandoffCopy engine_handoff_copy(CopyEngine& engine) {
+  const int device = engine.options().device;
+  auto stream = std::make_shared<OwnStream>(device);
+  return [&engine, stream, device](void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) {
+    if (n == 0) return;
+    std::vector<CopyOp> ops(n);
+    for (size_t i = 0; i < n; ++i) ops[i] = {dsts[i], srcs[i], sizes[i]};
+    cudaStream_t s;
+    {
+      ScopedDevice on(device);
+      s = stream->get();
+    }
+    engine.copy_many(ops, s);  // returns when the bytes are in place
+  };
+}
+
+IpcRing::IpcRing(int device) : device_(device) {
+  int count = 0;
+  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (device < 0 || device >= count)
+    throw InvalidArgument("device=" + std::to_string(device) + ": this process sees " + std::to_string(count) +
+                          " CUDA devices");
+}
+
+IpcRing::~IpcRing() {
+  unmap();
+  if (stream_) {
+    ScopedDevice keep;
+    if (cudaSetDevice(device_) == cudaSuccess) cudaStreamDestroy(stream_);
+    cudaGetLastError();
+  }
+}
+
+cudaStream_t IpcRing::stream() {
+  if (!stream_) check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  return stream_;
+}
+
+bool IpcRing::on_device(void* const* dsts, size_t n) {
+  PointerLookup lookup;
+  for (size_t i = 0; i < n; ++i) {
+    const PointerInfo p = lookup.find(dsts[i]);
+    if (p.kind != Memory::device || p.device != device_) return false;
+  }
+  return n > 0;
+}
+
+char* IpcRing::publish(uint64_t bytes, node::HandoffRingExport* out) {
+  if (ring_) throw InvalidArgument("IpcRing::publish: a ring is already published");
+  ScopedDevice on(device_);
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "cudaMalloc (the handoff's device ring)");
+  cudaIpcMemHandle_t handle{};
+  const cudaError_t got = cudaIpcGetMemHandle(&handle, p);
+  const cudaError_t bus = got == cudaSuccess
+                              ? cudaDeviceGetPCIBusId(out->bus_id, static_cast<int>(sizeof out->bus_id), device_)
+                              : cudaSuccess;
+  if (got != cudaSuccess || bus != cudaSuccess) {
+    cudaFree(p);
+    cudaGetLastError();
+    check(got != cudaSuccess ? got : bus,
+          got != cudaSuccess ? "cudaIpcGetMemHandle (the handoff's device ring)" : "cudaDeviceGetPCIBusId");
+  }
+  static_assert(sizeof handle == node::kHandoffExportBytes, "the ring's export holds one cudaIpcMemHandle_t");
+  std::memcpy(out->handle, &handle, sizeof handle);
+  out->bus_id[sizeof out->bus_id - 1] = '\0';
+  out->bytes = bytes;
+  ring_ = static_cast<char*>(p);
+  return ring_;
+}
+
+void IpcRing::free_ring() noexcept {
+  if (!ring_) return;
+  ScopedDevice keep;
+  if (cudaSetDevice(device_) == cudaSuccess) cudaFree(ring_);
+  cudaGetLastError();
+  ring_ = nullptr;
+}
+
+char* IpcRing::map(const node::HandoffRingExport& ring, std::string* why) {
+  if (mapped_) unmap();
+  ScopedDevice on(device_);
+  int peer = -1;
+  if (cudaDeviceGetByPCIBusId(&peer, ring.bus_id) != cudaSuccess) {
+    cudaGetLastError();
+    *why = "the consumer's GPU (PCI " + std::string(ring.bus_id) + ") is not visible in this process";
+    return nullptr;
+  }
+  if (peer != device_) {
+    int can = 0;
+    check(cudaDeviceCanAccessPeer(&can, device_, peer), "cudaDeviceCanAccessPeer");
+    if (!can) {
+      *why = "GPU " + std::to_string(device_) + " cannot reach the consumer's GPU " + std::to_string(peer) +
+             " (PCI " + std::string(ring.bus_id) + "): no peer access (NVLink or PCIe P2P)";
+      return nullptr;
+    }
+  }
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, ring.handle, sizeof handle);
+  void* p = nullptr;
+  const cudaError_t err = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    *why = "cudaIpcOpenMemHandle of the consumer's ring failed on GPU " + std::to_string(device_) + ": " +
+           describe(err);
+    return nullptr;
+  }
+  mapped_ = static_cast<char*>(p);
+  return mapped_;
+}
+
+void IpcRing::unmap() noexcept {
+  if (!mapped_) return;
+  ScopedDevice keep;
+  if (cudaSetDevice(device_) == cudaSuccess) cudaIpcCloseMemHandle(mapped_);
+  cudaGetLastError();
+  mapped_ = nullptr;
+}
+
+void IpcRing::copy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) {
+  if (n == 0) return;
+  ScopedDevice on(device_);
+  cudaStream_t s = stream();
+  if (n > 1 && batch_ok_) {
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t attr_index = 0;
+    std::vector<void*> d(dsts, dsts + n);
+    std::vector<const void*> sr(srcs, srcs + n);
+    std::vector<size_t> len(sizes, sizes + n);
+    const cudaError_t err = cudaMemcpyBatchAsync(d.data(), sr.data(), len.data(), n, &attr, &attr_index, 1, s);
+    if (err == cudaSuccess) {
+      check(cudaStreamSynchronize(s), "cudaStreamSynchronize (the handoff's device copies)");
+      return;
+    }
+    cudaGetLastError();
+    if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue)
+      check(err, "cudaMemcpyBatchAsync (the handoff's device copies)");
+    batch_ok_ = false;  // refused here: one copy each from now on
+  }
+  for (size_t i = 0; i < n; ++i)
+    check(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, s), "cudaMemcpyAsync (the handoff's device copies)");
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize (the handoff's device copies)");
+}
+
+}  // namespace ferry::cuda

@@ -1,0 +1,70 @@
+// ipc_ring.h — the node handoff's device ring (node/handoff.h's peer route):
+// the CUDA side that the CUDA-free protocol is given.
+//
+// Consumer: publish() allocates the ring on this process's GPU (cudaMalloc) and
+// exports it (cudaIpcGetMemHandle, and the GPU's PCI bus id, so the producer
+// finds the same GPU whatever its CUDA_VISIBLE_DEVICES numbering); the
+// protocol writes both into the named block, which only this user's processes
+// can reach (the node pool's private directory, peer uids checked).
+// Producer: map() finds that GPU here (cudaDeviceGetByPCIBusId), checks that
+// this process's GPU reaches it (the same GPU, or cudaDeviceCanAccessPeer) and
+// opens the handle once (cudaIpcOpenMemHandle, cudaIpcMemLazyEnablePeerAccess);
+// where any of that fails it says why and the protocol takes the host slots.
+// copy(): one cudaMemcpyBatchAsync on this object's stream (non-blocking, on
+// this side's GPU), then cudaStreamSynchronize: the producer's GPU writes the
+// consumer's GPU over NVLink or PCIe P2P; the consumer scatters from its ring
+// (device to device, or to host destinations). Where the batch call is refused
+// once, copies go one cudaMemcpyAsync each from then on (remembered).
+//
+// Lifetime: free_ring() frees the ring only when the protocol says the producer
+// let go of it (CUDA: freeing memory another process still maps is undefined);
+// the destructor never frees it (a ring the protocol leaked stays leaked), but
+// unmaps a mapping and destroys the stream. No call leaves the caller's current
+// device changed. One thread at a time (the Handoff's calling thread); no lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "node/handoff.h"
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace ferry::cuda {
+
+class CopyEngine;
+
+// The pool route's copy function for a side with a GPU: the copy engine's
+// copy_many (pinned pool slots <-> device, any host memory too) on a
+// non-blocking stream of its own on the engine's device, waited for. The
+// stream lives as long as the function (copies of it share it).
+node::HandoffCopy engine_handoff_copy(CopyEngine& engine);
+
+class IpcRing : public node::HandoffDevice {
+ public:
+  explicit IpcRing(int device);  // InvalidArgument for a device this process does not see
+  ~IpcRing() override;
+  IpcRing(const IpcRing&) = delete;
+  IpcRing& operator=(const IpcRing&) = delete;
+
+  bool on_device(void* const* dsts, size_t n) override;
+  char* publish(uint64_t bytes, node::HandoffRingExport* out) override;
+  void free_ring() noexcept override;
+  char* map(const node::HandoffRingExport& ring, std::string* why) override;
+  void unmap() noexcept override;
+  void copy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) override;
+
+  int device() const { return device_; }
+
+ private:
+  cudaStream_t stream();
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  char* ring_ = nullptr;    // consumer: the published ring
+  char* mapped_ = nullptr;  // producer: the consumer's ring, mapped here
+  bool batch_ok_ = true;    // cudaMemcpyBatchAsync accepted (else one cudaMemcpyAsync per piece)
+};
+
+}  // namespace ferry::cuda
