@@ -145,7 +145,9 @@ static bool check(int fd, size_t bytes, const unsigned char* dev) {
 
 static void change_under_registration(const std::string& dir) {
   const size_t bytes = 64 * MiB;
-  std::string path = dir + "/page-cache-dma.small", other = dir + "/page-cache-dma.other";
+  // per process: several probes may run at once beside one FILE (one per GPU)
+  const std::string pid = std::to_string(getpid());
+  std::string path = dir + "/page-cache-dma.small." + pid, other = dir + "/page-cache-dma.other." + pid;
   auto write_file = [&](const std::string& p, unsigned char fill) {
     int fd = open(p.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
     if (fd < 0) die("open " + p);
@@ -252,6 +254,7 @@ int main(int argc, char** argv) {
       Mapping m = map_file(fd, bytes);
       double reg = register_all(m, piece, threads);
       ok(cudaMemset(dev, 0xEE, bytes), "memset");
+      ok(cudaDeviceSynchronize(), "memset sync");  // the DMA streams are non-blocking: they would not wait
       double d1 = dma(m, dev, chunk, s);
       bool good = check(fd, bytes, dev);
       double d2 = dma(m, dev, chunk, s);
@@ -264,6 +267,7 @@ int main(int argc, char** argv) {
     }
     Mapping m = map_file(fd, bytes);
     ok(cudaMemset(dev, 0xEE, bytes), "memset");
+    ok(cudaDeviceSynchronize(), "memset sync");
     double p = pipelined(m, dev, piece, chunk, s);
     bool good = check(fd, bytes, dev);
     unregister_all(m, piece);
