@@ -1,19 +1,35 @@
 """ferry: move data between host memory and NVIDIA GPUs at the speed of the link.
 
-The pieces: ``Pool`` / ``PinnedPool`` (huge-page-aware host memory, recycled and
-accounted), ``versions()``, ``cuda_info()``, and the ``ferry`` command
-(``ferry doctor``). Errors are ``ferry.FerryError`` subclasses (see ferry.errors).
+Memory:
+    Pool, PinnedPool      huge-page-aware host memory, recycled and accounted
+                          (PinnedPool: pinned for a GPU, a target pinned in the background)
+    Buffer                one allocation of a pool (buffer protocol, __dlpack__)
+    NodePool, NodeBlock   one pinned pool per node, shared by every rank (ferry.node)
+    Handoff               GPU -> node pool -> GPU between processes (ferry.node)
+Copies:
+    copy, copy_async      one host<->GPU copy, any host memory, any size
+    copy_many, copy_many_async
+                          many (dst, src, size) copies in one call
+    Copy                  the handle of an async copy (wait(), done)
+    register, Registration
+                          pin a host range for copies (until unregister() or a with block ends)
+    engine                the copy engine of a GPU
+    Channel               small low-latency reads, writes and signals (a GPU kernel polls)
+Loading:
+    Loader                file byte ranges to GPU memory through pinned staging (ferry.load)
+The machine:
+    versions(), cuda_info(), check_options(), option_table(), set_fault_injection()
+Errors:
+    every error is a ferry.errors class (FerryError and its subclasses, named here
+    too); docs/errors.md lists them and what raises each.
+
+PyTorch: ferry.torch (to_device, to_host, load_safetensors, save_safetensors,
+DataLoader, ...). The command line: ``ferry doctor``, ``ferry bench``.
+docs/api.md: the words every argument uses (device, stream, out, timeout, sizes).
 """
 
-from .errors import (  # noqa: F401  (re-exported)
-    CudaError,
-    FerryError,
-    InvalidArgumentError,
-    NoDeviceError,
-    NotSupportedError,
-    OSLayerError,
-    OutOfMemoryError,
-)
+from .errors import *  # noqa: F401,F403  (re-exported: every ferry.errors class)
+from .errors import __all__ as _error_names
 from . import _ferry
 from .pool import Buffer, PinnedPool, Pool  # noqa: F401
 from .copy import (  # noqa: F401
@@ -58,3 +74,13 @@ def set_fault_injection(spec: str) -> None:
 
 
 from .channel import Channel  # noqa: F401, E402
+from .load import Loader  # noqa: F401, E402
+from .node import Handoff, NodeBlock, NodePool  # noqa: F401, E402
+
+__all__ = [
+    "Pool", "PinnedPool", "Buffer", "NodePool", "NodeBlock", "Handoff",
+    "copy", "copy_async", "copy_many", "copy_many_async", "Copy", "register", "Registration", "engine",
+    "Channel", "Loader",
+    "versions", "cuda_info", "check_options", "option_table", "set_fault_injection",
+    *_error_names,
+]

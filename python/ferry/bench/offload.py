@@ -43,6 +43,7 @@ import contextlib
 import gc
 import time
 
+from ..errors import MeasurementError
 from ..measure import median
 from .records import Records
 from .report import progress, table, write_json
@@ -113,7 +114,7 @@ def rss_bytes() -> int:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024  # kB
-    raise RuntimeError("/proc/self/status has no VmRSS line")
+    raise MeasurementError("/proc/self/status has no VmRSS line")
 
 
 def pool_bytes(stats: dict, what: str) -> int:

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ..errors import InvalidArgumentError
+
 KEYS = ("suite", "case", "params", "metric", "value", "unit", "baseline", "ratio")
 
 
@@ -38,7 +40,7 @@ def record(suite: str, case: str, metric: str, value: Any, unit: str | None, par
            baseline: Any = None) -> dict:
     """One record; ratio = value / baseline where both are numbers and baseline is not 0."""
     if not suite or not case or not metric:
-        raise ValueError(f"a bench record needs a suite, a case and a metric (got {suite!r}, {case!r}, {metric!r})")
+        raise InvalidArgumentError(f"a bench record needs a suite, a case and a metric (got {suite!r}, {case!r}, {metric!r})")
     ratio = value / baseline if _number(value) and _number(baseline) and baseline != 0 else None
     return {"suite": suite, "case": case, "params": dict(params or {}), "metric": metric, "value": value,
             "unit": unit, "baseline": baseline if _number(baseline) else None, "ratio": ratio}

@@ -64,16 +64,16 @@ import argparse
 import sys
 import warnings
 
+from ..errors import InvalidArgumentError
+
 
 def _checked(convert, name: str):
-    """An argparse type from a converter that raises InvalidArgumentError or ValueError."""
+    """An argparse type from a converter that raises InvalidArgumentError (or int()'s ValueError)."""
 
     def check(text: str):
-        from ..errors import InvalidArgumentError
-
         try:
             return convert(text)
-        except (InvalidArgumentError, ValueError) as e:
+        except ValueError as e:  # InvalidArgumentError is one, and so is int()'s error
             raise argparse.ArgumentTypeError(str(e)) from None
 
     check.__name__ = name  # argparse names the type in its message
@@ -84,7 +84,7 @@ def _size_list(text: str) -> str:
     from ..units import parse_size_list
 
     if not parse_size_list(text):
-        raise ValueError(f"'{text}': expected a list of sizes such as 4K,64M,1G")
+        raise InvalidArgumentError(f"'{text}': expected a list of sizes such as 4K,64M,1G")
     return text  # kept as written; run() parses it again
 
 
@@ -108,7 +108,7 @@ def int_at_least(lo: int):
     def convert(text: str) -> int:
         v = int(text)
         if v < lo:
-            raise ValueError(f"'{text}': expected an integer >= {lo}")
+            raise InvalidArgumentError(f"'{text}': expected an integer >= {lo}")
         return v
 
     return _checked(convert, "integer")
@@ -121,7 +121,7 @@ def choices_list(allowed):
         items = [x for x in text.split(",") if x]
         bad = [x for x in items if x not in allowed]
         if bad or not items:
-            raise ValueError(f"'{text}': expected a comma-separated list of {', '.join(allowed)}")
+            raise InvalidArgumentError(f"'{text}': expected a comma-separated list of {', '.join(allowed)}")
         return text
 
     return _checked(convert, "list")
@@ -246,8 +246,6 @@ class Suite:
 
     def main(self, argv: list[str] | None = None) -> int:
         args = self.parser().parse_args(argv)
-        from ..errors import InvalidArgumentError
-
         try:
             self.check_args(args)
         except InvalidArgumentError as e:
@@ -263,7 +261,6 @@ class Suite:
 
     def _main(self, args: argparse.Namespace) -> int:
         if args.json is not None:  # before measuring, not after: a bad FILE must not cost the results
-            from ..errors import InvalidArgumentError
             from .report import check_json_path
 
             try:

@@ -460,7 +460,7 @@ def write_bytes(page: bytes, path: str | os.PathLike) -> str:
     try:
         dest = _target(path)
     except InvalidArgumentError as e:
-        raise OSError(errno.EINVAL, str(e)) from None
+        raise OSLayerError(errno.EINVAL, str(e)) from None
     if dest.kind == "stream":
         _write_into(dest.path, page)
         return dest.path
@@ -475,7 +475,7 @@ def write_bytes(page: bytes, path: str | os.PathLike) -> str:
     try:
         out.commit(len(page))
     except InvalidArgumentError as e:  # replaced by something else while written: left as it is
-        raise OSError(errno.EINVAL, str(e)) from None
+        raise OSLayerError(errno.EINVAL, str(e)) from None
     return dest.path
 
 
@@ -487,11 +487,11 @@ def _write_into(path: str, data: bytes) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
         if e.errno == errno.ENXIO:
-            raise OSError(e.errno, f"{path} is a FIFO with no reader") from None
+            raise OSLayerError(e.errno, f"{path} is a FIFO with no reader") from None
         raise
     try:
         if not stat.S_ISCHR(os.fstat(fd).st_mode) and not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, f"{path} changed while the page was written")
+            raise OSLayerError(errno.EINVAL, f"{path} changed while the page was written")
         os.set_blocking(fd, True)
         view = memoryview(data)
         while view:

@@ -37,6 +37,7 @@ from .host_checks import (check_gvisor_shmem_thp, check_hugetlb_not_reserved, ch
                           check_memlock_low, check_memory_low_for_pool, check_nixl_ucx_slow_settings,
                           check_numa_mismatch, check_small_crew_uncalibrated, check_thp_defrag_never,
                           check_thp_disabled, check_torch_pinned_register, check_vm_first_touch_costly)
+from ..errors import InvalidArgumentError
 from .inputs import parse_cpulist
 from .model import SEVERITIES, SEVERITY_RANK, Finding, Rule, Verdict
 
@@ -155,17 +156,17 @@ def evaluate(
     for rule in RULES if rules is None else rules:
         try:
             if not isinstance(facts, dict):
-                raise TypeError(f"facts must be an object, got {type(facts).__name__}")
+                raise InvalidArgumentError(f"facts must be an object, got {type(facts).__name__}")
             if not isinstance(measurements, dict):
-                raise TypeError(f"measurements must be an object, got {type(measurements).__name__}")
+                raise InvalidArgumentError(f"measurements must be an object, got {type(measurements).__name__}")
             verdict = rule.check(facts, measurements)
             if verdict is None:
                 continue
             if not isinstance(verdict, Verdict):
-                raise TypeError(f"check returned {type(verdict).__name__}, not a Verdict")
+                raise InvalidArgumentError(f"check returned {type(verdict).__name__}, not a Verdict")
             severity = rule.severity if verdict.severity is None else verdict.severity
             if severity not in SEVERITY_RANK:
-                raise ValueError(f"check returned unknown severity {severity!r}")
+                raise InvalidArgumentError(f"check returned unknown severity {severity!r}")
             findings.append(Finding(rule.id, severity, rule.title, list(verdict.evidence), verdict.fix))
         except Exception as error:  # one bad rule must not kill the report
             findings.append(_error_finding(rule, error))

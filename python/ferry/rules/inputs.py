@@ -1,11 +1,13 @@
 """The rules' readers of facts and measurements: a value of the expected type or
-None for "unknown"; a value of the wrong type or shape raises."""
+None for "unknown"; a value of the wrong type or shape raises InvalidArgumentError
+(the rule then becomes a "could not be evaluated" finding)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any, Optional
 
+from ..errors import InvalidArgumentError
 from ..units import link_limit
 from ..units import fmt_bytes as _fmt_bytes
 
@@ -18,7 +20,7 @@ def _dict(value: Any, what: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise TypeError(f"{what} must be an object, got {type(value).__name__} {value!r}")
+        raise InvalidArgumentError(f"{what} must be an object, got {type(value).__name__} {value!r}")
     return value
 
 
@@ -26,7 +28,7 @@ def _list(value: Any, what: str) -> list:
     if value is None:
         return []
     if not isinstance(value, (list, tuple)):
-        raise TypeError(f"{what} must be a list, got {type(value).__name__} {value!r}")
+        raise InvalidArgumentError(f"{what} must be a list, got {type(value).__name__} {value!r}")
     return list(value)
 
 
@@ -35,7 +37,7 @@ def _num(value: Any, what: str) -> Optional[float]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number, got {type(value).__name__} {value!r}")
+        raise InvalidArgumentError(f"{what} must be a number, got {type(value).__name__} {value!r}")
     if math.isnan(value):
         return None
     return value
@@ -46,7 +48,7 @@ def _typed(value: Any, what: str, kind: type, name: str) -> Any:
     if value is None:
         return None
     if not isinstance(value, kind):
-        raise TypeError(f"{what} must be {name}, got {type(value).__name__} {value!r}")
+        raise InvalidArgumentError(f"{what} must be {name}, got {type(value).__name__} {value!r}")
     return value
 
 
@@ -67,7 +69,7 @@ def _sysfs_choice(value: Any, what: str) -> Optional[str]:
     try:
         return thp_setting(text)
     except ValueError as e:
-        raise ValueError(f"{what}: {e}") from None
+        raise InvalidArgumentError(f"{what}: {e}") from None
 
 
 # The cpulist parser of ferry (facts.parsers): "0-3,8,10-15", "0-31:2/4" -> a set of

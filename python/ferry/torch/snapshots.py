@@ -25,7 +25,7 @@ import threading
 import time
 
 from .. import _args
-from ..errors import InvalidArgumentError
+from ..errors import FerryTimeoutError, InvalidArgumentError
 from ._torch import torch_module as _torch
 from .file_layout import Plan, collect, file_order, prepare, tied_names
 from .publish import ticket
@@ -62,11 +62,11 @@ class SaveFuture:
 
     def wait(self, timeout: float | None = None) -> list[str]:
         """The paths written, once the save is done; its error re-raised (each
-        call). TimeoutError if not done within `timeout` seconds (None or
-        math.inf: no limit)."""
+        call). ferry.errors.FerryTimeoutError (a TimeoutError) if not done within
+        `timeout` seconds (None or math.inf: no limit)."""
         timeout = _args.timeout(timeout, "timeout")
         if not self._done.wait(timeout):
-            raise TimeoutError(f"the save is still running after {timeout} s")
+            raise FerryTimeoutError(f"the save is still running after {timeout} s")
         if self._error is not None:
             raise self._error
         return self._result

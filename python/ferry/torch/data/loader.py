@@ -39,6 +39,7 @@ import warnings
 import torch
 import torch.utils.data as _data
 
+from ...errors import DataLoaderError, InternalError
 from .. import _torch_private as pt
 from ..devices import cuda_device
 from .batch_layout import Batch, SlotWriter, WorkerFailure
@@ -361,7 +362,7 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
         try:
             idx, data = super()._get_data()
         except RuntimeError as e:
-            raise RuntimeError(f"ferry DataLoader: {e} ({self._worker_names()})") from e
+            raise DataLoaderError(f"ferry DataLoader: {e} ({self._worker_names()})") from e
         if pt.is_resume(idx):
             return idx, data
         if self._later and not self._resuming:
@@ -390,7 +391,7 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
             self._try_put_index()
             data.error.reraise()
         if not isinstance(data, Batch):  # pragma: no cover - our workers send nothing else
-            raise RuntimeError(f"ferry DataLoader: unexpected message from worker {worker_idx}: {type(data)}")
+            raise InternalError(f"ferry DataLoader: unexpected message from worker {worker_idx}: {type(data)}")
         slot = self._task_slot.pop(data.idx, None)  # the batch holds it now
         try:
             batch = self._deliver(data)

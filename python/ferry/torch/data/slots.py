@@ -52,6 +52,7 @@ import collections
 import os
 import threading
 
+from ...errors import InternalError
 from .batch_layout import align_up
 
 # Slots start on a page; their chunks are 2 MiB multiples (the pool's granule).
@@ -219,7 +220,7 @@ class SlotPool:
         buf = pool.alloc(capacity, alignment=SLOT_ALIGNMENT, huge=False)
         where = pool.shared_location(buf)
         if where is None:  # pragma: no cover - the pool is memfd-backed
-            raise RuntimeError("ferry DataLoader: a slot is not in shared memory")
+            raise InternalError("ferry DataLoader: a slot is not in shared memory")
         view = torch.frombuffer(buf, dtype=torch.uint8)
         with self._lock:
             slot = Slot(self._next_id, buf, view, where[0], where[1], capacity, generation)
