@@ -11,7 +11,7 @@ that share a GPU are said so in the output and the records) and measures:
     it: the pool's pages exist once, the pinned pools' once per rank).
 (b) DMA: every rank, at once, copies --dma-bytes host->device and back between
     its GPU and its part of the shared region, beside its own pinned buffer (GB/s
-    per rank, median of --iters).
+    per rank, median of --repeats).
 (c) KV handoff: rank 0's GPU -> node pool -> rank 1's GPU through a
     ferry.node.Handoff (--slots slots of --slot-bytes; one copy_many per slot),
     --handoff-bytes per transfer in blocks of each --blocks size at shuffled
