@@ -3,7 +3,7 @@
 Pool create / first allocation / recycled alloc+free, ferry.register and
 unregister beside cudaHostRegister / cudaHostUnregister for 64 KiB .. 1 GiB of
 touched pageable memory, and the channel's create, first request (kernel
-launch) and request after the kernel went idle. Median of --reps runs, in
+launch) and request after the kernel went idle. Median of --repeats runs, in
 microseconds.
 """
 

@@ -19,7 +19,7 @@ up as a training process is (torch imported; the CUDA context and the pool made
 for the GPU holders). Held 0 is that same process holding nothing: each holder's
 baseline (always measured).
 
-  fork: os.fork() --repeat times, the parent's time from the call to its return
+  fork: os.fork() --repeats times, the parent's time from the call to its return
         (median); the child reads its Private_Dirty (/proc/self/smaps_rollup) at
         once, writes it to a pipe and leaves with os._exit(0); its growth is the
         child's figure minus the same holder's with nothing held. "mapping" is
