@@ -12,7 +12,7 @@ from a CPU copy made beforehand (not timed; with --device cpu one `save_file`,
 the baseline); `torch.distributed.checkpoint.save` and `async_save` (one
 process, a gloo group of one) where this PyTorch has them; ferry
 `save_safetensors`; ferry `snapshot` + `Snapshot.save` (the snapshot reused:
-`into=`), and the same with `non_blocking=True` (its "blocked s" is the time to
+`out=`), and the same with `non_blocking=True` (its "blocked s" is the time to
 queue the copy; the copy itself runs on the stream before the next step's
 work). Each file is fsynced before its time stops (the savers that do not
 fsync get an fsync, counted).
@@ -277,7 +277,7 @@ def savers(torch, dcp_state: _DCP | None, device: str = "cuda"):
     def ferry_snapshot(sd_gpu, sd_cpu, target, box):
         _sync(torch)
         t0 = time.perf_counter()
-        box["snap"] = ft.snapshot(sd_gpu, into=box.get("snap"))
+        box["snap"] = ft.snapshot(sd_gpu, out=box.get("snap"))
         blocked = time.perf_counter() - t0
         box["snap"].save(target).wait()
         return blocked, time.perf_counter() - t0
@@ -285,7 +285,7 @@ def savers(torch, dcp_state: _DCP | None, device: str = "cuda"):
     def ferry_snapshot_nb(sd_gpu, sd_cpu, target, box):
         _sync(torch)
         t0 = time.perf_counter()
-        box["snap"] = ft.snapshot(sd_gpu, into=box.get("snap"), non_blocking=True)
+        box["snap"] = ft.snapshot(sd_gpu, out=box.get("snap"), non_blocking=True)
         blocked = time.perf_counter() - t0
         box["snap"].save(target).wait()
         return blocked, time.perf_counter() - t0
