@@ -1,10 +1,11 @@
 """Where ferry may write a file (``writable_destination``: the one path rule),
 and a file written whole or not at all (``AtomicFile``).
 
-The bytes go to a temporary file in the destination's directory
+``AtomicFile`` describes; C++ does the work (src/load/atomic_file.h, through
+``_ferry.AtomicFile``; the system calls in src/os/file_replace.h). The bytes
+go to a temporary file in the destination's directory
 (``.NAME.ferry-tmp-PID-START-HOST-RANDOM``, cut to NAME_MAX: ``ferry.temp_names``,
-which also removes those of writers that died), written with ``os.pwrite`` (which releases
-the GIL, so several Python threads write at once); ``commit()`` fsyncs it
+which also removes those of writers that died); ``commit()`` fsyncs it
 (``durable=True``), renames it over the final name and fsyncs the directory.
 Until ``commit()`` returns, the final name holds what it held before (or
 nothing); ``abort()`` removes the temporary file. Several files that must
@@ -12,13 +13,12 @@ change together (a checkpoint's shards and index) are each ``finish()``ed
 (written, fsynced), then ``publish()``ed (renamed) one after the other. A crash
 leaves at most a temporary file behind, never a damaged file under the final name.
 
-O_DIRECT: ``direct=True`` opens the temporary file with O_DIRECT where the file
-system allows it (tmpfs refuses: the file is then written through the page
-cache, and ``direct`` reads False). Direct writes need a buffer address, a
-length and an offset that are multiples of ``DIRECT_ALIGN``; a write that the
-file system refuses with EINVAL switches this file to buffered writes for good
-(the remembered fallback). A file whose length is not a multiple of the
-alignment is written padded and cut to its length in ``commit()``.
+O_DIRECT, in one place for every writer (C++): ``direct=True`` opens the
+temporary file with O_DIRECT where the file system allows it (tmpfs refuses:
+the file is then written through the page cache, and ``direct`` reads False);
+a write that the file system refuses with EINVAL switches the file to
+buffered writes for good (the remembered fallback). A save's whole file is
+written by ``save()`` (``ferry.torch.save``: the layout handed to C++).
 
 Mode and owner: the temporary file is created 0600 (never readable by more
 users than the final file while it is written); ``finish()`` gives it, before
@@ -32,9 +32,9 @@ may not, the file is this process's, with the same mode.
 Every OS error becomes an ``OSLayerError`` (also an ``OSError``, with its
 errno) naming the final file and the call that failed.
 
-Locking: none. ``pwrite`` may be called from several threads at once (the OS
-orders the writes; each thread writes its own range); ``open``/``commit``/
-``abort`` from one thread, after the writers are done.
+Locking: none here. ``pwrite`` may be called from several threads at once
+(each thread writes its own range); ``open``/``commit``/``abort`` from one
+thread, after the writers are done.
 """
 
 from __future__ import annotations
@@ -142,67 +142,49 @@ def _check_directory(path: str) -> None:
         raise OSLayerError(code, f"cannot write {path}: directory {parent} is not writable ({os.strerror(code)})")
 
 
-def _os_error(e: OSError, path: str, call: str) -> OSLayerError:
-    return OSLayerError(e.errno, f"{call} failed writing {path}: {e.strerror or e}")
-
-
 class AtomicFile:
     """A temporary file that becomes `path` on commit() (see the module's text)."""
 
     def __init__(self, path: str, *, direct: bool = True, durable: bool = True, like=None):
         """like: the paths whose first regular file gives this one its mode and
         owner in finish() (default: [path]); none there: 0666 & ~umask."""
-        self.path = path
         self.durable = durable
         self.like = [path] if like is None else list(like)
-        self.temp_path = temp_names.temp_path(path)
-        self.direct = False
-        self.fd = -1
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        try:
-            if direct and hasattr(os, "O_DIRECT"):
-                try:
-                    self.fd = os.open(self.temp_path, flags | os.O_DIRECT, 0o600)
-                    self.direct = True
-                except OSError as e:
-                    if e.errno != errno.EINVAL:  # tmpfs: EINVAL; anything else is real
-                        raise
-            if self.fd < 0:
-                self.fd = os.open(self.temp_path, flags, 0o600)
-        except OSError as e:
-            raise _os_error(e, path, "open (temporary file)") from e
+        self._native = _ferry.AtomicFile(path, temp_names.temp_path(path), bool(direct), bool(durable))
+
+    @property
+    def path(self) -> str:
+        """The final name (a shard's is set when it is published)."""
+        return self._native.path
+
+    @path.setter
+    def path(self, value: str) -> None:
+        self._native.path = value
+
+    @property
+    def temp_path(self) -> str:
+        return self._native.temp_path
+
+    @property
+    def direct(self) -> bool:
+        """Writes go O_DIRECT (False: buffered, from the start or since a refused direct write)."""
+        return self._native.direct
+
+    @property
+    def fd(self) -> int:
+        """The descriptor (still this object's). Kept only for the doctor's page
+        (doctor/html_report.py), whose fchmod finish() now does: remove with it."""
+        return self._native.fd
 
     def pwrite(self, data, offset: int) -> None:
-        """Write all of `data` (a bytes-like object) at `offset`. With O_DIRECT,
-        data's address, length and offset must be multiples of DIRECT_ALIGN."""
-        view = memoryview(data).cast("B")
-        while view.nbytes:
-            try:
-                n = os.pwrite(self.fd, view, offset)
-            except OSError as e:
-                if e.errno == errno.EINVAL and self.direct:
-                    self._go_buffered()
-                    continue
-                raise _os_error(e, self.path, "pwrite") from e
-            if n == 0:  # no progress and no errno: treat as a full disk
-                raise OSLayerError(errno.ENOSPC, f"pwrite wrote 0 bytes to {self.path}")
-            view = view[n:]
-            offset += n
+        """Write all of `data` (a bytes-like object) at `offset`."""
+        self._native.write(data, offset)
 
-    def _go_buffered(self) -> None:
-        """The file system refused a direct write: the same file, through the page cache."""
-        try:
-            fd = os.open(self.temp_path, os.O_WRONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise _os_error(e, self.path, "open (buffered fallback)") from e
-        self.adopt_buffered(fd)
-
-    def adopt_buffered(self, fd: int) -> None:
-        """fd (this temporary file opened without O_DIRECT, now this object's)
-        replaces the O_DIRECT descriptor: the fallback taken by someone else,
-        e.g. save's C++ write pipeline (src/load/write_pipeline.h)."""
-        old, self.fd, self.direct = self.fd, fd, False
-        os.close(old)
+    def save(self, header: bytes, parts, pool, devices, *, slot_bytes: int, slots: int, writers: int) -> dict:
+        """The whole file from its layout, then finish() (src/load/save_file.h;
+        ferry.torch.save describes the arguments). On error the temporary file
+        is removed."""
+        return self._native.save(header, parts, pool._native, devices, slot_bytes, slots, writers, self.like)
 
     def commit(self, length: int) -> None:
         """finish(length), then publish(). On error the temporary file is removed."""
@@ -214,18 +196,7 @@ class AtomicFile:
         replaces (see the module's text), fsync (durable) and close; the
         temporary file stays under its name until publish(). On error it is
         removed."""
-        try:
-            try:
-                os.ftruncate(self.fd, length)
-                give_mode(self.fd, self.like)
-                if self.durable:
-                    os.fsync(self.fd)
-            except OSError as e:
-                raise _os_error(e, self.path, "ftruncate/fchmod/fsync") from e
-            self._close()
-        except BaseException:
-            self.abort()
-            raise
+        self._native.finish(length, self.like)
 
     def publish(self, fsync_dir: bool = True) -> None:
         """Rename over the final name, if it still holds a regular file or
@@ -233,99 +204,20 @@ class AtomicFile:
         checked is never replaced); fsync the directory (durable and fsync_dir:
         several files of one directory fsync it once, after the last). On error
         the temporary file is removed."""
-        try:
-            mode = os.lstat(self.path).st_mode
-        except OSError:
-            mode = None  # nothing there (or rename will say what is wrong)
-        if mode is not None and not stat.S_ISREG(mode):
-            self.abort()
-            raise InvalidArgumentError(f"{self.path} became {describe(mode)} while it was written: "
-                                       "not replaced (nothing was written there)")
-        try:
-            os.rename(self.temp_path, self.path)
-        except OSError as e:
-            self.abort()
-            raise _os_error(e, self.path, "rename") from e
-        if self.durable and fsync_dir:
-            fsync_directory(os.path.dirname(self.path))
+        self._native.publish(fsync_dir)
 
     def abort(self) -> None:
         """Close and remove the temporary file (never raises)."""
-        self._close()
-        try:
-            os.unlink(self.temp_path)
-        except OSError:
-            pass
-
-    def _close(self) -> None:
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-def umask() -> int:
-    """This process's umask, read from /proc (setting it to read it would race
-    with other threads creating files); os.umask where /proc does not say."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o22)
-    os.umask(mask)
-    return mask
+        self._native.abort()
 
 
 def mode_of(like) -> tuple[int, int | None, int | None]:
     """(permission bits, uid, gid) of the first regular file of `like` (links
     followed), or (0666 & ~umask, None, None) where there is none: what a file
     replacing it gets."""
-    for p in like:
-        try:
-            st = os.stat(p)
-        except (OSError, ValueError):
-            continue
-        if stat.S_ISREG(st.st_mode):
-            return st.st_mode & 0o777, st.st_uid, st.st_gid
-    return 0o666 & ~umask(), None, None
-
-
-def give_mode(fd: int, like) -> None:
-    """fd gets mode_of(like): the owner first where permitted (fchown; EPERM,
-    or EINVAL for an id this namespace cannot map: left as it is), then the
-    mode (a file system without modes, EPERM/EOPNOTSUPP: left as it is)."""
-    mode, uid, gid = mode_of(like)
-    if uid is not None:
-        st = os.fstat(fd)
-        if (st.st_uid, st.st_gid) != (uid, gid):
-            for u, g in ((uid, gid), (-1, gid)):
-                try:
-                    os.fchown(fd, u, g)
-                    break
-                except OSError as e:
-                    if e.errno not in (errno.EPERM, errno.EINVAL):
-                        raise
-    try:
-        os.fchmod(fd, mode)
-    except OSError as e:
-        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP):
-            raise
+    return _ferry.replaced_mode([os.fspath(p) for p in like])
 
 
 def fsync_directory(directory: str) -> None:
     """fsync a directory, so that the renames in it survive a crash."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise _os_error(e, directory, "open (directory)") from e
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        raise _os_error(e, directory, "fsync (directory)") from e
-    finally:
-        os.close(fd)
+    _ferry.sync_directory(directory)

@@ -1,5 +1,5 @@
 // write_pipeline.cpp — run_write_pipeline: the caller's thread fills slots,
-// writer threads pwrite them (see write_pipeline.h).
+// writer threads write them into an AtomicFile (see write_pipeline.h).
 #include "load/write_pipeline.h"
 
 #include <algorithm>
@@ -14,17 +14,16 @@
 #include "core/error.h"
 #include "core/slot_ring.h"
 #include "core/worker_pool.h"
+#include "load/atomic_file.h"
 #include "os/file.h"
-#include "os/memory.h"
 
 namespace ferry::load {
 namespace {
 
 constexpr uint64_t kAlign = os::kDirectIoAlignment;
-uint64_t align_up(uint64_t v) { return (v + kAlign - 1) & ~(kAlign - 1); }
 
-std::string range_of(const WriteFile& f, uint64_t offset, uint64_t bytes) {
-  return f.name + ", bytes [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) + ")";
+std::string range_of(const AtomicFile& f, uint64_t offset, uint64_t bytes) {
+  return f.path() + ", bytes [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) + ")";
 }
 
 // One filled slot on its way to a writer.
@@ -37,14 +36,13 @@ struct Job {
 
 // The state of one run_write_pipeline call, shared by its writers.
 //
-// Locking: mu guards queue, closing, landed, error, running and notes.
-// stop and buffered_fd are atomic so that writers can look at them without
-// the lock. The slots' states and order are the ring's (core/slot_ring.h, its
+// Locking: mu guards queue, closing, landed, error and running. stop and
+// the counters are atomic so that writers can use them without the lock. The slots' states and order are the ring's (core/slot_ring.h, its
 // own lock). No system call and no Source call is made while mu is held.
 struct WriteRun {
-  WriteRun(const WriteFile& f, Source& s) : file(f), source(s), ring(s.slot_count()), landed(s.slot_count(), 1) {}
+  WriteRun(AtomicFile& f, Source& s) : file(f), source(s), ring(s.slot_count()), landed(s.slot_count(), 1) {}
 
-  const WriteFile& file;
+  AtomicFile& file;
   Source& source;
 
   SlotRing ring;                     // landing = a writer wrote the slot (landed[slot])
@@ -56,10 +54,8 @@ struct WriteRun {
   std::vector<char> landed;          // guarded by mu; per slot: its last write is done (or skipped)
   std::exception_ptr error;          // guarded by mu; the first failure
   int running = 0;                   // guarded by mu; writers not yet returned
-  std::vector<std::string> notes;    // guarded by mu
   std::atomic<bool> stop{false};
-  std::atomic<int> buffered_fd{-1};  // the fallback's descriptor once a direct write was refused
-  std::atomic<uint64_t> written{0}, writes{0}, direct_writes{0};
+  std::atomic<uint64_t> written{0}, writes{0};
 
   void fail(std::exception_ptr e) {
     {
@@ -111,44 +107,9 @@ struct WriteRun {
   }
 };
 
-// The buffered descriptor, opened by the first writer refused (a second one
-// racing it closes its own).
-int fall_back(WriteRun& r, int err_direct) {
-  int fd = r.buffered_fd.load();
-  if (fd >= 0) return fd;
-  int mine = -1;
-  if (int err = os::open_for_writing(r.file.path.c_str(), &mine))
-    throw OsError("open '" + r.file.path + "' for buffered writes (O_DIRECT write refused: errno " +
-                      std::to_string(err_direct) + ")",
-                  err);
-  if (r.buffered_fd.compare_exchange_strong(fd, mine)) {
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.notes.push_back(r.file.name + ": an O_DIRECT write gave EINVAL (alignment the file system does not accept); "
-                      "buffered writes from here on");
-    return mine;
-  }
-  os::close_fd(mine);
-  return fd;  // the winner's
-}
-
 void write_job(WriteRun& r, const Job& j) {
-  size_t done = 0;
-  int fd = r.buffered_fd.load();
-  if (r.file.direct && fd < 0) {
-    const size_t padded = align_up(j.bytes);  // the caller cuts the file to its length
-    int err = os::write_at(r.file.fd, j.data, padded, j.offset, &done);
-    if (err == 0) {
-      ++r.direct_writes;
-      ++r.writes;
-      r.written += j.bytes;
-      return;
-    }
-    if (err != EINVAL) throw OsError("O_DIRECT write of " + range_of(r.file, j.offset, padded), err);
-    fd = fall_back(r, err);
-  }
-  if (fd < 0) fd = r.file.fd;
-  if (int err = os::write_at(fd, j.data, j.bytes, j.offset, &done))
-    throw OsError("write of " + range_of(r.file, j.offset, j.bytes), err);
+  r.source.wait_filled(j.slot);
+  r.file.write(j.data, j.bytes, j.offset);  // O_DIRECT and its fallback: atomic_file.h
   ++r.writes;
   r.written += j.bytes;
 }
@@ -207,7 +168,7 @@ bool fill_one(WriteRun& r, uint64_t at, size_t n) {
   return true;
 }
 
-void check(const WriteFile& f, const Source& s, WorkerPool& pool, int writers) {
+void check(const Source& s, WorkerPool& pool, int writers) {
   if (s.slot_count() == 0) throw InvalidArgument("save: the source has no staging slots");
   if (s.slot_bytes() == 0 || s.slot_bytes() % kAlign != 0)
     throw InvalidArgument("save: slot_bytes=" + std::to_string(s.slot_bytes()) + ": expected a positive multiple of " +
@@ -215,24 +176,24 @@ void check(const WriteFile& f, const Source& s, WorkerPool& pool, int writers) {
   if (writers < 1 || writers > pool.size())
     throw InvalidArgument("save: writers=" + std::to_string(writers) + ": expected 1.." + std::to_string(pool.size()) +
                           " (the pool's threads)");
-  if (f.fd < 0) throw InvalidArgument("save: " + f.name + ": no file descriptor");
 }
 
 }  // namespace
 
-WriteStats run_write_pipeline(const WriteFile& file, Source& source, WorkerPool& pool, int writers) {
+WriteStats run_write_pipeline(AtomicFile& file, uint64_t offset, uint64_t bytes, Source& source, WorkerPool& pool,
+                              int writers) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
-  check(file, source, pool, writers);
+  check(source, pool, writers);
   WriteStats st;
-  if (file.bytes == 0) return st;
+  if (bytes == 0) return st;
   WriteRun r(file, source);
-  const uint64_t chunks = (file.bytes + source.slot_bytes() - 1) / source.slot_bytes();
+  const uint64_t chunks = (bytes + source.slot_bytes() - 1) / source.slot_bytes();
   launch_writers(r, pool, static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(writers), chunks)));
   try {
-    for (uint64_t at = 0; at < file.bytes && !r.stop;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(source.slot_bytes(), file.bytes - at));
-      if (!fill_one(r, file.offset + at, n)) break;
+    for (uint64_t at = 0; at < bytes && !r.stop;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(source.slot_bytes(), bytes - at));
+      if (!fill_one(r, offset + at, n)) break;
       at += n;
     }
   } catch (...) {
@@ -241,15 +202,11 @@ WriteStats run_write_pipeline(const WriteFile& file, Source& source, WorkerPool&
   r.close_and_wait();
   // Every writer has returned: no lock needed.
   if (r.error) {
-    if (r.buffered_fd >= 0) os::close_fd(r.buffered_fd);
     source.abort();
     std::rethrow_exception(r.error);
   }
   st.bytes = r.written;
   st.writes = r.writes;
-  st.direct_writes = r.direct_writes;
-  st.buffered_fd = r.buffered_fd;
-  st.notes = std::move(r.notes);
   st.seconds = std::chrono::duration<double>(clock::now() - start).count();
   return st;
 }

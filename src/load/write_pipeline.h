@@ -1,30 +1,25 @@
 // write_pipeline.h — a save's threads, the loader pipeline's twin
 // (load/pipeline.h): the caller's thread fills a small ring of staging slots
-// in file order through a Source (Python's save: GPU bytes by copy_many, CPU
-// bytes by memmove, python/ferry/torch/save.py), while writer threads pwrite
-// the filled slots. No CUDA here: the Source is the only way in.
+// in file order through a Source (load/layout_source.h: host bytes by
+// memcpy, device bytes queued to a DeviceReads, src/cuda/load/file_writer.h),
+// while writer threads write the filled slots into an AtomicFile. No CUDA
+// here: the Source is the only way in. No Python either: nothing here calls
+// back into the interpreter.
 //
 // Per slot (caller's thread, then a writer):
 //   take the oldest slot (core/slot_ring.h) -> if it is in flight, wait until
 //   its write has landed -> Source::fill(slot, file offset, n) -> hand it to
-//   a writer -> pwrite (O_DIRECT: the last write padded to 4 KiB; the caller
-//   cuts the file to its length) -> landed: the slot may be filled again.
-//
-// O_DIRECT: the caller passes its descriptor and whether it is O_DIRECT. A
-// direct write the file system refuses (EINVAL) switches the file to
-// buffered writes for good (the remembered fallback): the first writer
-// refused opens the file again without O_DIRECT (by path) and every write
-// from then on goes through that descriptor, which the caller receives in
-// WriteStats::buffered_fd (it owns it from then on).
+//   a writer -> Source::wait_filled(slot) (a device copy still on its way) ->
+//   AtomicFile::write (O_DIRECT: the last write padded to 4 KiB, cut by
+//   finish; a refused direct write: the file's buffered fallback,
+//   load/atomic_file.h) -> landed: the slot may be filled again.
 //
 // Host memory: the Source's slots only, whatever the file's size.
 //
 // Errors: the first failure (a Source error, a write error) stops the run:
 // no slot is filled or written after it; the writers are waited for,
 // Source::abort() is called, then the error is thrown, naming the file and
-// the byte range. An error that is not a ferry::Error (a Python exception
-// from a Python Source) is rethrown as it is. The file's content is then
-// undefined (the caller removes it).
+// the byte range. The file's content is then undefined (the caller aborts it).
 //
 // Locking: WriteRun::mu guards the writers' queue, the slots' "landed" flags,
 // the first error and the count of running writers (see write_pipeline.cpp);
@@ -42,45 +37,40 @@ class WorkerPool;
 
 namespace ferry::load {
 
+class AtomicFile;
+
 // Where a save's bytes come from. slot_count/slot_bytes/slot are asked by any
-// thread; fill and abort only on the run's (caller's) thread.
+// thread; fill and abort only on the run's (caller's) thread; wait_filled by
+// the writer that writes the slot.
 class Source {
  public:
   virtual ~Source() = default;
   virtual size_t slot_count() const = 0;
   virtual size_t slot_bytes() const = 0;  // a multiple of os::kDirectIoAlignment
   // The bytes of slot i, asked after each fill(i, ...): the slot's buffer (4
-  // KiB aligned), or memory the Source already holds the bytes in (a
-  // snapshot's), valid until the slot lands. Its first align_up(n) bytes
-  // are written when the file is O_DIRECT.
+  // KiB aligned), or memory the Source already holds the bytes in (4 KiB
+  // aligned, readable to the end of its last page), valid until the slot
+  // lands. Its first align_up(n) bytes are written when the file is O_DIRECT.
   virtual const unsigned char* slot(size_t i) const = 0;
-  // Puts the file's bytes [file_offset, file_offset + n) in slot i. Called in
-  // file order, never for a slot whose earlier write has not landed.
+  // Puts the file's bytes [file_offset, file_offset + n) in slot i, or queues
+  // the copies that will (then wait_filled waits for them). Called in file
+  // order, never for a slot whose earlier write has not landed.
   virtual void fill(size_t i, uint64_t file_offset, size_t n) = 0;
+  // On a writer, before slot i's write: returns once its fill is complete.
+  virtual void wait_filled(size_t) {}
   // After a failure, once every writer returned (before the error is thrown).
   virtual void abort() noexcept {}
 };
 
-// The file a run writes: its bytes [offset, offset + bytes) are written.
-struct WriteFile {
-  std::string name;      // for messages (the final name, not the temporary one)
-  std::string path;      // the file itself: opened again for the buffered fallback
-  int fd = -1;           // the caller's descriptor (it stays the caller's)
-  bool direct = false;   // fd is O_DIRECT
-  uint64_t offset = 0;   // first byte to write
-  uint64_t bytes = 0;    // how many
-};
-
 struct WriteStats {
   uint64_t bytes = 0;           // bytes of the range written (padding not counted)
-  uint64_t writes = 0, direct_writes = 0;
-  int buffered_fd = -1;         // the fallback's descriptor (the caller closes it), or -1
+  uint64_t writes = 0;
   double seconds = 0;
-  std::vector<std::string> notes;  // fallbacks taken
 };
 
-// Writes the file's range from `source` on `pool` (at least `writers`
-// threads). Blocks until done; throws the first error.
-WriteStats run_write_pipeline(const WriteFile& file, Source& source, WorkerPool& pool, int writers);
+// Writes bytes [offset, offset + bytes) of `file` from `source` on `pool`
+// (at least `writers` threads). Blocks until done; throws the first error.
+WriteStats run_write_pipeline(AtomicFile& file, uint64_t offset, uint64_t bytes, Source& source, WorkerPool& pool,
+                              int writers);
 
 }  // namespace ferry::load

@@ -1,11 +1,13 @@
-// write_pipeline_test.cpp — save's threads (load/write_pipeline.h) on real
-// files in a temporary directory: random bytes of odd sizes (not slot
-// multiples) through 1..8 slots and 1..4 writers, buffered and O_DIRECT, at
-// file offset 0 and at an offset; slots refilled many times arrive intact
-// (a slot refilled before its write landed would tear the file). Errors: a
-// Source that throws mid-file, a write error (EBADF from a read-only
-// descriptor), each stopping the run with the range named; O_DIRECT writes the
-// file system refuses (EINVAL) fall back to a buffered descriptor.
+// write_pipeline_test.cpp — save's threads (load/write_pipeline.h) into an
+// AtomicFile (load/atomic_file.h) on real files in a temporary directory:
+// random bytes of odd sizes (not slot multiples) through 1..8 slots and 1..4
+// writers, buffered and O_DIRECT, at file offset 0 and at an offset; slots
+// refilled many times arrive intact (a slot refilled before its write landed
+// would tear the file). Errors: a Source that throws mid-file, a write error
+// (EFBIG past RLIMIT_FSIZE), each stopping the run with the range named;
+// O_DIRECT writes the file system refuses (EINVAL) fall back to the file's
+// buffered descriptor. LayoutSource (load/layout_source.h): header and host
+// parts of odd sizes, zero-size parts, aligned views.
 #include "load/write_pipeline.h"
 
 #include <fcntl.h>
@@ -21,8 +23,14 @@
 #include <iterator>
 #include <random>
 
+#include <sys/resource.h>
+
+#include <csignal>
+
 #include "core/error.h"
 #include "core/worker_pool.h"
+#include "load/atomic_file.h"
+#include "load/layout_source.h"
 #include "os/file.h"
 #include "../support/temp_files.h"
 
@@ -86,34 +94,24 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// A new empty file; its descriptor (O_DIRECT when asked and allowed; *direct says).
-int create(const std::string& path, bool want_direct, bool* direct) {
-  int fd = want_direct ? ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0644) : -1;
-  *direct = fd >= 0;
-  if (fd < 0) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | (want_direct ? 0 : O_EXCL) | O_CLOEXEC, 0644);
-  return fd;
-}
-
 struct Written {
   WriteStats stats;
   std::vector<uint8_t> file;
   bool direct = false;
 };
 
-// Writes `bytes` at `offset` of a new file (cut to its length afterwards, as
-// AtomicFile::finish does) and reads it back.
+// Writes `bytes` at `offset` of a new AtomicFile, finishes and publishes it
+// and reads it back.
 Written write(const Files& dir, const std::string& name, const std::vector<uint8_t>& bytes, uint64_t offset,
               size_t slots, size_t slot_bytes, int writers, bool direct, WorkerPool& pool) {
   Written w;
   const std::string path = dir.dir() + "/" + name;
-  int fd = create(path, direct, &w.direct);
-  EXPECT_GE(fd, 0);
+  AtomicFile f(path, path + ".tmp", direct, false);
   VectorSource src(bytes, offset, slots, slot_bytes);
-  WriteFile f{name, path, fd, w.direct, offset, bytes.size()};
-  w.stats = run_write_pipeline(f, src, pool, writers);
-  EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(offset + bytes.size())), 0);
-  if (w.stats.buffered_fd >= 0) ::close(w.stats.buffered_fd);
-  ::close(fd);
+  w.stats = run_write_pipeline(f, offset, bytes.size(), src, pool, writers);
+  w.direct = f.direct();
+  f.finish(offset + bytes.size(), {});
+  f.publish(false);
   w.file = read_file(path);
   std::remove(path.c_str());
   EXPECT_EQ(src.fills, static_cast<int>((bytes.size() + slot_bytes - 1) / slot_bytes));
@@ -143,8 +141,6 @@ TEST(WritePipeline, RandomBytesArriveIntact) {
         EXPECT_EQ(w.file, bytes);
         EXPECT_EQ(w.stats.bytes, n);
         EXPECT_EQ(w.stats.writes, (n + c.slot_bytes - 1) / c.slot_bytes);
-        EXPECT_EQ(w.stats.direct_writes, w.direct ? w.stats.writes : 0u);
-        EXPECT_EQ(w.stats.buffered_fd, -1);
       }
   }
 }
@@ -162,36 +158,30 @@ TEST(WritePipeline, ARangeAtAnOffsetLeavesTheBytesBeforeIt) {
 }
 
 TEST(WritePipeline, ODirectWritesTheFileSystemRefusesFallBackToBufferedWrites) {
-  // A range at offset 8 (a snapshot's data, after its header): no file system
-  // takes O_DIRECT writes there (EINVAL), whatever it does with aligned ones.
+  // A range at offset 8 (after an 8-byte header): no file system takes
+  // O_DIRECT writes there (EINVAL), whatever it does with aligned ones.
   std::mt19937_64 rng(9);
   Files dir;
   ASSERT_TRUE(dir.ok());
   WorkerPool pool(4);
   const std::vector<uint8_t> bytes = random_bytes(2 * MiB + 77, rng);
   const std::string path = dir.dir() + "/fallback";
-  bool direct = false;
-  int fd = create(path, true, &direct);
-  ASSERT_GE(fd, 0);
-  if (!direct) {
-    ::close(fd);
-    std::remove(path.c_str());
-    GTEST_SKIP() << "this file system refuses O_DIRECT at open (the caller then writes buffered)";
-  }
-  ASSERT_EQ(::pwrite(fd, "8 bytes!", 0, 0), 0);
+  AtomicFile f(path, path + ".tmp", true, false);
+  if (!f.direct()) GTEST_SKIP() << "this file system refuses O_DIRECT at open (the file is then buffered)";
+  f.write("8 bytes!", 8, 0);  // unaligned: the fallback already
+  EXPECT_FALSE(f.direct());
   VectorSource src(bytes, 8, 4, 64 * KiB);
-  WriteStats st = run_write_pipeline(WriteFile{"fallback", path, fd, true, 8, bytes.size()}, src, pool, 4);
-  ASSERT_GE(st.buffered_fd, 0) << "the buffered descriptor is handed to the caller";
-  EXPECT_EQ(st.direct_writes, 0u);
+  WriteStats st = run_write_pipeline(f, 8, bytes.size(), src, pool, 4);
   EXPECT_EQ(st.writes, (bytes.size() + 64 * KiB - 1) / (64 * KiB));
-  ASSERT_EQ(st.notes.size(), 1u);
-  EXPECT_NE(st.notes[0].find("EINVAL"), std::string::npos) << st.notes[0];
-  EXPECT_EQ(::fcntl(st.buffered_fd, F_GETFL) & O_DIRECT, 0);
-  ::close(st.buffered_fd);
-  ::close(fd);
+  ASSERT_EQ(f.notes().size(), 1u);
+  EXPECT_NE(f.notes()[0].find("EINVAL"), std::string::npos) << f.notes()[0];
+  EXPECT_EQ(::fcntl(f.fd(), F_GETFL) & O_DIRECT, 0);
+  f.finish(8 + bytes.size(), {});
+  f.publish(false);
   std::vector<uint8_t> file = read_file(path);
   std::remove(path.c_str());
   ASSERT_EQ(file.size(), 8 + bytes.size());
+  EXPECT_EQ(std::string(file.begin(), file.begin() + 8), "8 bytes!");
   EXPECT_EQ(std::vector<uint8_t>(file.begin() + 8, file.end()), bytes);
 }
 
@@ -202,26 +192,24 @@ TEST(WritePipeline, ASourceThatThrowsMidFileStopsTheRunNamingTheRange) {
   WorkerPool pool(4);
   const std::vector<uint8_t> bytes = random_bytes(1 * MiB + 5, rng);
   for (size_t slots : {size_t{1}, size_t{2}, size_t{8}}) {
-    const std::string path = dir.dir() + "/throws";
-    bool direct = false;
-    int fd = create(path, false, &direct);
-    ASSERT_GE(fd, 0);
+    const std::string path = dir.dir() + "/throws.safetensors";
     VectorSource src(bytes, 0, slots, 16 * KiB);
     src.throw_at = 5;
-    WriteFile f{"throws.safetensors", path, fd, false, 0, bytes.size()};
     std::string what;
-    try {
-      run_write_pipeline(f, src, pool, 4);
-    } catch (const Error& e) {  // the Source's error, its status kept, the range added
-      EXPECT_EQ(e.status(), FERRY_ERROR_INVALID_ARGUMENT);
-      what = e.what();
-    }
+    {
+      AtomicFile f(path, path + ".tmp", false, false);
+      try {
+        run_write_pipeline(f, 0, bytes.size(), src, pool, 4);
+      } catch (const Error& e) {  // the Source's error, its status kept, the range added
+        EXPECT_EQ(e.status(), FERRY_ERROR_INVALID_ARGUMENT);
+        what = e.what();
+      }
+    }  // not published: the temporary file is removed
     EXPECT_NE(what.find("throws.safetensors, bytes [81920, 98304): test source: fill 5 refused"), std::string::npos)
         << what;
     EXPECT_EQ(src.fills, 5) << "no fill after the failure";
     EXPECT_TRUE(src.aborted);
-    ::close(fd);
-    std::remove(path.c_str());
+    EXPECT_TRUE(read_file(path + ".tmp").empty());
   }
   // The same pool runs the next save.
   Written w = write(dir, "after", bytes, 0, 2, 16 * KiB, 4, false, pool);
@@ -229,30 +217,38 @@ TEST(WritePipeline, ASourceThatThrowsMidFileStopsTheRunNamingTheRange) {
 }
 
 TEST(WritePipeline, AWriteErrorStopsTheRunWithItsErrno) {
+  // A real write error: past RLIMIT_FSIZE, pwrite gives EFBIG (SIGXFSZ ignored).
   std::mt19937_64 rng(6);
   Files dir;
   ASSERT_TRUE(dir.ok());
   WorkerPool pool(4);
   const std::vector<uint8_t> bytes = random_bytes(4 * MiB + 9, rng);
-  const std::string path = dir.dir() + "/readonly";
-  { std::ofstream(path, std::ios::binary).put('x'); }
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // pwrite: EBADF
-  ASSERT_GE(fd, 0);
+  const std::string path = dir.dir() + "/limited.safetensors";
   VectorSource src(bytes, 0, 2, 4 * KiB);
   int err = 0;
   std::string what;
-  try {
-    run_write_pipeline(WriteFile{"readonly.safetensors", path, fd, false, 0, bytes.size()}, src, pool, 4);
-  } catch (const OsError& e) {
-    err = e.error_number();
-    what = e.what();
+  struct rlimit old;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  {
+    AtomicFile f(path, path + ".tmp", false, false);
+    struct rlimit small = old;
+    small.rlim_cur = 1 * MiB;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    try {
+      run_write_pipeline(f, 0, bytes.size(), src, pool, 4);
+    } catch (const OsError& e) {
+      err = e.error_number();
+      what = e.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &old);
   }
-  EXPECT_EQ(err, EBADF) << what;
-  EXPECT_NE(what.find("write of readonly.safetensors, bytes ["), std::string::npos) << what;
-  EXPECT_LT(src.fills, 64) << "the caller stopped filling (of " << bytes.size() / (4 * KiB) + 1 << " slots)";
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(err, EFBIG) << what;
+  EXPECT_NE(what.find("pwrite of " + path + ", bytes ["), std::string::npos) << what;
+  EXPECT_LT(src.fills, 1024) << "the caller stopped filling (of " << bytes.size() / (4 * KiB) + 1 << " slots)";
   EXPECT_TRUE(src.aborted);
-  ::close(fd);
-  EXPECT_EQ(read_file(path), std::vector<uint8_t>{'x'});
+  EXPECT_TRUE(read_file(path + ".tmp").empty()) << "the temporary file is removed";
 }
 
 TEST(WritePipeline, BadArgumentsAreRefusedBeforeAnythingIsWritten) {
@@ -262,18 +258,67 @@ TEST(WritePipeline, BadArgumentsAreRefusedBeforeAnythingIsWritten) {
   WorkerPool pool(2);
   const std::vector<uint8_t> bytes = random_bytes(10000, rng);
   const std::string path = dir.dir() + "/bad";
-  bool direct = false;
-  int fd = create(path, false, &direct);
-  ASSERT_GE(fd, 0);
+  AtomicFile f(path, path + ".tmp", false, false);
   VectorSource odd(bytes, 0, 2, 4 * KiB + 512), ok(bytes, 0, 2, 4 * KiB);
-  WriteFile f{"bad", path, fd, false, 0, bytes.size()};
-  EXPECT_NE(test_support::error_of([&] { run_write_pipeline(f, odd, pool, 2); }).find("slot_bytes=4608"),
+  EXPECT_NE(test_support::error_of([&] { run_write_pipeline(f, 0, bytes.size(), odd, pool, 2); }).find("slot_bytes=4608"),
             std::string::npos);
-  EXPECT_NE(test_support::error_of([&] { run_write_pipeline(f, ok, pool, 3); }).find("writers=3"), std::string::npos);
+  EXPECT_NE(test_support::error_of([&] { run_write_pipeline(f, 0, bytes.size(), ok, pool, 3); }).find("writers=3"),
+            std::string::npos);
   EXPECT_EQ(odd.fills + ok.fills, 0);
-  ::close(fd);
-  EXPECT_TRUE(read_file(path).empty());
-  std::remove(path.c_str());
+  EXPECT_TRUE(read_file(path + ".tmp").empty());
+}
+
+// LayoutSource: a header and host parts of odd sizes (zero-size ones among
+// them) through small slots; a part whose memory is 4 KiB aligned at a slot's
+// start is viewed, not copied.
+TEST(LayoutSource, HeaderAndHostPartsArriveIntactAndAlignedSlotsAreViewed) {
+  std::mt19937_64 rng(11);
+  Files dir;
+  ASSERT_TRUE(dir.ok());
+  WorkerPool pool(4);
+  FileLayout layout;
+  layout.header = std::string(4 * KiB, ' ');
+  for (auto& c : layout.header) c = static_cast<char>(rng());
+  std::vector<std::vector<uint8_t>> owned;
+  std::vector<uint8_t> expect(layout.header.begin(), layout.header.end());
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{0}, size_t{70001}, size_t{3}}) {
+    owned.push_back(random_bytes(n, rng));
+    layout.parts.push_back(FilePart{reinterpret_cast<uintptr_t>(owned.back().data()), n, -1});
+    expect.insert(expect.end(), owned.back().begin(), owned.back().end());
+  }
+  // An aligned part of 64 KiB, starting on a 4 KiB boundary of the file.
+  const size_t pad = (kAlign - expect.size() % kAlign) % kAlign;
+  owned.push_back(random_bytes(pad, rng));
+  layout.parts.push_back(FilePart{reinterpret_cast<uintptr_t>(owned.back().data()), pad, -1});
+  expect.insert(expect.end(), owned.back().begin(), owned.back().end());
+  auto* aligned = static_cast<unsigned char*>(std::aligned_alloc(kAlign, 64 * KiB));
+  for (size_t i = 0; i < 64 * KiB; ++i) aligned[i] = static_cast<unsigned char>(rng());
+  layout.parts.push_back(FilePart{reinterpret_cast<uintptr_t>(aligned), 64 * KiB, -1});
+  expect.insert(expect.end(), aligned, aligned + 64 * KiB);
+  ASSERT_EQ(layout.total(), expect.size());
+  for (bool direct : {false, true}) {
+    std::vector<unsigned char*> slots;
+    for (int i = 0; i < 3; ++i) slots.push_back(static_cast<unsigned char*>(std::aligned_alloc(kAlign, 4 * KiB)));
+    LayoutSource src(layout, slots, 4 * KiB, nullptr);
+    const std::string path = dir.dir() + "/layout";
+    AtomicFile f(path, path + ".tmp", direct, false);
+    run_write_pipeline(f, 0, layout.total(), src, pool, 3);
+    f.finish(layout.total(), {});
+    f.publish(false);
+    EXPECT_EQ(read_file(path), expect);
+    EXPECT_EQ(src.copied_bytes(), layout.total() - layout.header.size() - 64 * KiB) << "the aligned part is viewed";
+    for (auto* p : slots) std::free(p);
+    std::remove(path.c_str());
+  }
+  std::free(aligned);
+}
+
+TEST(LayoutSource, ADevicePartWithoutDeviceReadsIsRefused) {
+  FileLayout layout;
+  layout.parts.push_back(FilePart{0x1000, 10, 0});
+  std::vector<unsigned char*> slots{nullptr};
+  EXPECT_NE(test_support::error_of([&] { LayoutSource(layout, slots, 4 * KiB, nullptr); }).find("cuda:0"),
+            std::string::npos);
 }
 
 }  // namespace

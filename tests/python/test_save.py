@@ -4,6 +4,7 @@ syscalls, random data, read back by the real safetensors package.
 CPU tests run everywhere (a pageable ferry pool); GPU tests skip without a device.
 """
 
+import errno
 import json
 import os
 import resource
@@ -103,52 +104,61 @@ def test_two_slots_reused_many_times_land_before_refill(tmp_path, monkeypatch):
     """Two 4 KiB slots for ~1.2 MB: every slot is refilled hundreds of times, each
     time only after the writer has written it (the write pipeline's landing,
     tests/core/write_pipeline_test.cpp); the file must be byte-exact and the
-    slots given back to the pool after each save."""
+    slots given back to the pool after each save (C++ owns them meanwhile)."""
     monkeypatch.setattr(save_mod, "SLOT_BYTES", 1 << 12)
     monkeypatch.setattr(save_mod, "SLOTS", 2)
-    rings = []
-    real = save_mod._Slots
-
-    class Watched(real):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            rings.append(self)
-
-    monkeypatch.setattr(save_mod, "_Slots", Watched)
+    pool = save_mod.pageable_pool()
     g = torch.Generator().manual_seed(11)
     for round_ in range(3):
+        before = pool.stats()
         sd = {f"t{i}": rand((int(torch.randint(1, 90_000, (1,), generator=g)),), torch.uint8, g) for i in range(25)}
         p = tmp_path / f"r{round_}.safetensors"
         ft.save_safetensors(sd, p)
         check_file(str(p), sd)
-        assert len(rings) == round_ + 1 and len(rings[-1].addresses) == 2
-    assert all(not r.buffers for r in rings)  # released
+        after = pool.stats()
+        assert after["allocations"] - before["allocations"] == 2  # the ring: 2 slots
+        assert after["frees"] - before["frees"] == 2  # given back
 
 
-def test_an_error_while_filling_stops_the_save_with_that_error(tmp_path, monkeypatch):
-    """The fill (Python, called by the C++ write pipeline) fails at its 7th slot:
-    that exception comes back as raised, no slot is filled after it, the earlier
-    file stays and no temporary file is left."""
-    monkeypatch.setattr(save_mod, "SLOT_BYTES", 1 << 12)
-    monkeypatch.setattr(save_mod, "SLOTS", 3)
+def _fds() -> set:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_unreadable_tensor_memory_mid_file_fails_the_save_and_leaves_the_old_checkpoint(tmp_path, monkeypatch):
+    """A tensor whose memory turns unreadable after its first 64 KiB (PROT_NONE
+    pages, a real fault): its 4 KiB-aligned slots are written straight from
+    that memory, and the kernel refuses them (EFAULT). The save fails with an
+    OSLayerError naming the file, the earlier checkpoint stays whole, and
+    neither a temporary file nor a descriptor is left."""
+    import ctypes
+    import mmap
+
+    monkeypatch.setattr(save_mod, "SLOT_BYTES", 1 << 14)
     p = tmp_path / "m.safetensors"
-    p.write_bytes(b"the old checkpoint")
-    calls = []
-    real = save_mod._fill
-
-    def failing(torch_, ring, slot, pieces):
-        calls.append(slot)
-        if len(calls) == 7:
-            raise KeyError("slot seven")
-        real(torch_, ring, slot, pieces)
-
-    monkeypatch.setattr(save_mod, "_fill", failing)
-    g = torch.Generator().manual_seed(2)
-    with pytest.raises(KeyError, match="slot seven"):
-        ft.save_safetensors({"a": rand((100_003,), torch.uint8, g)}, p)
-    assert len(calls) == 7
-    assert p.read_bytes() == b"the old checkpoint"
+    g = torch.Generator().manual_seed(3)
+    old = {"w": rand((5000,), torch.float32, g)}
+    ft.save_safetensors(old, p)
+    old_bytes = p.read_bytes()
+    n = 1 << 20
+    m = mmap.mmap(-1, n)
+    head = torch.frombuffer(m, dtype=torch.uint8, count=n)  # page aligned
+    head[: 64 << 10] = torch.randint(0, 256, (64 << 10,), dtype=torch.uint8, generator=g)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    start = head.data_ptr() + (64 << 10)
+    fds = _fds()
+    assert libc.mprotect(start, n - (64 << 10), 0) == 0, ctypes.get_errno()  # PROT_NONE
+    try:
+        with pytest.raises(OSLayerError) as e:
+            ft.save_safetensors({"w": head}, p)  # one tensor: its data starts on a 4 KiB boundary of the file
+    finally:
+        libc.mprotect(start, n - (64 << 10), mmap.PROT_READ | mmap.PROT_WRITE)
+    assert e.value.errno == errno.EFAULT and str(p) in str(e.value), e.value
+    assert p.read_bytes() == old_bytes
     assert no_temp_files(tmp_path)
+    assert _fds() == fds
+    del head
+    m.close()
 
 
 def test_buffered_file_system(tmp_path):

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import platform
-import stat
 import sys
 import tempfile
 import time
@@ -160,16 +159,11 @@ def records_to_stdout():
 
 
 def _replace(path: str, data: bytes) -> None:
-    """data becomes the file at path whole, or path keeps what it held (AtomicFile)."""
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        mode = None
+    """data becomes the file at path whole, or path keeps what it held (AtomicFile:
+    the new file keeps the old one's permissions)."""
     try:
         out = AtomicFile(path, direct=False)
         try:
-            if mode is not None:
-                os.fchmod(out.fd, mode)  # the new file keeps the old one's permissions
             out.pwrite(data, 0)
         except BaseException:
             out.abort()

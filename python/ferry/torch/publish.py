@@ -70,20 +70,16 @@ so that a test can make a real failure (or SIGKILL) happen between two of them.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import itertools
 import json
 import os
 import re
 import secrets
-import stat
 import threading
-import time
 
-from .. import temp_names
-from ..atomic_file import AtomicFile, check_replaceable, describe, fsync_directory
-from ..errors import InvalidArgumentError, OSLayerError
+from .. import _ferry, temp_names
+from ..atomic_file import AtomicFile, check_replaceable, fsync_directory
+from ..errors import InvalidArgumentError
 
 INDEX_SUFFIX = ".index.json"
 LOCK_SUFFIX = ".ferry-lock"
@@ -122,93 +118,26 @@ class PathLock:
     """The exclusive lock of a checkpoint path, held while a save publishes
     (see the module's text): flock on a lock file that its holder removes when
     done (a waiter that then holds the lock of a removed file opens the new one
-    again). ``with PathLock(path, timeout):``; OSLayerError ETIMEDOUT after
-    `timeout` seconds."""
+    again); the calls and the bounded wait are C++'s (src/load/path_lock.h).
+    ``with PathLock(path, timeout):``; OSLayerError ETIMEDOUT after
+    `timeout` seconds, naming the holder."""
 
     def __init__(self, path: str, timeout: float | None = None):
         self.path = path
         self.lock = lock_path(path)
         self.timeout = LOCK_TIMEOUT if timeout is None else timeout
-        self.fd = -1
+        self._native = None
 
     def __enter__(self) -> "PathLock":
-        deadline = time.monotonic() + self.timeout
-        delay = 0.001
-        while True:
-            fd = self._open()
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _read_holder(fd)
-                os.close(fd)
-                if time.monotonic() >= deadline:
-                    raise OSLayerError(errno.ETIMEDOUT, (
-                        f"cannot publish {self.path}: another save to it ({holder}) has held its lock "
-                        f"{self.lock} for over {self.timeout:g} s. This save's files were removed; {self.path} "
-                        "holds the other save's checkpoint or the earlier one, whole. Save from one process "
-                        "(e.g. rank 0), or to another path")) from None
-                time.sleep(delay)
-                delay = min(2 * delay, 0.05)
-                continue
-            except OSError as e:
-                if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    os.close(fd)  # no locks on this file system: saves are not serialized
-                    return self
-                os.close(fd)
-                raise OSLayerError(e.errno, f"flock failed on {self.lock}: {e.strerror or e}") from e
-            try:
-                now = os.stat(self.lock, follow_symlinks=False)
-            except FileNotFoundError:
-                now = None
-            st = os.fstat(fd)
-            if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-                os.close(fd)  # its holder removed it before we got it: the lock is the file there now
-                continue
-            self.fd = fd
-            try:
-                info = f"process {os.getpid()} ({temp_names.writer_id()})\n".encode()
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, info, 0)
-            except OSError:
-                pass  # only for the messages of waiters
-            return self
-
-    def _open(self) -> int:
-        flags = os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-        try:
-            try:
-                fd = os.open(self.lock, flags | os.O_RDWR, 0o666)
-            except PermissionError:  # another user's lock file: flock needs no write access here
-                fd = os.open(self.lock, flags | os.O_RDONLY)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                raise InvalidArgumentError(f"cannot publish {self.path}: its lock file {self.lock} is not a "
-                                           "regular file (remove it)") from None
-            raise OSLayerError(e.errno, f"open failed on {self.lock} (the lock of {self.path}): "
-                                        f"{e.strerror or e}") from e
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(fd)
-            raise InvalidArgumentError(f"cannot publish {self.path}: its lock file {self.lock} is "
-                                       f"{describe(mode)} (remove it)")
-        return fd
+        native = _ferry.PathLock(self.path, self.lock, f"process {os.getpid()} ({temp_names.writer_id()})")
+        native.acquire(self.timeout)
+        self._native = native
+        return self
 
     def __exit__(self, *exc) -> None:
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            try:
-                os.unlink(self.lock)  # while held: a waiter then finds it gone and opens the next one
-            except OSError:
-                pass
-            os.close(fd)
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
-    except OSError:
-        text = ""
-    return text or "a process that did not say which"
+        native, self._native = self._native, None
+        if native is not None:
+            native.release()
 
 
 def shard_names(path: str, count: int) -> list[str]:

@@ -5,24 +5,24 @@ One file, or shards plus an index in the Hugging Face layout
 that ``safetensors.safe_open``, ferry's loader and transformers'
 ``from_pretrained`` read bit-exact.
 
-How: each file is a stream of bytes (header, then every tensor's bytes) cut
-into slots of a small ring (``SLOT_BYTES`` x ``SLOTS``, from a ferry pool:
-pinned where a tensor is on a GPU, pageable otherwise; reused by every save of
-the process), written by the loader's twin in C++
-(``_ferry.write_file_range``, src/load/write_pipeline.h). The caller's thread
-fills the slots in file order (``_fill``, called by the pipeline with the GIL
-held): GPU bytes by ``ferry.copy_many`` on each device's current torch stream
-(so the copy waits for the work queued there before the call), CPU bytes by
-memmove. Writer threads (C++, ``WRITERS`` of them, never taking the GIL)
-``pwrite`` full slots while the next ones fill, into an ``AtomicFile``
-(``ferry.atomic_file``: temporary name, O_DIRECT where the file system allows
-it, fsync, rename, directory fsync); a direct write the file system refuses
-switches the file to buffered writes (the pipeline opens the buffered
-descriptor, the AtomicFile adopts it). Host memory the save adds: the ring,
-whatever the state dict's size. A snapshot (``ferry.torch.snapshot``) laid out
-as its file's data is written straight from its memory (``source=``): the
-header by the AtomicFile, then the same pipeline with slots that are views of
-the snapshot's memory (nothing copied).
+How: Python describes each file's layout (its header bytes, then each
+tensor's address, bytes and device in file order: ``_layout``) and hands it
+to C++ in one call (``AtomicFile.save``: src/load/save_file.h), which does the
+rest with the GIL released and no call back into Python: a small ring of
+slots (``SLOT_BYTES`` x ``SLOTS``, from a ferry pool: pinned where a tensor is
+on a GPU, pageable otherwise) is filled in file order (host bytes by memcpy;
+GPU bytes by the copy engine on a stream per device that first waits for the
+device's current torch stream, src/cuda/load/file_writer.h) while ``WRITERS``
+C++ threads write the filled slots into the temporary file (O_DIRECT where
+the file system allows it, the buffered fallback in one place:
+src/load/atomic_file.h); then the file is cut, given its mode and owner and
+fsynced. A slot that lies inside one host tensor whose memory there is 4 KiB
+aligned (a snapshot laid out as its file: ``source=``) is written straight
+from that memory. Host memory the save adds: the ring, whatever the state
+dict's size. A save in a daemon thread at interpreter exit is safe by
+construction: C++ holds every buffer and descriptor it uses (the file, the
+ring's pool, a copy of the layout) until it returns and touches no Python
+object meanwhile.
 
 On our CPU machine (2 cores, ext4), 0.8 GB of CPU bf16 tensors took 0.40 s
 (2.0 GB/s, the disk's O_DIRECT rate in the same session) with Python writer
@@ -36,28 +36,25 @@ whole: ``ferry.torch.publish``.
 
 Locking: ``_lock`` guards ``_pageable_pool`` (made once per process: a forked
 child drops the parent's reference and makes its own). Each save's slots
-belong to that save; their states (free, filling, in flight until written)
-are the pipeline's ``SlotRing`` (core/slot_ring.h), whose locks are held for
-no call of ours. No CUDA call is made under a lock.
+belong to that save (C++); no CUDA call is made under a lock.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 
 from .. import _ferry, temp_names
-from ..atomic_file import DIRECT_ALIGN, AtomicFile
+from ..atomic_file import AtomicFile
 from ..pool import Pool
 from . import publish as _publish
 from ._torch import torch_module as _torch
 from .file_layout import Item, Plan, prepare
 from .pinned import default_pinned_pool
 
-# The ring: 8 slots of 32 MiB. A slot is one pwrite; 4 writers keep 4 of them in
-# flight (O_DIRECT needs queue depth to reach a disk's speed), while the caller's
-# thread fills the next ones (a GPU slot: ~0.6 ms at 55 GB/s; the disk: ~16 ms).
+# The ring: 8 slots of 32 MiB. A slot is one write; 4 writers keep 4 of them in
+# flight (O_DIRECT needs queue depth to reach a disk's speed), while the C++
+# filler queues the next ones (a GPU slot: ~0.6 ms at 55 GB/s; the disk: ~16 ms).
 SLOT_BYTES = 32 << 20
 SLOTS = 8
 WRITERS = 4
@@ -96,143 +93,51 @@ def host_pool(items: list[Item]) -> Pool:
     return pageable_pool()
 
 
-class _Slots:
-    """The ring's memory: SLOTS slots of SLOT_BYTES (fewer for a small file)
-    from a ferry pool, DIRECT_ALIGN aligned, freed with release(). Their
-    states are the write pipeline's (core/slot_ring.h: free, filling, in
-    flight until its pwrite is done)."""
-
-    def __init__(self, pool, nbytes: int):
-        count = max(1, min(SLOTS, -(-nbytes // SLOT_BYTES)))
-        self.buffers = [pool.alloc(SLOT_BYTES, alignment=DIRECT_ALIGN) for _ in range(count)]
-        self.views = [memoryview(b).cast("B") for b in self.buffers]
-        self.addresses = [b.ptr for b in self.buffers]
-
-    def release(self) -> None:
-        """Back to the pool now; a slot still viewed (by an error's traceback)
-        goes back when its last view does. Never raises."""
-        for v in self.views:
-            try:
-                v.release()
-            except BufferError:
-                pass
-        self.views.clear()
-        for b in self.buffers:
-            try:
-                b.release()
-            except BufferError:
-                pass
-        self.buffers.clear()
-
-
-def _fill(torch, ring: _Slots, slot: int, pieces) -> None:
-    """Fills a slot from pieces [(slot offset, source, source offset, n)]: bytes
-    (the header) or tensors; GPU pieces in one copy_many per device."""
-    from ..copy import copy_many
-
-    base = ring.addresses[slot]
-    by_device: dict = {}
-    for at, src, src_at, n in pieces:
-        if isinstance(src, bytes):
-            ring.views[slot][at : at + n] = src[src_at : src_at + n]
-        elif src.is_conj() or src.is_neg():
-            _resolve_into(torch, ring.views[slot], at, src, src_at, n)
-        elif src.is_cuda:
-            by_device.setdefault(src.device, []).append((base + at, src.data_ptr() + src_at, n))
-        else:
-            ctypes.memmove(base + at, src.data_ptr() + src_at, n)
-    for dev, ops in by_device.items():
-        copy_many([o[0] for o in ops], [o[1] for o in ops], [o[2] for o in ops],
-                  stream=torch.cuda.current_stream(dev), device=dev.index)
-
-
-def _resolve_into(torch, view, at: int, src, src_at: int, n: int) -> None:
-    """Bytes [src_at, src_at + n) of the VALUES of a conjugate or negative view
-    (its memory holds x, it means conj(x) or -x) into view[at:], by torch's
-    copy (on the current stream for a GPU tensor): the slot, not a copy of the
-    whole tensor. Pieces start and end on elements (file_order aligns every
-    tensor to its element size, and slots are a power of two long)."""
-    k = src.element_size()
-    dst = torch.frombuffer(view, dtype=torch.uint8, count=n, offset=at).view(src.dtype)
-    dst.copy_(src.reshape(-1)[src_at // k : (src_at + n) // k])
-
-
-def _slot_pieces(stream, total: int):
-    """Yields (file offset, length, pieces) per SLOT_BYTES of a stream of
-    (source, nbytes) parts."""
-    parts = iter(stream)
-    src, left, src_at = None, 0, 0
-    for off in range(0, total, SLOT_BYTES):
-        n = min(SLOT_BYTES, total - off)
-        pieces, at = [], 0
-        while at < n:
-            if left == 0:
-                src, left = next(parts)
-                src_at = 0
-                continue
-            k = min(left, n - at)
-            pieces.append((at, src, src_at, k))
-            at += k
-            src_at += k
-            left -= k
-        yield off, n, pieces
+def _layout(torch, items: list[Item], keep: list) -> tuple[list, list]:
+    """The file's parts [(address, nbytes, device or -1)] in file order, and
+    the devices to read from [(device, engine, current stream handle)].
+    Conjugate and negative views (their memory holds x, they mean conj(x) or
+    -x) are resolved into a copy of that tensor alone (on its device's
+    current stream), kept alive in `keep` for the save."""
+    parts, devices = [], {}
+    for it in items:
+        if not it.nbytes:
+            continue
+        t = it.tensor
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()
+            keep.append(t)
+        device = t.device.index if t.is_cuda else -1
+        if device >= 0 and device not in devices:
+            devices[device] = (device, _ferry.engine(device), torch.cuda.current_stream(device).cuda_stream)
+        parts.append((t.data_ptr(), it.nbytes, device))
+    return parts, list(devices.values())
 
 
 def write_file(path: str, items: list[Item], head: bytes, *, durable: bool, pool=None,
                source=None, like=None) -> AtomicFile:
     """One safetensors file for path (items in file order, head: their
-    header()), through the write pipeline into an AtomicFile, finished
-    (written, fsynced) but not yet published under path; on any error its
-    temporary file is removed.
+    header()), written whole by C++ (``AtomicFile.save``: see the module's
+    text), finished (written, fsynced) but not yet published under path; on
+    any error its temporary file is removed.
 
-    source: None (the tensors' bytes go through the ring), or a ferry Buffer
-    whose first bytes are exactly the file's data section (a snapshot laid out
-    in file order, its size a multiple of DIRECT_ALIGN), written straight from
-    it. like: the files whose mode and owner it takes (AtomicFile; default:
-    path)."""
+    source: None (the tensors' bytes), or a ferry Buffer whose first bytes
+    are exactly the file's data section (a snapshot laid out in file order,
+    its size a multiple of 4 KiB), written straight from it. like: the files
+    whose mode and owner it takes (AtomicFile; default: path)."""
     torch = _torch()
-    data_len = sum(it.nbytes for it in items)
-    total = len(head) + data_len
     f = AtomicFile(path, durable=durable, like=like)
-    ring = None
+    keep: list = []  # resolved views: alive until the save returns
     try:
-        if source is None or len(head) > SLOT_BYTES:
-            stream = [(head, len(head))] + [(it.tensor, it.nbytes) for it in items if it.nbytes]
-            ring = _Slots(pool or host_pool(items), total)
-            pieces = _slot_pieces(stream, total)
-
-            def fill(slot: int, offset: int, n: int) -> None:
-                at, length, parts = next(pieces)
-                if (at, length) != (offset, n):
-                    raise RuntimeError(f"save: slot for bytes [{offset}, {offset + n}) of {path} came for "
-                                       f"[{at}, {at + length}) (a ferry bug: please report it)")
-                _fill(torch, ring, slot, parts)
-
-            _write(f, 0, total, ring.addresses, fill)
+        if source is not None:
+            parts, devices = [(source.ptr, sum(it.nbytes for it in items), -1)], []
         else:
-            f.pwrite(head, 0)
-            base = source.ptr - len(head)  # file offset -> address in source
-            count = max(1, min(SLOTS, -(-data_len // SLOT_BYTES)))
-            _write(f, len(head), data_len, [source.ptr] * count, lambda slot, offset, n: base + offset)
-        f.finish(total)
+            parts, devices = _layout(torch, items, keep)
+        f.save(head, parts, pool or host_pool(items), devices, slot_bytes=SLOT_BYTES, slots=SLOTS, writers=WRITERS)
     except BaseException:
         f.abort()
         raise
-    finally:
-        if ring is not None:
-            ring.release()
     return f
-
-
-def _write(f: AtomicFile, offset: int, nbytes: int, slots: list[int], fill) -> None:
-    """Bytes [offset, offset + nbytes) of f by the write pipeline: fill(slot,
-    file offset, n) fills a slot (returns None) or returns the address of the
-    bytes (a view); WRITERS threads pwrite them, the last one padded to
-    DIRECT_ALIGN where f is O_DIRECT (finish() cuts the file)."""
-    r = _ferry.write_file_range(f.fd, f.direct, f.temp_path, f.path, offset, nbytes, slots, SLOT_BYTES, fill,
-                                WRITERS)
-    if r["buffered_fd"] >= 0:
-        f.adopt_buffered(r["buffered_fd"])
 
 
 def save_items(plan: Plan, durable: bool, pool=None, source=None, order: int | None = None) -> list[str]:
