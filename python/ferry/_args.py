@@ -118,3 +118,24 @@ def timeout(value, name: str = "timeout", unit: str = "seconds") -> float | None
         raise InvalidArgumentError(f"{name}={_quote(value)}: out of range (expected {expected}; "
                                    "None or math.inf waits without a limit)")
     return None if math.isinf(seconds) else seconds
+
+
+# ---- renamed arguments (docs/api.md: one word per idea) --------------------------------
+
+class _Unset:
+    """The default of a deprecated argument: told apart from None, which may be a value."""
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+UNSET = _Unset()
+
+
+def renamed(where: str, old: str, new: str, note: str = "") -> None:
+    """Warns (DeprecationWarning, pointing at the caller's caller) that `where`'s
+    argument `old` is spelled `new` now; it keeps working for one release."""
+    import warnings
+
+    warnings.warn(f"{where}: {old}= is deprecated: use {new}=" + (f" ({note})" if note else ""),
+                  DeprecationWarning, stacklevel=3)

@@ -1,6 +1,6 @@
 """The low-latency channel: small CPU<->GPU copies and signals in about a microsecond.
 
-``ferry.Channel(device=0, idle_us=200)`` starts nothing until the first request:
+``ferry.Channel(device=None, idle_us=200)`` starts nothing until the first request:
 then a persistent GPU kernel (one block, its own stream) serves requests that
 the CPU writes into mapped pinned memory, and leaves by itself after
 ``idle_us`` without requests (the next request relaunches it), so
@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import time
 
-from . import _args, _ferry
+import math
+
+from . import _args, _device, _ferry
 from ._resolve import device_address
 from .errors import InvalidArgumentError
 
@@ -39,6 +41,18 @@ def gdrcopy_status() -> tuple[bool, str]:
     return bool(available), str(reason)
 
 
+def _request_ms(timeout) -> int:
+    """Channel(timeout=) in seconds as the native field's milliseconds (1 .. 2^32-1):
+    rounded up, None or past 49 days the field's most; 0 refused (a request cannot
+    be done in no time)."""
+    seconds = _args.timeout(timeout, "timeout")
+    if seconds is None:
+        return _args.MAX_U32
+    if seconds == 0:
+        raise InvalidArgumentError("timeout=0: expected seconds > 0, or None (no limit)")
+    return min(_args.MAX_U32, max(1, math.ceil(seconds * 1000)))
+
+
 def _check_fits(what: str, n: int, capacity: int | None) -> None:
     if capacity is not None and n > capacity:
         raise InvalidArgumentError(f"{n} bytes do not fit in {what} ({capacity} bytes)")
@@ -47,9 +61,12 @@ def _check_fits(what: str, n: int, capacity: int | None) -> None:
 class Channel:
     """A low-latency channel to one GPU.
 
-    idle_us: the kernel leaves after this long without a request (1 .. 10^7);
-    slots: requests in flight at once (1 .. 64); timeout_ms: a request not done
-    by then raises CudaError and leaves the channel unusable; spin_us: callers
+    device: the GPU (None: the current CUDA device, docs/api.md); idle_us: the
+    kernel leaves after this long without a request (1 .. 10^7); slots: requests
+    in flight at once (1 .. 64); timeout: seconds (> 0; None or math.inf: no limit,
+    in fact 49 days, the native field's most) after which a request not done raises
+    CudaError and leaves the channel unusable (timeout_ms=, in milliseconds, is
+    its deprecated spelling); spin_us: callers
     spin this long before yielding and sleeping; use_gdrcopy: writes through
     GDRCopy mappings (NotSupportedError, with the reason, where unavailable).
     Raises NoDeviceError without a CUDA driver or device.
@@ -57,17 +74,24 @@ class Channel:
 
     def __init__(
         self,
-        device: int = 0,
+        device: int | None = None,
         idle_us: int = 200,
         *,
         slots: int = 8,
-        timeout_ms: int = 5000,
+        timeout: float | None = 5.0,
         spin_us: int = 20,
         use_gdrcopy: bool = False,
+        timeout_ms=_args.UNSET,
     ):
+        if timeout_ms is not _args.UNSET:
+            _args.renamed("Channel", "timeout_ms", "timeout", "seconds")
+            request_ms = _args.u32(timeout_ms, "timeout_ms")
+        else:
+            request_ms = _request_ms(timeout)
         self._native = _ferry.Channel(
-            _args.u32(device, "device", hi=(1 << 31) - 1), _args.u32(idle_us, "idle_us"), _args.u32(slots, "slots"),
-            _args.u32(timeout_ms, "timeout_ms"), _args.u32(spin_us, "spin_us"), _args.flag(use_gdrcopy, "use_gdrcopy"))
+            _args.u32(_device.index(device), "device", hi=(1 << 31) - 1), _args.u32(idle_us, "idle_us"),
+            _args.u32(slots, "slots"), request_ms, _args.u32(spin_us, "spin_us"),
+            _args.flag(use_gdrcopy, "use_gdrcopy"))
 
     def write(self, dev_ptr, data) -> None:
         """Copy `data` (bytes or any contiguous buffer) to device memory at dev_ptr."""
@@ -110,14 +134,21 @@ class Channel:
         address, _ = device_address(dev_flag, "dev_flag")
         self._native.signal(address, value)
 
-    def wait(self, dev_flag, value: int, timeout_ms: float | None = 1000.0) -> bool:
+    def wait(self, dev_flag, value: int, timeout_ms=_args.UNSET, *, timeout: float | None = 1.0) -> bool:
         """Have the kernel wait until the 32-bit device flag >= value; False after
-        timeout_ms milliseconds (None or math.inf: no limit; negative or NaN refused).
+        `timeout` seconds (None or math.inf: no limit; negative or NaN refused).
+        timeout_ms (also the third positional argument), in milliseconds, is its
+        deprecated spelling.
 
         The wait holds the whole channel: other requests queue behind it. A wait over
         1 s is a series of waits of at most 1 s each (the kernel's limit is an hour;
         other requests, and Ctrl-C, get in between them)."""
-        limit = _args.timeout(timeout_ms, "timeout_ms", "milliseconds")
+        if timeout_ms is not _args.UNSET:
+            _args.renamed("Channel.wait", "timeout_ms", "timeout", "seconds")
+            limit = _args.timeout(timeout_ms, "timeout_ms", "milliseconds")
+        else:
+            seconds = _args.timeout(timeout, "timeout")
+            limit = None if seconds is None else seconds * 1000
         address, _ = device_address(dev_flag, "dev_flag")
         if limit is not None and limit <= _WAIT_SLICE_MS:
             return self._native.wait(address, value, int(limit * 1000))

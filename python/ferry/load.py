@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 
-from . import _args, _ferry
+from . import _args, _device, _ferry
 from .bounded_read import Unreadable, read_regular_file
 from .errors import InvalidArgumentError
 
@@ -32,7 +32,7 @@ class Loader:
 
     def __init__(
         self,
-        device: int = 0,
+        device: int | None = None,
         *,
         staging_bytes: int | None = None,
         slot_bytes: int | None = None,
@@ -43,7 +43,7 @@ class Loader:
         self.last_stats: dict | None = None  # the stats of the last load call
         self._busy = threading.Lock()  # the native loader runs one load at a time
         self._native = _ferry.Loader(
-            device,
+            _device.index(device),
             staging_bytes=staging_bytes,
             slot_bytes=slot_bytes,
             threads=threads,
@@ -88,7 +88,7 @@ _default_loaders: dict[int, Loader] = {}
 _default_lock = threading.Lock()
 
 
-def default_loader(device: int = 0) -> Loader:
+def default_loader(device: int | None = None) -> Loader:
     """The process's Loader for `device` with the FERRY_LOAD_* defaults
     (created on first use; it keeps its pinned staging until
     release_default_loaders())."""

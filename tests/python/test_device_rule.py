@@ -23,8 +23,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 DESTINATIONS = {"to_device": None, "load_safetensors": None}
 # Host or GPU: the host is said aloud (None: the old meaning, CPU batches, with a FutureWarning).
 HOST_OR_GPU = {"DataLoader": "cpu"}
-# Not destinations: an int index of a per-GPU resource (-1: every device).
-INDEXES = {"default_pinned_pool": 0, "allocator_stats": -1, "empty_cache": -1}
+# Not destinations: an int index of a per-GPU resource (-1: every device; None: the
+# current CUDA device by ferry's one rule, docs/api.md).
+INDEXES = {"default_pinned_pool": None, "allocator_stats": -1, "empty_cache": -1}
 
 
 def _public():

@@ -30,9 +30,11 @@ holds every public name to it):
 - The host is asked for aloud: ``DataLoader(device="cpu")``, its default
   (CPU batches). ``DataLoader(device=None)`` still gives CPU batches, as it
   did before this rule, with a FutureWarning: pass device="cpu".
-- Not destinations: ``default_pinned_pool(device=0)``, ``allocator_stats`` and
-  ``empty_cache`` (``device=-1``: every device) take an int index of a per-GPU
-  resource.
+- A per-GPU resource: ``default_pinned_pool(device=None)`` takes an int index,
+  None the current CUDA device by ferry's one rule (docs/api.md: PyTorch's
+  current device where PyTorch has initialized CUDA, else 0; ``empty_pinned``
+  with no pool still uses device 0's); ``allocator_stats`` and ``empty_cache``
+  take an int index, ``device=-1``: every device.
 """
 
 from .allocators import (  # noqa: F401

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 
-from .. import _args, _ferry
+from .. import _args, _device, _ferry
 from ..pool import PinnedPool
 from . import _torch_private
 from ._torch import torch_module as _torch
@@ -29,9 +29,11 @@ _dlpack_dtypes: dict = {}  # torch dtype -> (DLPack type code, bits); filled on 
 _from_capsule = None  # torch's DLPack capsule -> tensor
 
 
-def default_pinned_pool(device: int = 0) -> PinnedPool:
-    """The process-wide pinned pool for `device`, created on first use
-    (recycled memory uninitialized, unless FERRY_ZERO_RECYCLED=1)."""
+def default_pinned_pool(device: int | None = None) -> PinnedPool:
+    """The process-wide pinned pool for `device` (None: the current CUDA device,
+    docs/api.md), created on first use (recycled memory uninitialized, unless
+    FERRY_ZERO_RECYCLED=1)."""
+    device = _device.index(device)
     with _lock:
         pool = _default_pools.get(device)
         if pool is None:
@@ -69,7 +71,9 @@ def _fill_dlpack_table(torch) -> None:
 def empty_pinned(shape, dtype=None, pool: PinnedPool | None = None, *, zero: bool = False):
     """An uninitialized pinned CPU tensor of `shape` (an int or a sequence of
     ints) and `dtype` (default: torch's default dtype) from `pool` (default:
-    the process's pinned pool for device 0). zero=True: it reads as zero (only
+    the process's pinned pool for device 0: the one exception to the device=None
+    rule of docs/api.md, kept while asking costs this per-tensor path ~0.3 us).
+    zero=True: it reads as zero (only
     recycled bytes are cleared)."""
     code_bits = _dlpack_dtypes.get(dtype)  # kept short: this is the per-tensor path
     if code_bits is None:
@@ -78,7 +82,7 @@ def empty_pinned(shape, dtype=None, pool: PinnedPool | None = None, *, zero: boo
         pool = _default_pools.get(0)
         if pool is None:  # the first call: a bad shape is refused before a device is touched
             _args.shape(shape)
-            pool = default_pinned_pool()
+            pool = default_pinned_pool(0)  # GPU 0's pool, not the device=None rule's: docs/api.md
     return _from_capsule(_ferry.pool_tensor(pool._native, shape, code_bits[0], code_bits[1], zero))
 
 

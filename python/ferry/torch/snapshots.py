@@ -5,7 +5,7 @@ from the process's pinned pool of the tensors' GPU, when a tensor is on a GPU;
 pageable, from a ferry ``Pool``, when every tensor is on the CPU), laid out as
 the data section of its safetensors file (tensors by element size, largest
 first, packed), so ``save`` writes it straight from that memory with O_DIRECT.
-``snapshot(sd, into=s)`` copies into ``s`` again: nothing is allocated or
+``snapshot(sd, out=s)`` copies into ``s`` again: nothing is allocated or
 pinned after the first call, and training is blocked only for the copy
 (device->host at the link's speed).
 
@@ -15,7 +15,7 @@ sees them as safetensors' ``save_model`` does.
 
 Locking: none. A Snapshot is used by one thread at a time, except that its
 ``save()`` thread reads it (and takes ``_copied``, the events of a
-non_blocking copy, by one list swap); ``snapshot(into=s)`` first waits for
+non_blocking copy, by one list swap); ``snapshot(out=s)`` first waits for
 ``s``'s save to finish, then for its copy.
 """
 
@@ -119,7 +119,7 @@ class Snapshot(HostTarget):
              shared: str = "error") -> SaveFuture:
         """Writes the snapshot as safetensors (``save_safetensors``'s arguments
         and files) in a background thread; returns its SaveFuture. Do not pass
-        this snapshot to ``snapshot(into=)`` or ``to_host(out=)`` while it is
+        this snapshot to ``snapshot(out=)`` or ``to_host(out=)`` while it is
         saving: ``snapshot`` waits for the save, ``to_host`` does not."""
         path, items, meta = prepare(self.tensors, path, metadata, shared, "Snapshot.save")
         plan = Plan(path, items, meta, max_shard_size, "Snapshot.save")  # errors now, not in the thread
@@ -145,13 +145,14 @@ def _signature(items) -> tuple:
     return [(it.name, it.tensor.dtype, tuple(it.tensor.shape)) for it in items], tied_names(items)
 
 
-def snapshot(state_dict, into: Snapshot | None = None, *, pool=None, non_blocking: bool = False) -> Snapshot:
+def snapshot(state_dict, out: Snapshot | None = None, *, pool=None, non_blocking: bool = False,
+             into=_args.UNSET) -> Snapshot:
     """A host copy of state_dict ({name: tensor}, CUDA or CPU tensors), in one
-    ferry pool allocation; with `into` (a Snapshot of a state dict with the
-    same names, dtypes and shapes), copied into it and `into` returned,
-    nothing allocated.
+    ferry pool allocation; with `out` (a Snapshot of a state dict with the
+    same names, dtypes and shapes), copied into it and `out` returned,
+    nothing allocated (``into=``: its deprecated spelling, docs/api.md).
 
-    What it waits for: (1) `into`'s last save(), if still running; (2) the
+    What it waits for: (1) `out`'s last save(), if still running; (2) the
     device->host copy, which ferry queues on each GPU's current torch stream,
     so it runs after the work queued there before the call (e.g. the
     optimizer step) and the call returns once the bytes are in the snapshot.
@@ -171,18 +172,23 @@ def snapshot(state_dict, into: Snapshot | None = None, *, pool=None, non_blockin
     pool: the ferry pool to allocate from (default: the process's pinned pool
     for the tensors' GPU, or a pageable ferry Pool when all are CPU tensors).
     """
+    if into is not _args.UNSET:
+        _args.renamed("snapshot", "into", "out")
+        if out is not None:
+            raise InvalidArgumentError("snapshot: out= and into= (its deprecated spelling) given both")
+        out = into
     items = collect(state_dict, "snapshot")
-    if into is not None:
-        if not isinstance(into, Snapshot):
-            raise InvalidArgumentError(f"into must be a Snapshot, not {type(into).__name__}")
-        if into._signature != _signature(items):
+    if out is not None:
+        if not isinstance(out, Snapshot):
+            raise InvalidArgumentError(f"out must be a Snapshot, not {type(out).__name__}")
+        if out._signature != _signature(items):
             raise InvalidArgumentError(
-                "into: the snapshot was taken of a state dict with other names, dtypes, shapes or tied weights "
-                "(take a new snapshot without into=)")
-        into.wait_saved()
-        into.wait_copied()
-        into._copy_from(state_dict, non_blocking)
-        return into
+                "out: the snapshot was taken of a state dict with other names, dtypes, shapes or tied weights "
+                "(take a new snapshot without out=)")
+        out.wait_saved()
+        out.wait_copied()
+        out._copy_from(state_dict, non_blocking)
+        return out
     s = Snapshot(items, pool if pool is not None else host_pool(items))
     s._copy_from(state_dict, non_blocking)
     return s

@@ -181,7 +181,7 @@ def to_host(obj, out=None, non_blocking: bool = False):
     `out`: a structure of the same shape whose tensors (CPU tensors of the same
     shapes and dtypes, e.g. pinned buffers from ferry.torch.empty_pinned) are
     filled in place and returned, or a ``ferry.torch.Snapshot`` (its tensors,
-    in order: the same copy as ``snapshot(obj, into=out)`` for any nesting of
+    in order: the same copy as ``snapshot(obj, out=out)`` for any nesting of
     obj, without waiting for the snapshot's save); else new (pageable) tensors
     are made. CPU tensors in obj are returned as they are, or copied into `out`.
     The copy is ordered on the current stream of each GPU it reads from.
