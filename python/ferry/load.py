@@ -91,7 +91,8 @@ _default_lock = threading.Lock()
 def default_loader(device: int | None = None) -> Loader:
     """The process's Loader for `device` with the FERRY_LOAD_* defaults
     (created on first use; it keeps its pinned staging until
-    release_default_loaders())."""
+    release_default_loaders()). None: the current CUDA device (docs/api.md)."""
+    device = _device.index(device)
     with _default_lock:
         loader = _default_loaders.get(device)
         if loader is None:
