@@ -64,8 +64,15 @@ extern "C" {
  * 1.5: the node pool (ferry_node_pool_*): one pool of host memory per node,
  *      shared by every process that opens it by name.
  * 1.6: the node handoff (ferry_handoff_*) and its statuses FERRY_ERROR_TIMEOUT,
- *      FERRY_ERROR_PEER_GONE, FERRY_ERROR_BROKEN. */
-#define FERRY_API_MINOR 6
+ *      FERRY_ERROR_PEER_GONE, FERRY_ERROR_BROKEN.
+ * 1.7: one argument order and one release verb: every create/open call takes
+ *      (what, options, device, out) with out last, and every handle is freed by
+ *      its _destroy call: ferry_channel_create_v2, ferry_copy_destroy,
+ *      ferry_registration_create / ferry_registration_destroy and
+ *      ferry_node_pool_destroy are new; ferry_channel_create, ferry_copy_release,
+ *      ferry_register / ferry_unregister and ferry_node_pool_close stay as
+ *      deprecated aliases (same behaviour). */
+#define FERRY_API_MINOR 7
 #define FERRY_API_VERSION ((FERRY_API_MAJOR << 16) | FERRY_API_MINOR)
 
 #if defined(__GNUC__)
@@ -256,7 +263,7 @@ FERRY_API ferry_status_t ferry_copy_v2(ferry_engine_t engine, void* dst, const v
 FERRY_API FERRY_DEPRECATED("use ferry_copy_v2") ferry_status_t ferry_copy(ferry_engine_t engine, void* dst,
                                                                           const void* src, size_t bytes);
 /* Asynchronous copy on `stream` (a cudaStream_t, NULL = legacy stream). *out
- * must be released with ferry_copy_release. */
+ * must be freed with ferry_copy_destroy. */
 FERRY_API ferry_status_t ferry_copy_async(ferry_engine_t engine, void* dst, const void* src, size_t bytes,
                                           void* stream, ferry_strategy_t strategy, ferry_copy_t* out);
 /* Many items in one call: any mix of pageable, registered and pinned host
@@ -290,13 +297,21 @@ FERRY_API ferry_status_t ferry_copy_query(ferry_copy_t copy, int* done);
 /* The cudaEvent_t recorded when the copy is done (owned by the copy). */
 FERRY_API ferry_status_t ferry_copy_get_event(ferry_copy_t copy, void** event);
 FERRY_API ferry_status_t ferry_copy_get_strategy(ferry_copy_t copy, ferry_strategy_t* strategy);
-/* Releasing a copy that is not done waits for it first. */
-FERRY_API ferry_status_t ferry_copy_release(ferry_copy_t copy);
+/* Destroying a copy that is not done waits for it first. */
+FERRY_API ferry_status_t ferry_copy_destroy(ferry_copy_t copy);
+/* Deprecated (1.7): ferry_copy_destroy. */
+FERRY_API FERRY_DEPRECATED("use ferry_copy_destroy") ferry_status_t ferry_copy_release(ferry_copy_t copy);
 
 /* Pin a user buffer that will be copied many times (widened to whole huge
- * pages where mapped); copies from or to it then run at pinned speed. */
-FERRY_API ferry_status_t ferry_register(void* ptr, size_t bytes, int device, ferry_registration_t* out);
-FERRY_API ferry_status_t ferry_unregister(ferry_registration_t registration);
+ * pages where mapped); copies from or to it then run at pinned speed.
+ * ferry_registration_destroy unpins it. */
+FERRY_API ferry_status_t ferry_registration_create(void* ptr, size_t bytes, int device, ferry_registration_t* out);
+FERRY_API ferry_status_t ferry_registration_destroy(ferry_registration_t registration);
+/* Deprecated (1.7): ferry_registration_create and ferry_registration_destroy. */
+FERRY_API FERRY_DEPRECATED("use ferry_registration_create") ferry_status_t
+ferry_register(void* ptr, size_t bytes, int device, ferry_registration_t* out);
+FERRY_API FERRY_DEPRECATED("use ferry_registration_destroy") ferry_status_t
+ferry_unregister(ferry_registration_t registration);
 
 /* ---- low-latency channel ------------------------------------------------ */
 /* Small copies and signals between the CPU and one GPU in about a microsecond:
@@ -341,8 +356,12 @@ static inline ferry_status_t ferry_channel_options_init(ferry_channel_options_t*
   return ferry_channel_options_defaults(out);
 }
 /* options may be NULL (defaults). FERRY_ERROR_NO_DEVICE without driver or device. */
-FERRY_API ferry_status_t ferry_channel_create(int device, const ferry_channel_options_t* options,
-                                              ferry_channel_t* out);
+FERRY_API ferry_status_t ferry_channel_create_v2(const ferry_channel_options_t* options, int device,
+                                                 ferry_channel_t* out);
+/* Deprecated (1.7): ferry_channel_create_v2, whose arguments are in the order
+ * of every other create call (options, device, out). */
+FERRY_API FERRY_DEPRECATED("use ferry_channel_create_v2") ferry_status_t
+ferry_channel_create(int device, const ferry_channel_options_t* options, ferry_channel_t* out);
 /* Stops the kernel and frees everything; waits for requests in flight. */
 FERRY_API ferry_status_t ferry_channel_destroy(ferry_channel_t channel);
 FERRY_API ferry_status_t ferry_channel_write(ferry_channel_t channel, void* dev_dst, const void* src,
@@ -537,7 +556,11 @@ static inline ferry_status_t ferry_node_pool_options_init(ferry_node_pool_option
 /* Attaches to the pool `name` (1-64 of [A-Za-z0-9._-]) or creates it. */
 FERRY_API ferry_status_t ferry_node_pool_open(const char* name, const ferry_node_pool_options_t* options,
                                               ferry_node_pool_t* out);
-FERRY_API ferry_status_t ferry_node_pool_close(ferry_node_pool_t pool);
+/* Destroys this process's handle: unpins and unmaps what it mapped, lets go of
+ * its blocks' claims; the pool's memory lives on while another process has it open. */
+FERRY_API ferry_status_t ferry_node_pool_destroy(ferry_node_pool_t pool);
+/* Deprecated (1.7): ferry_node_pool_destroy. */
+FERRY_API FERRY_DEPRECATED("use ferry_node_pool_destroy") ferry_status_t ferry_node_pool_close(ferry_node_pool_t pool);
 /* Where the data starts in this process, and its size (the budget). */
 FERRY_API ferry_status_t ferry_node_pool_data(ferry_node_pool_t pool, void** data, size_t* capacity);
 /* An unnamed block owned by this process: its handle (offset from data) and size. */

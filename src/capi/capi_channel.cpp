@@ -61,8 +61,8 @@ ferry_status_t ferry_channel_options_defaults(ferry_channel_options_t* out) {
   });
 }
 
-ferry_status_t ferry_channel_create(int device, const ferry_channel_options_t* options,
-                                    ferry_channel_t* out) {
+ferry_status_t ferry_channel_create_v2(const ferry_channel_options_t* options, int device,
+                                       ferry_channel_t* out) {
   return guarded([&] {
     require(out, "out");
     *out = nullptr;
@@ -70,6 +70,11 @@ ferry_status_t ferry_channel_create(int device, const ferry_channel_options_t* o
     h->channel = std::make_unique<ferry::cuda::Channel>(device, to_cpp(options));
     *out = h.release();
   });
+}
+
+ferry_status_t ferry_channel_create(int device, const ferry_channel_options_t* options,
+                                    ferry_channel_t* out) {
+  return ferry_channel_create_v2(options, device, out);
 }
 
 ferry_status_t ferry_channel_destroy(ferry_channel_t channel) {

@@ -155,7 +155,7 @@ ferry_status_t ferry_copy_get_strategy(ferry_copy_t copy, ferry_strategy_t* stra
   });
 }
 
-ferry_status_t ferry_copy_release(ferry_copy_t copy) {
+ferry_status_t ferry_copy_destroy(ferry_copy_t copy) {
   return guarded([&] {
     ferry::capi::destroy(copy, "copy", [](ferry_copy_state& h) {
       try {
@@ -168,7 +168,9 @@ ferry_status_t ferry_copy_release(ferry_copy_t copy) {
   });
 }
 
-ferry_status_t ferry_register(void* ptr, size_t bytes, int device, ferry_registration_t* out) {
+ferry_status_t ferry_copy_release(ferry_copy_t copy) { return ferry_copy_destroy(copy); }
+
+ferry_status_t ferry_registration_create(void* ptr, size_t bytes, int device, ferry_registration_t* out) {
   return guarded([&] {
     require(out, "out");
     *out = nullptr;
@@ -178,11 +180,19 @@ ferry_status_t ferry_register(void* ptr, size_t bytes, int device, ferry_registr
   });
 }
 
-ferry_status_t ferry_unregister(ferry_registration_t registration) {
+ferry_status_t ferry_registration_destroy(ferry_registration_t registration) {
   return guarded([&] {
     ferry::capi::destroy(registration, "registration",
                          [](ferry_registration& h) { h.registration.reset(); });
   });
+}
+
+ferry_status_t ferry_register(void* ptr, size_t bytes, int device, ferry_registration_t* out) {
+  return ferry_registration_create(ptr, bytes, device, out);
+}
+
+ferry_status_t ferry_unregister(ferry_registration_t registration) {
+  return ferry_registration_destroy(registration);
 }
 
 }  // extern "C"

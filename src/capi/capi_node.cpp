@@ -40,6 +40,11 @@ ferry_node_pool_options_t defaults() {
 
 }  // namespace
 
+namespace ferry::capi {
+// For capi_handoff.cpp: the pool behind a live handle (InvalidArgument otherwise).
+std::shared_ptr<node::NodePool> node_pool_of(ferry_node_pool_t pool) { return live(pool, "pool").pool; }
+}  // namespace ferry::capi
+
 extern "C" {
 
 ferry_status_t ferry_node_pool_options_defaults(ferry_node_pool_options_t* out) {
@@ -67,7 +72,7 @@ ferry_status_t ferry_node_pool_open(const char* name, const ferry_node_pool_opti
   });
 }
 
-ferry_status_t ferry_node_pool_close(ferry_node_pool_t pool) {
+ferry_status_t ferry_node_pool_destroy(ferry_node_pool_t pool) {
   return guarded([&] {
     ferry::capi::destroy(pool, "pool", [](ferry_node_pool& h) {
       h.pins.clear();  // unpins first
@@ -75,6 +80,8 @@ ferry_status_t ferry_node_pool_close(ferry_node_pool_t pool) {
     });
   });
 }
+
+ferry_status_t ferry_node_pool_close(ferry_node_pool_t pool) { return ferry_node_pool_destroy(pool); }
 
 ferry_status_t ferry_node_pool_data(ferry_node_pool_t pool, void** data, size_t* capacity) {
   return guarded([&] {

@@ -43,7 +43,7 @@ TEST(ChannelCApi, OptionsInitGivesTheDocumentedDefaults) {
 
 TEST(ChannelCApi, NullArgumentsAreNamed) {
   EXPECT_EQ(ferry_channel_options_init(nullptr), FERRY_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(ferry_channel_create(0, nullptr, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_channel_create_v2(nullptr, 0, nullptr), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(last().find("out must not be NULL"), std::string::npos) << last();
   char byte = 0;
   EXPECT_EQ(ferry_channel_write(nullptr, &byte, &byte, 1), FERRY_ERROR_INVALID_ARGUMENT);
@@ -82,7 +82,7 @@ TEST(ChannelCApi, BadOptionsAreQuoted) {
     ASSERT_EQ(ferry_channel_options_init(&o), FERRY_SUCCESS);
     c.change(o);
     ferry_channel_t ch = reinterpret_cast<ferry_channel_t>(&o);  // must be reset to NULL
-    EXPECT_EQ(ferry_channel_create(0, &o, &ch), FERRY_ERROR_INVALID_ARGUMENT) << c.quoted;
+    EXPECT_EQ(ferry_channel_create_v2(&o, 0, &ch), FERRY_ERROR_INVALID_ARGUMENT) << c.quoted;
     EXPECT_EQ(ch, nullptr);
     EXPECT_NE(last().find(c.quoted), std::string::npos) << last();
   }
@@ -113,7 +113,7 @@ TEST(ChannelCApi, UseGdrcopyWithoutGdrcopyIsNotSupportedWithTheReason) {
   ASSERT_EQ(ferry_channel_options_init(&o), FERRY_SUCCESS);
   o.use_gdrcopy = 1;
   ferry_channel_t ch = nullptr;
-  EXPECT_EQ(ferry_channel_create(0, &o, &ch), FERRY_ERROR_NOT_SUPPORTED) << last();
+  EXPECT_EQ(ferry_channel_create_v2(&o, 0, &ch), FERRY_ERROR_NOT_SUPPORTED) << last();
   EXPECT_EQ(ch, nullptr);
   EXPECT_NE(last().find("GDRCopy is not available"), std::string::npos) << last();
   EXPECT_NE(last().find(reason), std::string::npos) << last();
@@ -122,7 +122,7 @@ TEST(ChannelCApi, UseGdrcopyWithoutGdrcopyIsNotSupportedWithTheReason) {
 TEST(ChannelCApi, CreateWithoutADeviceIsNoDevice) {
   if (have_device()) GTEST_SKIP() << "a CUDA device is present";
   ferry_channel_t ch = nullptr;
-  EXPECT_EQ(ferry_channel_create(0, nullptr, &ch), FERRY_ERROR_NO_DEVICE) << last();
+  EXPECT_EQ(ferry_channel_create_v2(nullptr, 0, &ch), FERRY_ERROR_NO_DEVICE) << last();
   EXPECT_EQ(ch, nullptr);
   EXPECT_NE(last().find("CUDA"), std::string::npos) << last();
 }
@@ -130,9 +130,9 @@ TEST(ChannelCApi, CreateWithoutADeviceIsNoDevice) {
 TEST(ChannelCApi, LiveChannelPingsAndChecksItsArguments) {
   if (!have_device()) GTEST_SKIP() << "needs a CUDA device";
   ferry_channel_t ch = nullptr;
-  ASSERT_EQ(ferry_channel_create(-1, nullptr, &ch), FERRY_ERROR_INVALID_ARGUMENT);
+  ASSERT_EQ(ferry_channel_create_v2(nullptr, -1, &ch), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(last().find("device -1 does not exist"), std::string::npos) << last();
-  ASSERT_EQ(ferry_channel_create(0, nullptr, &ch), FERRY_SUCCESS) << last();
+  ASSERT_EQ(ferry_channel_create_v2(nullptr, 0, &ch), FERRY_SUCCESS) << last();
   double us = 0;
   ASSERT_EQ(ferry_channel_ping(ch, &us), FERRY_SUCCESS) << last();
   EXPECT_GT(us, 0.0);

@@ -7,6 +7,7 @@
 // capi/options_check_test.c, one process per environment.)
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -55,10 +56,35 @@ TEST(CApiCopy, NullHandlesAndOutputsAreNamed) {
   EXPECT_REFUSED(ferry_copy_query(nullptr, &done), "copy must not be NULL");
   EXPECT_REFUSED(ferry_copy_get_event(nullptr, &event), "copy must not be NULL");
   EXPECT_REFUSED(ferry_copy_get_strategy(nullptr, &strategy), "copy must not be NULL");
-  EXPECT_REFUSED(ferry_copy_release(nullptr), "copy must not be NULL");
+  EXPECT_REFUSED(ferry_copy_destroy(nullptr), "copy must not be NULL");
   EXPECT_EQ(done, -1);  // outputs untouched by a refused call
   EXPECT_EQ(strategy, FERRY_STRATEGY_HYBRID);
+  EXPECT_REFUSED(ferry_registration_destroy(nullptr), "registration must not be NULL");
+}
+
+// API 1.7 renamed four calls and reordered one; the old names stay in the ABI
+// as deprecated aliases that behave exactly as the new ones (the same checks,
+// the same messages, the same handles).
+TEST(CApiCopy, DeprecatedNamesBehaveAsTheNewOnes) {
+  EXPECT_REFUSED(ferry_copy_release(nullptr), "copy must not be NULL");
   EXPECT_REFUSED(ferry_unregister(nullptr), "registration must not be NULL");
+  std::vector<unsigned char> buf(8192);
+  ferry_registration_t r = nullptr;
+  EXPECT_REFUSED(ferry_register(buf.data(), 0, 0, &r), "size 0");
+  EXPECT_REFUSED(ferry_register(buf.data(), buf.size(), 0, nullptr), "out must not be NULL");
+  EXPECT_EQ(r, nullptr);
+  EXPECT_REFUSED(ferry_channel_create(0, nullptr, nullptr), "out must not be NULL");
+  EXPECT_REFUSED(ferry_node_pool_close(nullptr), "pool must not be NULL");
+  // A real node pool (host memory only): opened, then destroyed by the old
+  // name; the handle is then refused by the new name as destroyed.
+  ferry_node_pool_options_t o;
+  ASSERT_EQ(ferry_node_pool_options_init(&o), FERRY_SUCCESS) << last();
+  o.capacity = size_t{8} << 20;
+  ferry_node_pool_t pool = nullptr;
+  const std::string name = "capialias" + std::to_string(getpid());
+  ASSERT_EQ(ferry_node_pool_open(name.c_str(), &o, &pool), FERRY_SUCCESS) << last();
+  EXPECT_EQ(ferry_node_pool_close(pool), FERRY_SUCCESS) << last();
+  EXPECT_EQ(ferry_node_pool_destroy(pool), FERRY_ERROR_INVALID_ARGUMENT);
 }
 
 TEST(CApiCopy, HandlesOfAnotherKindAreNamedAndChangeNothing) {
@@ -93,8 +119,8 @@ TEST(CApiCopy, HandlesOfAnotherKindAreNamedAndChangeNothing) {
   EXPECT_REFUSED(ferry_copy_query(as_copy, &done), copy_text);
   EXPECT_REFUSED(ferry_copy_get_event(as_copy, &event), copy_text);
   EXPECT_REFUSED(ferry_copy_get_strategy(as_copy, &strategy), copy_text);
-  EXPECT_REFUSED(ferry_copy_release(as_copy), copy_text);
-  EXPECT_REFUSED(ferry_unregister(as_registration), "is a ferry_pool_t, not a ferry_registration_t");
+  EXPECT_REFUSED(ferry_copy_destroy(as_copy), copy_text);
+  EXPECT_REFUSED(ferry_registration_destroy(as_registration), "is a ferry_pool_t, not a ferry_registration_t");
   EXPECT_EQ(copy, nullptr);
   // The pool is intact: its memory unchanged, free and destroy work.
   for (size_t i = 0; i < 8192; ++i) ASSERT_EQ(static_cast<unsigned char*>(p)[i], 0x3c) << i;
@@ -108,18 +134,18 @@ TEST(CApiRegister, ArgumentsAreCheckedBeforeTheDevice) {
   const size_t n = 1 + rng() % (1u << 20);
   std::vector<unsigned char> buf(n);
   ferry_registration_t r = reinterpret_cast<ferry_registration_t>(uintptr_t{1});
-  EXPECT_REFUSED(ferry_register(buf.data(), n, 0, nullptr), "out must not be NULL");
-  EXPECT_REFUSED(ferry_register(nullptr, n, 0, &r), "ptr must not be NULL");
+  EXPECT_REFUSED(ferry_registration_create(buf.data(), n, 0, nullptr), "out must not be NULL");
+  EXPECT_REFUSED(ferry_registration_create(nullptr, n, 0, &r), "ptr must not be NULL");
   EXPECT_EQ(r, nullptr);  // *out is cleared first
-  EXPECT_REFUSED(ferry_register(buf.data(), 0, 0, &r), "size 0");
+  EXPECT_REFUSED(ferry_registration_create(buf.data(), 0, 0, &r), "size 0");
   // A range that is not mapped: map three pages, unmap the middle one.
   const size_t page = 4096;
   auto* m = static_cast<unsigned char*>(mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                                              -1, 0));
   ASSERT_NE(m, MAP_FAILED);
   ASSERT_EQ(munmap(m + page, page), 0);
-  EXPECT_REFUSED(ferry_register(m + page, page, 0, &r), "not (fully) mapped");
-  EXPECT_REFUSED(ferry_register(m + 17, 3 * page - 17, 0, &r), "not (fully) mapped");  // a hole inside
+  EXPECT_REFUSED(ferry_registration_create(m + page, page, 0, &r), "not (fully) mapped");
+  EXPECT_REFUSED(ferry_registration_create(m + 17, 3 * page - 17, 0, &r), "not (fully) mapped");  // a hole inside
   EXPECT_EQ(r, nullptr);
   munmap(m, page);
   munmap(m + 2 * page, page);
@@ -133,7 +159,7 @@ TEST(CApiCopy, WithoutADeviceEngineAndRegistrationSayNoDevice) {
   EXPECT_NE(last().find("CUDA"), std::string::npos) << last();
   std::vector<unsigned char> buf(3 * 4096 + 5);
   ferry_registration_t r = reinterpret_cast<ferry_registration_t>(uintptr_t{1});
-  EXPECT_EQ(ferry_register(buf.data() + 5, buf.size() - 5, 0, &r), FERRY_ERROR_NO_DEVICE) << last();
+  EXPECT_EQ(ferry_registration_create(buf.data() + 5, buf.size() - 5, 0, &r), FERRY_ERROR_NO_DEVICE) << last();
   EXPECT_EQ(r, nullptr);
   EXPECT_NE(last().find("CUDA"), std::string::npos) << last();
   // The failed calls held nothing: the buffer is still ordinary, writable memory.

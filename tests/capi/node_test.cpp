@@ -61,8 +61,8 @@ TEST(CapiNodePool, BlocksNamedBlocksAndWordsWork) {
   EXPECT_EQ(ferry_node_pool_release(pool, h), FERRY_ERROR_INVALID_ARGUMENT);  // twice
   EXPECT_NE(std::string(ferry_last_error()).find("no live block"), std::string::npos) << ferry_last_error();
   EXPECT_EQ(ferry_node_pool_take(pool, named), FERRY_ERROR_INVALID_ARGUMENT);  // named
-  EXPECT_EQ(ferry_node_pool_close(pool), FERRY_SUCCESS);
-  EXPECT_EQ(ferry_node_pool_close(pool), FERRY_ERROR_INVALID_ARGUMENT);  // destroyed
+  EXPECT_EQ(ferry_node_pool_destroy(pool), FERRY_SUCCESS);
+  EXPECT_EQ(ferry_node_pool_destroy(pool), FERRY_ERROR_INVALID_ARGUMENT);  // destroyed
 }
 
 TEST(CapiNodePool, BadInputIsAFerryError) {
@@ -90,7 +90,7 @@ TEST(CapiNodePool, BadInputIsAFerryError) {
     EXPECT_EQ(ferry_node_pool_register(pool, 0, h, 10), FERRY_ERROR_CUDA);  // no device: the pin fails, said
     EXPECT_NE(std::string(ferry_last_error()).find("node pool"), std::string::npos) << ferry_last_error();
   }
-  EXPECT_EQ(ferry_node_pool_close(pool), FERRY_SUCCESS);
+  EXPECT_EQ(ferry_node_pool_destroy(pool), FERRY_SUCCESS);
 }
 
 TEST(CapiNodePool, AnOlderStructSizeKeepsTheDefaultsBeyondIt) {
@@ -105,7 +105,7 @@ TEST(CapiNodePool, AnOlderStructSizeKeepsTheDefaultsBeyondIt) {
   size_t n;
   ASSERT_EQ(ferry_node_pool_alloc(pool, 1, &h, &n), FERRY_SUCCESS);
   EXPECT_EQ(n, 4096u);
-  EXPECT_EQ(ferry_node_pool_close(pool), FERRY_SUCCESS);
+  EXPECT_EQ(ferry_node_pool_destroy(pool), FERRY_SUCCESS);
 }
 
 }  // namespace

@@ -238,7 +238,7 @@ static void test_old_channel_options(void) {
   ferry_channel_t ch = NULL;
   int count = 0;
   const int have_device = ferry_device_count(&count) == FERRY_SUCCESS && count > 0;
-  ferry_status_t st = ferry_channel_create(0, (const ferry_channel_options_t*)o, &ch);
+  ferry_status_t st = ferry_channel_create_v2((const ferry_channel_options_t*)o, 0, &ch);
   CHECK(st == (have_device ? FERRY_SUCCESS : FERRY_ERROR_NO_DEVICE));
   if (ch) {
     double us = 0;
@@ -257,7 +257,7 @@ static void test_old_channel_options(void) {
   CHECK(ferry_channel_options_init(&full) == FERRY_SUCCESS && full.struct_size == sizeof full);
   full.reserved = 1;
   ch = NULL;
-  CHECK(ferry_channel_create(0, &full, &ch) == FERRY_ERROR_INVALID_ARGUMENT && ch == NULL);
+  CHECK(ferry_channel_create_v2(&full, 0, &ch) == FERRY_ERROR_INVALID_ARGUMENT && ch == NULL);
   CHECK(has(ferry_last_error(), "reserved=1"));
   free(raw);
 }

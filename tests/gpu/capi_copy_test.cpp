@@ -63,11 +63,11 @@ ferry_pool_t CApiCopyGpu::pinned_ = nullptr;
 struct CopyHandle {
   ferry_copy_t c = nullptr;
   ~CopyHandle() {
-    if (c) ferry_copy_release(c);
+    if (c) ferry_copy_destroy(c);
   }
   // Releases now (the assertion is the caller's).
   ferry_status_t release() {
-    const ferry_status_t s = ferry_copy_release(c);
+    const ferry_status_t s = ferry_copy_destroy(c);
     c = nullptr;
     return s;
   }
@@ -95,7 +95,7 @@ struct HostMem {
     pageable = std::make_unique<HostBuffer>(bytes);
     p = pageable->p;
     if (kind == Host::registered) {
-      EXPECT_EQ(ferry_register(p, bytes, 0, &registration), FERRY_SUCCESS) << last();
+      EXPECT_EQ(ferry_registration_create(p, bytes, 0, &registration), FERRY_SUCCESS) << last();
       EXPECT_TRUE(registered(p) && registered(p + bytes - 1)) << "ferry_register did not pin the range";
     }
   }
@@ -104,7 +104,7 @@ struct HostMem {
       EXPECT_EQ(ferry_pool_free(pool, p), FERRY_SUCCESS) << last();
     }
     if (registration) {
-      EXPECT_EQ(ferry_unregister(registration), FERRY_SUCCESS) << last();
+      EXPECT_EQ(ferry_registration_destroy(registration), FERRY_SUCCESS) << last();
     }
   }
 };
@@ -490,7 +490,7 @@ TEST_F(CApiCopyGpu, RegistrationPinsUntilUnregistered) {
     unsigned char* p = b->p + 4096 + 7;  // odd start: widened to whole pages by ferry_register
     fill_random(p, n, 7000);
     ferry_registration_t r = nullptr;
-    FERRY_OK(ferry_register(p, n, 0, &r));
+    FERRY_OK(ferry_registration_create(p, n, 0, &r));
     ASSERT_NE(r, nullptr);
     EXPECT_TRUE(registered(p) && registered(p + n - 1));
     // Copies from and to it go straight to the DMA engine.
@@ -503,16 +503,16 @@ TEST_F(CApiCopyGpu, RegistrationPinsUntilUnregistered) {
     EXPECT_EQ(used, FERRY_STRATEGY_DIRECT);
     FERRY_OK(ferry_copy_wait(c));
     FERRY_OK(h.release());
-    EXPECT_EQ(ferry_copy_release(c), FERRY_ERROR_INVALID_ARGUMENT);  // released twice
+    EXPECT_EQ(ferry_copy_destroy(c), FERRY_ERROR_INVALID_ARGUMENT);  // released twice
     EXPECT_NE(last().find("was destroyed"), std::string::npos) << last();
     expect_device_equals(dev.p, p, n);
-    FERRY_OK(ferry_unregister(r));
+    FERRY_OK(ferry_registration_destroy(r));
     EXPECT_FALSE(registered(p) || registered(p + n - 1)) << "still registered after ferry_unregister";
-    EXPECT_EQ(ferry_unregister(r), FERRY_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(ferry_registration_destroy(r), FERRY_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(last().find("was destroyed"), std::string::npos) << last();
   }
   ferry_registration_t r = nullptr;
-  EXPECT_EQ(ferry_register(small.p, 4096, 999, &r), FERRY_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ferry_registration_create(small.p, 4096, 999, &r), FERRY_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(last().find("device 999 does not exist"), std::string::npos) << last();
   EXPECT_EQ(r, nullptr);
   EXPECT_FALSE(registered(small.p));
