@@ -132,10 +132,10 @@ class _Unset:
 UNSET = _Unset()
 
 
-def renamed(where: str, old: str, new: str, note: str = "") -> None:
-    """Warns (DeprecationWarning, pointing at the caller's caller) that `where`'s
-    argument `old` is spelled `new` now; it keeps working for one release."""
+def renamed(where: str, old: str, new: str, note: str = "", stacklevel: int = 3) -> None:
+    """Warns (DeprecationWarning, pointing at the caller's caller: `stacklevel`) that
+    `where`'s argument `old` is spelled `new` now; it keeps working for one release."""
     import warnings
 
     warnings.warn(f"{where}: {old}= is deprecated: use {new}=" + (f" ({note})" if note else ""),
-                  DeprecationWarning, stacklevel=3)
+                  DeprecationWarning, stacklevel=stacklevel)

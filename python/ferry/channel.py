@@ -53,6 +53,16 @@ def _request_ms(timeout) -> int:
     return min(_args.MAX_U32, max(1, math.ceil(seconds * 1000)))
 
 
+def _nbytes(nbytes, n, where: str):
+    """read()'s and fill()'s size: nbytes, or n= (its deprecated spelling)."""
+    if n is not _args.UNSET:
+        _args.renamed(where, "n", "nbytes", stacklevel=4)
+        if nbytes is not None:
+            raise InvalidArgumentError(f"{where}: nbytes= and n= (its deprecated spelling) given both")
+        return _args.optional_size(n, "n")
+    return _args.optional_size(nbytes, "nbytes")
+
+
 def _check_fits(what: str, n: int, capacity: int | None) -> None:
     if capacity is not None and n > capacity:
         raise InvalidArgumentError(f"{n} bytes do not fit in {what} ({capacity} bytes)")
@@ -100,13 +110,14 @@ class Channel:
             _check_fits("dev_ptr", memoryview(data).nbytes, capacity)
         self._native.write(address, data)
 
-    def read(self, dev_ptr, n: int | None = None) -> bytes:
-        """n bytes of device memory at dev_ptr (n defaults to a tensor's size)."""
+    def read(self, dev_ptr, nbytes: int | None = None, *, n=_args.UNSET) -> bytes:
+        """nbytes of device memory at dev_ptr (default: a tensor's size; n=: the
+        deprecated spelling of nbytes)."""
         address, capacity = device_address(dev_ptr, "dev_ptr")
-        n = _args.optional_size(n, "n")
+        n = _nbytes(nbytes, n, "Channel.read")
         if n is None:
             if capacity is None:
-                raise InvalidArgumentError("read(dev_ptr, n): n is needed for an int address")
+                raise InvalidArgumentError("read(dev_ptr, nbytes): nbytes is needed for an int address")
             n = capacity
         _check_fits("dev_ptr", n, capacity)
         return self._native.read(address, n)
@@ -118,13 +129,14 @@ class Channel:
             _check_fits("dev_ptr", memoryview(out).nbytes, capacity)
         self._native.read_into(address, out)
 
-    def fill(self, dev_ptr, value: int, n: int | None = None) -> None:
-        """Set n bytes at dev_ptr to `value` (0..255; n defaults to a tensor's size)."""
+    def fill(self, dev_ptr, value: int, nbytes: int | None = None, *, n=_args.UNSET) -> None:
+        """Set nbytes at dev_ptr to `value` (0..255; default: a tensor's size; n=: the
+        deprecated spelling of nbytes)."""
         address, capacity = device_address(dev_ptr, "dev_ptr")
-        n = _args.optional_size(n, "n")
+        n = _nbytes(nbytes, n, "Channel.fill")
         if n is None:
             if capacity is None:
-                raise InvalidArgumentError("fill(dev_ptr, value, n): n is needed for an int address")
+                raise InvalidArgumentError("fill(dev_ptr, value, nbytes): nbytes is needed for an int address")
             n = capacity
         _check_fits("dev_ptr", n, capacity)
         self._native.fill(address, value, n)
