@@ -63,16 +63,18 @@ extern "C" {
  *      order of the async calls; ferry_copy and ferry_copy_many are deprecated.
  * 1.5: the node pool (ferry_node_pool_*): one pool of host memory per node,
  *      shared by every process that opens it by name.
- * 1.6: the node handoff (ferry_handoff_*) and its statuses FERRY_ERROR_TIMEOUT,
- *      FERRY_ERROR_PEER_GONE, FERRY_ERROR_BROKEN.
+ * 1.6: the statuses FERRY_ERROR_TIMEOUT, FERRY_ERROR_PEER_GONE, FERRY_ERROR_BROKEN
+ *      (for the node handoff of 1.8).
  * 1.7: one argument order and one release verb: every create/open call takes
  *      (what, options, device, out) with out last, and every handle is freed by
  *      its _destroy call: ferry_channel_create_v2, ferry_copy_destroy,
  *      ferry_registration_create / ferry_registration_destroy and
  *      ferry_node_pool_destroy are new; ferry_channel_create, ferry_copy_release,
  *      ferry_register / ferry_unregister and ferry_node_pool_close stay as
- *      deprecated aliases (same behaviour). */
-#define FERRY_API_MINOR 7
+ *      deprecated aliases (same behaviour).
+ * 1.8: the node handoff (ferry_handoff_*): batches of blocks from one process
+ *      to another through a node pool, GPU to GPU where the GPUs reach each other. */
+#define FERRY_API_MINOR 8
 #define FERRY_API_VERSION ((FERRY_API_MAJOR << 16) | FERRY_API_MINOR)
 
 #if defined(__GNUC__)
@@ -587,6 +589,81 @@ FERRY_API ferry_status_t ferry_node_pool_wait(ferry_node_pool_t pool, uint64_t o
 FERRY_API ferry_status_t ferry_node_pool_register(ferry_node_pool_t pool, int device, uint64_t offset,
                                                   size_t bytes);
 /* ---- end of node pool ------------------------------------------------------ */
+
+/* ---- node handoff (API 1.8) -------------------------------------------------
+ * A ring of slots in a named block of a node pool that hands batches of blocks
+ * (KV caches) from one process (the producer: ferry_handoff_send) to another
+ * (the consumer: ferry_handoff_recv, the same sizes in the same order). Both
+ * open the same key with the same slots and slot_bytes. The protocol is
+ * written down in src/node/handoff.h. Each send is cut into slots (items at
+ * 256-byte boundaries); per slot one batched copy in, one out, the two sides
+ * overlapping. Routes: where both sides give a GPU (device >= 0) and the
+ * producer's GPU reaches the consumer's (the same GPU, or peer access), the
+ * consumer's first recv publishes a ring on its GPU (CUDA IPC) and the slots go
+ * GPU to GPU (FERRY_HANDOFF_ROUTE_AUTO, when that recv's destinations are on
+ * its GPU); otherwise, and for slots sent before the consumer published,
+ * through the pool's host slots (pinned for `device`). device -1: host memory
+ * on both ends (memcpy). Waits are bounded (timeout_s) and watch the peer:
+ * FERRY_ERROR_PEER_GONE when it left the pool, FERRY_ERROR_TIMEOUT when it did
+ * not keep up; after either the handoff is broken (FERRY_ERROR_BROKEN on both
+ * sides): open a new key. One call at a time per handle; the block is freed
+ * when both sides destroyed their handles (a producer that leaves early loses
+ * what was not received: ferry_handoff_drain first). */
+typedef struct ferry_handoff* ferry_handoff_t;
+
+typedef enum ferry_handoff_route {
+  FERRY_HANDOFF_ROUTE_AUTO = 0, /* GPU to GPU where it can, else the pool */
+  FERRY_HANDOFF_ROUTE_POOL = 1, /* always the pool's host slots (e.g. an offload tier in host memory) */
+  FERRY_HANDOFF_ROUTE_PEER = 2  /* GPU to GPU or FERRY_ERROR_NOT_SUPPORTED */
+} ferry_handoff_route_t;
+
+typedef struct ferry_handoff_options {
+  size_t struct_size;   /* sizeof(ferry_handoff_options_t): ferry_handoff_options_init sets it */
+  uint32_t slots;       /* 1 .. 4096; default 4 */
+  uint32_t route;       /* a ferry_handoff_route_t; default FERRY_HANDOFF_ROUTE_AUTO */
+  uint64_t slot_bytes;  /* 1 .. 2^44, rounded up to 4 KiB; default 64 MiB */
+  double timeout_s;     /* a wait's limit; default 60; INFINITY: none; negative or NaN: INVALID_ARGUMENT */
+  double poll_s;        /* how often a wait checks the peer; > 0; default 0.25 */
+} ferry_handoff_options_t;
+
+typedef struct ferry_handoff_stats {
+  size_t struct_size;                         /* sizeof(ferry_handoff_stats_t), set by the caller */
+  uint64_t sent, received;                    /* slots this handle moved */
+  uint64_t pool_slots, peer_slots;            /* of those, through the pool / GPU to GPU */
+  uint64_t last_pool_slots, last_peer_slots;  /* the last send or recv call's */
+  uint64_t pending;                           /* slots sent and not yet drained (both sides) */
+} ferry_handoff_stats_t;
+
+FERRY_API ferry_status_t ferry_handoff_options_defaults(ferry_handoff_options_t* out);
+static inline ferry_status_t ferry_handoff_options_init(ferry_handoff_options_t* out) {
+  if (out) out->struct_size = sizeof *out;
+  return ferry_handoff_options_defaults(out);
+}
+/* Opens this side of the handoff `key` (options NULL: defaults). device: the
+ * GPU this side copies with (its copies use a copy engine of the handle's own),
+ * or -1 for host memory only. Waits (at most timeout_s) for the side that made
+ * the block to have written its header. INVALID_ARGUMENT names both sides'
+ * slots and slot_bytes when they differ. */
+FERRY_API ferry_status_t ferry_handoff_open(ferry_node_pool_t pool, const char* key,
+                                            const ferry_handoff_options_t* options, int device,
+                                            ferry_handoff_t* out);
+/* Lets go of the block; a consumer's device ring is freed once the producer let
+ * go of it (waiting at most timeout_s, else it is leaked, never freed under a
+ * live mapping). */
+FERRY_API ferry_status_t ferry_handoff_destroy(ferry_handoff_t handoff);
+/* Producer: count items (srcs[i], sizes[i] bytes; 0 allowed); returns when each
+ * slot's copy landed in the ring. stream_bytes (may be NULL): the stream's size. */
+FERRY_API ferry_status_t ferry_handoff_send(ferry_handoff_t handoff, const void* const* srcs, const uint64_t* sizes,
+                                            size_t count, uint64_t* stream_bytes);
+/* Consumer: the next send's items into dsts (the same sizes: else
+ * INVALID_ARGUMENT and nothing is consumed). */
+FERRY_API ferry_status_t ferry_handoff_recv(ferry_handoff_t handoff, void* const* dsts, const uint64_t* sizes,
+                                            size_t count, uint64_t* stream_bytes);
+/* Producer: waits until every slot sent was drained (timeout_s: INFINITY none). */
+FERRY_API ferry_status_t ferry_handoff_drain(ferry_handoff_t handoff, double timeout_s);
+/* out->struct_size must be set (see the top of this file). */
+FERRY_API ferry_status_t ferry_handoff_get_stats(ferry_handoff_t handoff, ferry_handoff_stats_t* out);
+/* ---- end of node handoff ---------------------------------------------------- */
 
 #ifdef __cplusplus
 }

@@ -42,7 +42,8 @@ constexpr KnownKind kKinds[] = {{kPoolMagic, "ferry_pool_t"},
                                 {kRegistrationMagic, "ferry_registration_t"},
                                 {kChannelMagic, "ferry_channel_t"},
                                 {kLoaderMagic, "ferry_loader_t"},
-                                {kNodePoolMagic, "ferry_node_pool_t"}};
+                                {kNodePoolMagic, "ferry_node_pool_t"},
+                                {kHandoffMagic, "ferry_handoff_t"}};
 
 struct Quarantine {
   std::mutex mu;

@@ -51,7 +51,7 @@ void require(const void* p, const char* what);
 // Magic numbers of the handle kinds ("FPOL", "FENG", ...) and of a destroyed one.
 constexpr uint32_t kPoolMagic = 0x46504F4Cu, kEngineMagic = 0x46454E47u, kCopyMagic = 0x46435059u,
                    kRegistrationMagic = 0x46524547u, kChannelMagic = 0x4643484Eu, kLoaderMagic = 0x464C4F44u,
-                   kNodePoolMagic = 0x464E4F44u;
+                   kNodePoolMagic = 0x464E4F44u, kHandoffMagic = 0x46484F46u;
 constexpr uint32_t kDestroyedMagic = 0xDEADF00Du;
 constexpr size_t kQuarantine = 4096;
 
