@@ -431,7 +431,7 @@ void bind_sockets(nb::module_& m) {
       .def("fileno", [](const PacketSocket& s) { return s.live(); })
       .def_prop_ro("closed", [](const PacketSocket& s) { return s.fd < 0; })
       .def("send",
-           [](PacketSocket& s, nb::bytes data, int passed, nb::handle timeout) {
+           [](PacketSocket& s, nb::bytes data, int passed, nb::handle timeout) -> bool {
              const int fd = s.live();
              const int64_t limit = timeout_ns(timeout);
              const std::string message(data.c_str(), data.size());
@@ -440,7 +440,11 @@ void bind_sockets(nb::module_& m) {
              for (;;) {
                const int err = passed >= 0 ? os::send_with_fd(fd, message.data(), message.size(), passed)
                                            : os::send_message(fd, message.data(), message.size());
-               if (err != EAGAIN) return check(err, "send on a packet socket");
+               if (err == EPIPE || err == ECONNRESET) return false;  // no exception: callers at exit see this
+               if (err != EAGAIN) {
+                 check(err, "send on a packet socket");
+                 return true;
+               }
                const int waited = os::wait_writable(fd, left_ns(limit, start));
                if (waited == ETIMEDOUT) throw OsError("send on a packet socket (its peer's queue stayed full)", ETIMEDOUT);
                check(waited, "poll of a packet socket");
@@ -448,8 +452,9 @@ void bind_sockets(nb::module_& m) {
            },
            "data"_a, "fd"_a = -1, "timeout_s"_a.none() = nb::none(),
            "Sends one message, with descriptor fd attached when fd >= 0, waiting at most timeout_s seconds "
-           "while the peer's queue is full (None: no limit); OSLayerError EPIPE once the peer closed, ETIMEDOUT "
-           "after the timeout.")
+           "while the peer's queue is full (None: no limit). True: sent; False: the peer closed its end (EPIPE, "
+           "ECONNRESET; no exception, so a loader's shutdown at interpreter exit needs no import). OSLayerError "
+           "ETIMEDOUT after the timeout, or another errno.")
       .def("receive",
            [](PacketSocket& s, size_t max_bytes, nb::handle timeout) -> nb::object {
              const int fd = s.live();

@@ -3,10 +3,12 @@ Unix socket (SCM_RIGHTS), never opened through ``/proc/<pid>/fd`` (which a
 main process that is not dumpable, as in hardened containers, closes to
 processes without CAP_SYS_PTRACE).
 
-One ``socketpair(AF_UNIX, SOCK_SEQPACKET)`` per worker, made before the worker
+One ``socketpair(AF_UNIX, SOCK_SEQPACKET)`` per worker (``_ferry.packet_socket_pair``:
+src/os/unix_socket.h, the same calls as the node pool's), made before the worker
 starts: the worker's end reaches it by inheritance (fork) or through
-multiprocessing's reduction of sockets (spawn, forkserver), and the main
-process closes its copy of that end once the worker has started.
+multiprocessing's descriptor passing (spawn, forkserver: ``DupFd``, registered
+below as multiprocessing registers it for sockets), and the main process closes
+its copy of that end once the worker has started.
 
 The protocol, one message per chunk: before the main process queues a task
 whose slot lies in a chunk that worker has not been sent, it sends the chunk's
@@ -34,18 +36,18 @@ later task; a worker keeps assignments it read while looking for a chunk, and
 forgets those of tokens older than the one it waits for (tasks it skipped).
 
 Descriptors: the main process opens none per chunk (the pool owns its memfds);
-a worker closes each one it receives and holds one per chunk it maps (Python's
-mmap keeps a duplicate) until the chunk is forgotten; the sockets close with
-their iterator.
+a worker closes each one it receives at once (its ``_ferry.Mapping`` keeps the
+memory, not the descriptor) and unmaps a chunk once it is forgotten and its
+tensors are gone; the sockets close with their iterator. Every system call is
+src/os's, through ``_ferry``.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
-import select
-import socket
 import struct
+from multiprocessing import reduction
+
+from ... import _ferry
 
 from ...errors import DataLoaderError
 
@@ -78,8 +80,21 @@ class SlotLater:
 
 
 def socket_pair():
-    """(main's end, the worker's end) for one worker."""
-    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    """(main's end, the worker's end) for one worker: two ``_ferry.PacketSocket``."""
+    return _ferry.packet_socket_pair()
+
+
+def _rebuild_socket(dup):
+    return _ferry.PacketSocket(dup.detach())
+
+
+def _reduce_socket(sock):
+    """A worker's end for a spawned worker: its descriptor passed as multiprocessing
+    passes a socket's (``reduction.DupFd``)."""
+    return _rebuild_socket, (reduction.DupFd(sock.fileno()),)
+
+
+reduction.register(_ferry.PacketSocket, _reduce_socket)
 
 
 class ChunkSender:
@@ -87,7 +102,6 @@ class ChunkSender:
 
     def __init__(self, sock, worker_id: int):
         self._sock = sock
-        self._sock.settimeout(SEND_TIMEOUT_S)
         self._worker_id = worker_id
         self._sent: set[tuple[int, int]] = set()
         self._generation = 0
@@ -102,9 +116,8 @@ class ChunkSender:
         if key in self._sent:
             return
         try:
-            socket.send_fds(self._sock, [HEADER.pack(*key)], [slot.fd])
-        except (BrokenPipeError, ConnectionResetError):
-            return  # the worker is gone: PyTorch's checks report its death
+            if not self._sock.send(HEADER.pack(*key), slot.fd, SEND_TIMEOUT_S):
+                return  # the worker is gone: PyTorch's checks report its death
         except OSError as e:
             raise DataLoaderError(f"ferry DataLoader: cannot send the batch memory to worker {self._worker_id}: {e}") \
                 from e
@@ -120,9 +133,7 @@ class ChunkSender:
         else:
             message = ASSIGN.pack(token, state, -1, 0, -1, 0, 0)
         try:
-            self._sock.send(message)
-        except (BrokenPipeError, ConnectionResetError):
-            return  # the worker is gone: nothing waits for it
+            self._sock.send(message, -1, SEND_TIMEOUT_S)  # False: the worker is gone, nothing waits for it
         except OSError as e:
             raise DataLoaderError(f"ferry DataLoader: cannot send a slot to worker {self._worker_id}: {e}") from e
 
@@ -144,14 +155,13 @@ class SlotMappings:
         as bytes), or DROPPED (send nothing). Waits on the socket; stop() is asked
         every `interval` seconds and a True makes it DROP (the iterator ended,
         the main process died), as does the main process closing its end."""
-        poller = select.poll()  # not select(): a worker forked from a busy process may have fds past 1024
-        poller.register(self._sock, select.POLLIN)
         while token not in self._assigned:
-            if not poller.poll(interval * 1000):
+            got = self._read_one(None, interval)
+            if got is None:  # nothing within the interval
                 if stop():
                     return DROPPED
                 continue
-            if not self._read_one(None):
+            if not got:
                 return DROPPED  # end of file: the main process closed the socket
         for t in [t for t in self._assigned if t < token]:
             del self._assigned[t]  # tasks this worker skipped
@@ -170,34 +180,36 @@ class SlotMappings:
         return self._chunks[key][offset:offset + capacity]
 
     def _receive(self, wanted) -> None:
-        try:
-            if self._read_one(wanted, socket.MSG_DONTWAIT):
-                return
-        except BlockingIOError:
-            pass
+        if self._read_one(wanted, 0):
+            return
         raise DataLoaderError(f"ferry DataLoader worker: the main process sent no descriptor for the batch "
-                           f"memory chunk {wanted} before the task that needs it")
+                              f"memory chunk {wanted} before the task that needs it")
 
-    def _read_one(self, wanted, flags_in: int = 0) -> bool:
-        """Reads one message: a chunk (mapped) or an assignment (kept). False at
-        end of file. wanted: the chunk being looked for, for messages."""
+    def _read_one(self, wanted, timeout: float):
+        """Reads one message, waiting at most `timeout` seconds: a chunk (mapped)
+        or an assignment (kept): True; False at end of file; None when none came.
+        wanted: the chunk being looked for, for messages."""
         import torch
 
-        data, fds, flags, _ = socket.recv_fds(self._sock, RECV_BYTES, 1, flags_in)
+        got = self._sock.receive(RECV_BYTES, timeout)
+        if got is None:
+            return None
+        data, fd, truncated = got
         try:
-            if not data and not fds:
+            if not data and fd < 0:
                 return False
-            if len(data) == ASSIGN.size and not fds and not flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
+            if len(data) == ASSIGN.size and fd < 0 and not truncated:
                 token, state, *slot = ASSIGN.unpack(data)
                 self._assigned[token] = (state, tuple(slot) if state == SLOT else None)
                 return True
-            if len(data) != HEADER.size or len(fds) != 1 or flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
+            if len(data) != HEADER.size or fd < 0 or truncated:
                 raise DataLoaderError(f"ferry DataLoader worker: a malformed batch memory message ({len(data)} bytes, "
-                                   f"{len(fds)} descriptors, flags {flags:#x}) while waiting for chunk {wanted}")
+                                      f"{'a' if fd >= 0 else 'no'} descriptor{', truncated' if truncated else ''}) "
+                                      f"while waiting for chunk {wanted}")
             key = HEADER.unpack(data)
-            m = mmap.mmap(fds[0], os.fstat(fds[0]).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            m = _ferry.Mapping.shared(fd)
         finally:
-            for fd in fds:
-                os.close(fd)
+            if fd >= 0:
+                _ferry.close_descriptor(fd)
         self._chunks[key] = torch.frombuffer(m, dtype=torch.uint8)
         return True
