@@ -6,7 +6,9 @@ description, a "can this machine run it" check and a run method.
         description = "pageable host<->GPU copies: ferry beside cudaMemcpy and torch"
 
         def add_arguments(self, parser):     # the suite's own options (--json is given)
-            parser.add_argument("--sizes", default="4K,1G")
+            parser.add_argument("--sizes", type=size_list, default="4K,1G",
+                                help="copy sizes (default: %(default)s)")
+            add_repeats(parser, 5, "timed copies per case")   # --repeats N, the one spelling
 
         def waived(self, args):              # default: needs a CUDA device
             return super().waived(args)      # None, or why this machine cannot run it
@@ -29,8 +31,15 @@ refused on any machine, before the waiver), asks `waived()`, and prints "ferry b
 running where the machine cannot; `run()` may also raise `Waived(why)` when it
 learns so late (e.g. from a probe process). A waived suite with --json records
 why in the file (no records). `--json FILE` is checked first (report.check_json_path:
-exit status 2 with the reason, before anything is measured). Register the module in
+exit status 2 with the reason, before anything is measured); `--json -` writes the
+records to stdout and the tables to stderr. Register the module in
 bench/__init__.py's SUITE_MODULES: `ferry bench --help` then lists it.
+
+One vocabulary (tests/python/test_cli_vocabulary.py): the repeat count is
+`--repeats` (add_repeats), where the data lives `--device` (add_device), every help
+ends "(default: %(default)s)"; a renamed option keeps its old spelling one release
+through deprecated_alias (a DeprecationWarning and a stderr note naming the new one,
+hidden from --help). Checks that need several arguments go in check_args().
 
 Results: every suite writes the same JSON, a list of records, one per figure
 (nvbandwidth's shape; bench/records.py builds them, report.write_json writes
