@@ -83,6 +83,14 @@ int sync_directory(const char* directory) noexcept {
   return err;
 }
 
+int sync_path(const char* path) noexcept {
+  int fd = -1;
+  if (int err = open_retrying(path, O_RDONLY | O_CLOEXEC, 0, &fd)) return err;
+  const int err = sync_fd(fd);
+  ::close(fd);
+  return err;
+}
+
 int process_umask(unsigned* mask_out) noexcept {
   FILE* f = std::fopen("/proc/self/status", "re");
   if (!f) return errno;

@@ -39,6 +39,10 @@ int remove_path(const char* path) noexcept;         // unlink
 // renames in it survive a crash.
 int sync_directory(const char* directory) noexcept;
 
+// open(path, O_RDONLY | O_CLOEXEC), fsync, close: a file another writer
+// wrote (a baseline saver's, in `ferry bench save`) on disk.
+int sync_path(const char* path) noexcept;
+
 // This process's umask, read from /proc/self/status (setting it to read it
 // would race with other threads creating files). ENOENT where /proc does
 // not say.

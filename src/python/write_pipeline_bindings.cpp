@@ -26,6 +26,7 @@
 #include "load/atomic_file.h"
 #include "load/path_lock.h"
 #include "load/save_file.h"
+#include "os/file_replace.h"
 #include "python/args.h"
 #include "python/gil.h"
 #include "python/handles.h"
@@ -229,6 +230,14 @@ void bind_write_pipeline(nb::module_& m) {
         load::sync_directory(d);
       },
       "directory"_a, "fsync a directory, so that the renames in it survive a crash.");
+  m.def(
+      "sync_file",
+      [](nb::handle path) {
+        const std::string p = path_arg(path, "path");
+        Unlocked unlocked("sync_file");
+        if (int err = os::sync_path(p.c_str())) throw OsError("fsync of " + p, err);
+      },
+      "path"_a, "fsync a file (or a directory) by its path.");
   m.def(
       "replaced_mode",
       [](nb::handle like) {

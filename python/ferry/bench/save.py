@@ -17,11 +17,19 @@ queue the copy; the copy itself runs on the stream before the next step's
 work). Each file is fsynced before its time stops (the savers that do not
 fsync get an fsync, counted).
 
-Columns: "blocked s", the time the caller (training) is blocked: the whole
+First table, ferry beside dd (issue 39's target): `dd if=/dev/zero of=FILE
+bs=32M count=N oflag=direct conv=fsync` of the state dict's bytes, then ferry
+`save_safetensors` of the state dict from the GPU and of its CPU copy (same
+bytes), in turn, each repeat, on the same disk; GB/s (dd: its own time,
+fsync included; ferry: the whole call, fsync of the file and directory
+included) and ferry's share of dd's rate. Target: the GPU save >= 95% of dd.
+Needs dd and a file system that takes O_DIRECT (not tmpfs: use --dir).
+
+Second table, columns: "blocked s", the time the caller (training) is blocked: the whole
 save, or until `async_save` / `snapshot` return; "durable s", the time to
 a durable file; GB/s of the state dict's bytes over "durable s"; "of disk",
 that rate over the disk's own direct-write rate, measured in the same run
-(O_DIRECT pwrite of --disk-bytes from 4 threads, 32 MiB each, then fsync);
+(dd O_DIRECT of --disk-bytes, as above);
 "host MB", the peak anonymous memory the saver added (sampled every 5 ms,
 warm-up included: a snapshot's pinned memory counts). Median of --repeats
 after one warm-up. ferry's files are read back with safetensors and compared
@@ -31,11 +39,12 @@ bit for bit with the state dict.
 from __future__ import annotations
 
 import argparse
-import mmap
+import contextlib
 import os
+import re
 import shutil
+import subprocess
 import tempfile
-import threading
 import time
 
 from ..measure import median
@@ -50,7 +59,14 @@ SAVERS = ("torch.save", "save_file (GPU)", "save_file (CPU)", "dcp.save", "dcp.a
           "ferry save_safetensors", "ferry snapshot+save", "ferry snapshot(non_blocking)+save")
 BASELINE = "save_file (GPU)"  # with --device cpu: CPU_BASELINE, the one save_file
 CPU_BASELINE = "save_file"
-DISK_CASE = "disk O_DIRECT write"
+DISK_CASE = "disk O_DIRECT write"  # dd (dd_direct_write) of --disk-bytes
+DD_BLOCK = 32 << 20  # dd's bs: one 32 MiB O_DIRECT write at a time, as ferry's slots
+# `ferry bench save`'s first table: ferry's save beside dd O_DIRECT of the same
+# bytes, in one run, each repeat in this order (same disk, same moment).
+DD = "dd O_DIRECT"
+FERRY_GPU = "ferry save_safetensors (GPU tensors)"
+FERRY_CPU = "ferry save_safetensors (CPU tensors)"
+DD_TARGET = 0.95  # issue 39: a save from the GPU reaches at least 95% of dd O_DIRECT on the same disk
 
 
 def transformer_set(layers: int) -> list[tuple[str, tuple, str]]:
@@ -124,59 +140,38 @@ def _directory(text: str) -> str:
 
 # ---- measuring ------------------------------------------------------------------
 
-def disk_direct_write_rate(directory: str, nbytes: int, threads: int = 4, block: int = 32 << 20) -> float | None:
-    """GB/s of O_DIRECT pwrite of nbytes (blocks of `block` from `threads` threads), fsync included;
-    None where the file system refuses O_DIRECT."""
-    path = os.path.join(directory, ".ferry-bench-disk")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
-    except OSError:
-        return None
-    buf = mmap.mmap(-1, block)
-    buf.write(os.urandom(block))
-    blocks = max(1, nbytes // block)
-    next_block = iter(range(blocks))
-    lock = threading.Lock()  # guards next_block
-
-    def work():
-        while True:
-            with lock:
-                k = next(next_block, None)
-            if k is None:
-                return
-            os.pwrite(fd, buf, k * block)
-
+def dd_direct_write(directory: str, nbytes: int, block: int = DD_BLOCK) -> float | None:
+    """GB/s of `dd if=/dev/zero of=FILE bs=32M count=N oflag=direct conv=fsync` in
+    `directory` (N blocks: nbytes rounded up), by dd's own time (its fsync
+    included); None where there is no dd or the file system refuses O_DIRECT."""
+    count = max(1, -(-nbytes // block))
+    path = os.path.join(directory, ".ferry-bench-dd")
+    cmd = ["dd", "if=/dev/zero", f"of={path}", f"bs={block}", f"count={count}", "oflag=direct", "conv=fsync"]
     try:
         t0 = time.perf_counter()
-        ts = [threading.Thread(target=work) for _ in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        os.fsync(fd)
-        seconds = time.perf_counter() - t0
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "LC_ALL": "C"})
+        wall = time.perf_counter() - t0
+    except (OSError, subprocess.TimeoutExpired):
+        return None
     finally:
-        os.close(fd)
-        os.unlink(path)
-        buf.close()
-    return blocks * block / seconds / 1e9
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    if r.returncode != 0:
+        return None
+    m = re.search(r"copied, ([0-9.eE+-]+) s", r.stderr)
+    seconds = float(m[1]) if m else wall
+    return count * block / max(seconds, 1e-9) / 1e9
 
 
 def fsync_path(path: str) -> None:
     """fsync a file, or every file of a directory, and the directory holding it."""
+    from .. import _ferry
+
     files = [os.path.join(path, n) for n in os.listdir(path)] if os.path.isdir(path) else [path]
     for f in files:
         if os.path.isfile(f):
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            _ferry.sync_file(f)
+    _ferry.sync_directory(os.path.dirname(path) or ".")
 
 
 def verify(torch, path: str, sd_cpu: dict) -> None:
@@ -382,11 +377,13 @@ def _run(args, torch, directory, records: Records) -> list:
     """Measures every set with every saver, prints the table, fills records; the table's rows."""
     import ferry.torch as ft
 
-    disk = disk_direct_write_rate(directory, args.disk_bytes)
-    progress(f"save: disk O_DIRECT write {disk:.2f} GB/s" if disk else "save: this file system refuses O_DIRECT")
+    disk = dd_direct_write(directory, args.disk_bytes)
+    progress(f"save: disk O_DIRECT write (dd) {disk:.2f} GB/s" if disk else
+             "save: no dd O_DIRECT here (no dd, or this file system refuses O_DIRECT)")
     if disk:
-        records.add(DISK_CASE, "bandwidth", disk, "GB/s", write_bytes=args.disk_bytes, threads=4,
-                    block_bytes=32 << 20)
+        records.add(DISK_CASE, "bandwidth", disk, "GB/s", write_bytes=args.disk_bytes, tool="dd",
+                    block_bytes=DD_BLOCK)
+    versus_rows: list = []
     try:
         dcp_state = _DCP(torch)
     except ImportError as e:
@@ -406,6 +403,8 @@ def _run(args, torch, directory, records: Records) -> list:
             params = {"set": set_name, "tensors": len(sd_gpu), "state_dict_bytes": nbytes, "layers": layers,
                       "repeats": args.repeats, "device": args.device}
             progress(f"save: {set_name}: {len(sd_gpu)} tensors, {nbytes / 1e9:.2f} GB")
+            if disk and (args.savers is None or any(s in "ferry save_safetensors" for s in args.savers)):
+                versus_rows += versus_dd(torch, records, params, sd_gpu, sd_cpu, nbytes, directory, args)
             results = {}
             for name, fn in chosen.items():
                 progress(f"save: {set_name}: {name}")
@@ -437,9 +436,49 @@ def _run(args, torch, directory, records: Records) -> list:
     finally:
         if dcp_state is not None:
             dcp_state.close()
+    if versus_rows:
+        print(table(f"save: ferry beside dd O_DIRECT of the same bytes (bs={DD_BLOCK >> 20}M, conv=fsync), "
+                    f"in turn, median of {args.repeats}; target: GPU >= {DD_TARGET:.0%} of dd",
+                    ["set", "case", "GB/s", "of dd", "target"], versus_rows))
     print(table(f"save: to a durable file (disk O_DIRECT write: {disk:.2f} GB/s)" if disk else "save",
                 ["set", "saver", "blocked s", "durable s", "GB/s", "of disk", f"vs {base_name}", "host MB",
                  "verified"], rows))
+    return rows
+
+
+def versus_dd(torch, records: Records, params: dict, sd_gpu: dict, sd_cpu: dict, nbytes: int, directory: str,
+              args) -> list:
+    """ferry's save from the GPU tensors and from CPU tensors of the same bytes
+    beside dd O_DIRECT of those bytes (rounded up to dd's blocks), each repeat
+    dd, GPU, CPU in turn, one warm-up first; records and the table's rows."""
+    import ferry.torch as ft
+
+    target = os.path.join(directory, "versus-dd.safetensors")
+    cases = [DD] + ([FERRY_GPU] if args.device == "cuda" else []) + [FERRY_CPU]
+    rates: dict[str, list] = {c: [] for c in cases}
+    for i in range(args.repeats + 1):
+        for case in cases:
+            if case == DD:
+                gbps = dd_direct_write(directory, nbytes)
+            else:
+                sd = sd_gpu if case == FERRY_GPU else sd_cpu
+                _remove(target)
+                _sync(torch)
+                t0 = time.perf_counter()
+                ft.save_safetensors(sd, target)  # durable: fsync of the file and its directory inside
+                gbps = nbytes / (time.perf_counter() - t0) / 1e9
+            if i and gbps is not None:
+                rates[case].append(gbps)
+    verify(torch, target, sd_cpu)  # the last save's file, bit for bit
+    _remove(target)
+    medians = {c: median(v) if v else None for c, v in rates.items()}
+    records.compare({**params, "dd_block_bytes": DD_BLOCK}, "bandwidth_vs_dd", "GB/s", medians, baseline=DD)
+    dd = medians[DD]
+    rows = []
+    for c, v in medians.items():
+        ratio = v / dd if v is not None and dd else None
+        met = "-" if c != FERRY_GPU or ratio is None else ("met" if ratio >= DD_TARGET else "MISSED")
+        rows.append([params["set"], c, v, ratio, met])
     return rows
 
 
