@@ -14,15 +14,13 @@ No function here imports torch.
 Also the tools every measurement shares, the doctor's and the bench suites':
 `HostBuffer` (touched pageable memory of a chosen backing), `gbps` (the rate of
 the median timing), `median` / `percentile`, and `gpu_absent_reason` (the one
-"is there a GPU" check).
+"is there a GPU" check, from ``ferry.gpu_check``). Memory is mapped and inspected by
+src/os through ``_ferry.Mapping`` (no mmap, memfd or /proc reads of this module's own).
 """
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import math
-import mmap
 import os
 import statistics
 import time
@@ -30,6 +28,7 @@ from typing import Any, Callable
 
 from . import _ferry
 from .errors import InvalidArgumentError, MeasurementError
+from .gpu_check import gpu_absent_reason  # noqa: F401 - the one check, re-exported for the doctor and benches
 from .pool import PinnedPool, Pool
 from .units import HUGE_PAGE, KiB, MiB
 
@@ -77,18 +76,6 @@ def _usable_gbps(nbytes: int, ns: list[int]) -> float:
     return rate
 
 
-def gpu_absent_reason(cuda_info: dict | None) -> str | None:
-    """Why GPU work cannot run here ("no CUDA driver ...", "no CUDA device ..."), or
-    None when there is a device; cuda_info is what ferry.cuda_info() returned. The one
-    such check: the doctor, the bench suites and the tests' `gpu` fixture ask it."""
-    if cuda_info is None:
-        return "no CUDA driver (libcuda.so.1 not found)"
-    if not cuda_info.get("devices"):
-        error = cuda_info.get("error")
-        return "no CUDA device" + (f" ({error})" if error else "")
-    return None
-
-
 def usable_cpus() -> int:
     """CPUs this process may run on (its affinity mask)."""
     try:
@@ -111,12 +98,14 @@ def thread_counts(cpus: int, most: int | None = 16) -> list[int]:
 
 
 class HostBuffer:
-    """Touched pageable host memory of one backing; .addr is its address, .map its mmap.
+    """Touched pageable host memory of one backing; .addr is its address, .map a
+    memoryview of it (its ``_ferry.Mapping``: src/os maps and advises it).
 
     backing: "4k" (anonymous, MADV_NOHUGEPAGE), "thp" (anonymous, MADV_HUGEPAGE),
     "memfd" (shmem) or "memfd-thp" (shmem, MADV_HUGEPAGE: huge only where
     transparent_hugepage/shmem_enabled allows). The mapping is nbytes rounded up to
-    2 MiB; every page is written (random bytes) so a copy measures the copy, not faults."""
+    2 MiB, 2 MiB aligned; every page is written (random bytes) so a copy measures the
+    copy, not faults."""
 
     BACKINGS = ("4k", "thp", "memfd", "memfd-thp")
 
@@ -124,41 +113,26 @@ class HostBuffer:
         if backing not in self.BACKINGS:
             raise InvalidArgumentError(f"backing {backing!r}: expected one of {', '.join(self.BACKINGS)}")
         self.nbytes = nbytes
-        size = (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
         if backing.startswith("memfd"):
-            fd = os.memfd_create("ferry-host-buffer")
-            try:
-                os.ftruncate(fd, size)
-                self.map = mmap.mmap(fd, size)
-            finally:
-                os.close(fd)
-            if backing == "memfd-thp":
-                self.map.madvise(mmap.MADV_HUGEPAGE)
+            self.mapping = _ferry.Mapping.memfd(nbytes, True if backing == "memfd-thp" else None, "ferry-host-buffer")
         else:
-            self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            self.map.madvise(mmap.MADV_HUGEPAGE if backing == "thp" else mmap.MADV_NOHUGEPAGE)
+            self.mapping = _ferry.Mapping.anonymous(nbytes, backing == "thp")
+        self.map = memoryview(self.mapping)
+        size = len(self.map)
         pattern = os.urandom(MiB)
         for off in range(0, size, MiB):
             self.map[off : off + min(MiB, size - off)] = pattern[: min(MiB, size - off)]
-        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        self.addr = self.mapping.address
 
     def huge_bytes(self) -> int:
-        """Bytes of this mapping backed by huge pages, from /proc/self/smaps."""
-        start, total, inside = self.addr, 0, False
-        with open("/proc/self/smaps") as f:
-            for line in f:
-                if "-" in line.split(" ", 1)[0]:
-                    lo = int(line.split("-", 1)[0], 16)
-                    inside = lo <= start < int(line.split("-", 1)[1].split(" ", 1)[0], 16)
-                elif inside and line.split(":")[0] in ("AnonHugePages", "ShmemPmdMapped", "FilePmdMapped"):
-                    total += int(line.split()[1]) * KiB
-        return total
+        """Bytes of this mapping backed by huge pages (/proc/self/smaps, read by src/os)."""
+        return self.mapping.huge_bytes()
 
     def close(self) -> None:
-        gc.collect()  # drop ctypes views of the map first
+        self.map.release()
         try:
-            self.map.close()
-        except BufferError:
+            self.mapping.close()
+        except BufferError:  # a view of it is still alive: unmapped when the last one goes
             pass
 
 

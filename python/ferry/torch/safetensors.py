@@ -25,7 +25,7 @@ import traceback
 from .. import _ferry
 from ..errors import InvalidArgumentError, NoDeviceError
 from ..load import Loader, default_loader, read_catalog, read_shard_index
-from ..measure import gpu_absent_reason
+from ..gpu_check import gpu_absent_reason
 from ._torch import torch_module as _torch
 from . import node_load, node_plan
 from . import slices as _slices
