@@ -71,10 +71,18 @@ def _measured(handoff_2m, handoff_64k, nixl_64k, attach_s, node_host, dma_node, 
                        "pinned_seconds": [1.1, 1.3], "pinned_host_bytes": 2 * (1 << 30)},
             "dma": {"node h2d": [dma_node, 50.0], "pinned h2d": [50.0, 50.0],
                     "node d2h": [49.0, 49.0], "pinned d2h": [50.0, 50.0]},
-            "handoff": {2 << 20: {"gbps": handoff_2m, "verified": True, "problem": None},
-                        64 << 10: {"gbps": handoff_64k, "verified": True, "problem": None},
-                        "torch_peer_gbps": 40.0},
+            "handoff": {"rows": [_row("2 MiB", 128, 2 << 20, "pool", "pool", handoff_2m),
+                                 _row("64 KiB", 4096, 64 << 10, "pool", "pool", handoff_64k),
+                                 _row("mixed 64 KiB-2 MiB", 600, None, "pool", "pool", handoff_2m - 2),
+                                 _row("mixed 64 KiB-2 MiB", 600, None, "auto", "peer", 8 * handoff_2m)],
+                        "baselines": {case: {"torch_peer_gbps": 400.0, "host_path_gbps": 20.0}
+                                      for case in ("2 MiB", "64 KiB", "mixed 64 KiB-2 MiB")}},
             "nixl": {2 << 20: 30.0, 64 << 10: nixl_64k}, "nixl_note": None}
+
+
+def _row(case, blocks, block_bytes, asked, ran, gbps):
+    return {"case": case, "blocks": blocks, "bytes": 256 << 20, "route_asked": asked, "route": ran, "gbps": gbps,
+            "producer_gbps": gbps, "verified": True, "problem": None, "stats": {}, "block_bytes": block_bytes}
 
 
 def _args():
@@ -85,10 +93,20 @@ def _args():
 
 def test_targets_are_met_or_missed_from_the_figures():
     args = _args()
-    met = node.targets(_measured(47.0, 20.0, 4.0, 0.3, 1.05 * (1 << 30), 48.0), args)
-    assert [s for _, _, s in met] == ["met"] * 5, met
+    # 2 MiB through the pool 49 (>= 48), mixed 47 (>= 45), GPU to GPU 392 vs torch 400 (0.98x >= 0.8)
+    met = node.targets(_measured(49.0, 20.0, 4.0, 0.3, 1.05 * (1 << 30), 48.0), args)
+    assert [s for _, _, s in met] == ["met"] * 7, met
+    # 2 MiB 44.9, mixed 42.9, GPU to GPU 359 vs 400 (0.90x: met), 64 KiB 7.9 vs nixl 4.0 (1.98x)
     missed = node.targets(_measured(44.9, 7.9, 4.0, 0.51, 2.0 * (1 << 30), 44.0), args)
-    assert [s for _, _, s in missed] == ["missed"] * 5, missed
+    assert [s for _, _, s in missed] == ["missed"] * 5 + ["met", "missed"], missed
+    slow_peer = _measured(44.9, 7.9, 4.0, 0.51, 2.0 * (1 << 30), 44.0)
+    slow_peer["handoff"]["rows"][3]["gbps"] = 300.0  # 0.75x torch
+    t = {target: (value, state) for target, value, state in node.targets(slow_peer, args)}
+    peer = "KV handoff GPU to GPU, mixed blocks: >= 0.8x a torch .to() of the same bytes"
+    assert t[peer] == ("0.75x (300.0 vs 400.0 GB/s)", "missed")
+    slow_peer["handoff"]["rows"][3]["route"] = "pool"  # auto found no peer access
+    t = {target: (value, state) for target, value, state in node.targets(slow_peer, args)}
+    assert t[peer][1].startswith("not measured (route auto ran pool")
     shared = node.targets(_measured(47.0, 20.0, 4.0, 0.3, 1 << 30, 48.0, shared=True), args)
     assert all(s.endswith("(ranks share a GPU)") for _, _, s in shared)
 
@@ -106,15 +124,20 @@ def test_records_hold_every_figure_beside_its_baseline():
     args = _args()
     recs = node.records(_measured(47.0, 20.0, 4.0, 0.3, 1 << 30, 45.0), args).items
     assert all(is_record(r) and r["suite"] == "node" for r in recs)
-    h = [r for r in recs if r["case"] == "ferry.node handoff" and r["params"]["block_bytes"] == 64 << 10]
-    assert len(h) == 1 and h[0]["baseline"] == 4.0 and h[0]["ratio"] == pytest.approx(5.0)
-    assert h[0]["params"]["baseline_case"] == "ferry.nixl WRITE" and h[0]["params"]["blocks"] == 4096
+    h = [r for r in recs if r["case"] == "ferry.node handoff" and r["params"]["handoff"] == "64 KiB"]
+    assert len(h) == 1 and h[0]["baseline"] == 20.0 and h[0]["ratio"] == pytest.approx(1.0)
+    assert h[0]["params"]["baseline_case"] == "host path GPU->pinned->GPU" and h[0]["params"]["blocks"] == 4096
+    nixl = [r for r in recs if r["case"] == "ferry.nixl WRITE" and r["params"]["handoff"] == "64 KiB"]
+    assert len(nixl) == 1 and nixl[0]["value"] == 4.0
+    peer = [r for r in recs if r["case"] == "ferry.node handoff" and r["params"]["route"] == "peer"]
+    assert len(peer) == 1 and peer[0]["params"]["baseline_case"] == "torch .to() peer"
+    assert peer[0]["ratio"] == pytest.approx(8 * 47.0 / 400.0)
     dma = [r for r in recs if r["case"] == "node pool" and r["metric"] == "bandwidth" and r["params"]["rank"] == 0
            and r["params"]["direction"] == "h2d"]
     assert len(dma) == 1 and dma[0]["ratio"] == pytest.approx(0.9)
     attach = [r for r in recs if r["case"] == "node pool attach+register"]
     assert [r["params"]["rank"] for r in attach] == [0, 1] and attach[0]["baseline"] == 1.1
-    assert sum(r["metric"] == "target" for r in recs) == 5
+    assert sum(r["metric"] == "target" for r in recs) == 7
     json.dumps(node._jsonable(_measured(47.0, 20.0, 4.0, 0.3, 1 << 30, 45.0)))  # details are JSON
 
 
@@ -158,4 +181,4 @@ def test_load_records_say_which_page_cache():
         ("cold", 0), ("cold", 1), ("warm", 0), ("warm", 1)]
     cold1 = [r for r in loads if r["params"]["page_cache"] == "cold" and r["params"]["rank"] == 1][0]
     assert cold1["value"] == 6.0 and cold1["baseline"] == 10.0
-    assert sum(r["metric"] == "target" for r in recs) == 8
+    assert sum(r["metric"] == "target" for r in recs) == 10

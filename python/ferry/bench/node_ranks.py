@@ -29,11 +29,24 @@ def pattern(seed: int, nbytes: int):
     return words.view(np.uint8)[:nbytes]
 
 
-def scatter(seed: int, count: int, block: int, base: int):
-    """int64 addresses of `count` blocks at seeded-shuffled places of a buffer at base."""
+def places(seed: int, lengths):
+    """int64 offsets of blocks of these lengths laid one after another in a
+    seeded-shuffled order (scattered blocks of a KV cache)."""
     import numpy as np
 
-    return base + np.random.default_rng(seed).permutation(count).astype(np.int64) * block
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    offsets = np.empty(len(lengths), np.int64)
+    offsets[order] = np.cumsum(lengths[order]) - lengths[order]
+    return offsets
+
+
+def mixed_sizes(seed: int, count: int, lo: int = 64 << 10, hi: int = 2 << 20) -> list[int]:
+    """`count` block sizes from lo to hi, log-uniform, whole 4 KiB pages (a KV cache's
+    blocks of mixed sizes), seeded."""
+    import numpy as np
+
+    exps = np.random.default_rng(seed).uniform(np.log2(lo), np.log2(hi), count)
+    return [min(hi, max(lo, int(2 ** e) // 4096 * 4096)) for e in exps]
 
 
 class Rank:
@@ -97,51 +110,81 @@ class Rank:
             times.append(time.perf_counter() - t0)
         return times
 
-    def handoff(self, role: str, key: str, block: int, total: int, slots: int, slot_bytes: int, iters: int,
-                seed: int) -> dict:
-        """Rank 0 (producer) sends `total // block` scattered blocks of its GPU through a
-        Handoff; rank 1 (consumer) receives them into scattered places of its GPU and
-        times each transfer (barrier to recv's return), then checks every block."""
+    def handoff(self, role: str, key: str, sizes: list[int], slots: int, slot_bytes: int, iters: int,
+                seed: int, route: str) -> dict:
+        """Rank 0 (producer) sends blocks of `sizes` at seeded-shuffled places of its GPU
+        through a Handoff (route "pool" or "auto"); rank 1 (consumer) receives them into
+        other shuffled places of its GPU, poisoned first, and times each transfer (barrier
+        to recv's return), then checks every block. The consumer also says which route
+        the slots took (Handoff.last_route)."""
         import numpy as np
 
         import ferry
         from ..node import Handoff
 
-        count = total // block
-        n = count * block
+        lengths = np.array(sizes, np.int64)
+        n = int(lengths.sum())
         base = self.gpu_buffer(n)
+        src_off, dst_off = places(seed + 1, lengths), places(seed + 2, lengths)
         if role == "producer":
-            ferry.copy(base, pattern(seed + block, n), n, device=self.device)
-            addrs = scatter(seed + 1, count, block, base)
+            ferry.copy(base, pattern(seed, n), n, device=self.device)
+            addrs = base + src_off
         else:
             ferry.copy(base, np.full(n, POISON, np.uint8), n, device=self.device)
-            addrs = scatter(seed + 2, count, block, base)
-        h = Handoff(self.pool, key, slots, slot_bytes, timeout=self.timeout)
+            addrs = base + dst_off
+        h = Handoff(self.pool, key, slots, slot_bytes, timeout=self.timeout, route=route)
         times = []
         try:
-            for i in range(iters + 1):  # the first is not timed
+            for i in range(iters + 1):  # the first is not timed (it also maps the consumer's ring)
                 self.pair.wait(self.timeout)
                 t0 = time.perf_counter()
                 if role == "producer":
-                    h.send(addrs, block)
+                    h.send(addrs, lengths)
                 else:
-                    h.recv(addrs, block)
+                    h.recv(addrs, lengths)
                 times.append(time.perf_counter() - t0)
             if role == "producer":
                 h.drain()
-                return {"seconds": times[1:]}
+                return {"seconds": times[1:], "route": h.last_route}
             got = np.empty(n, np.uint8)
             ferry.copy(got, base, n, device=self.device)
-            expected = pattern(seed + block, n).reshape(count, block)
-            src_slot = (scatter(seed + 1, count, block, 0) // block).tolist()
-            dst_slot = (scatter(seed + 2, count, block, 0) // block).tolist()
-            blocks = got.reshape(count, block)
-            bad = next((k for k in range(count) if not np.array_equal(blocks[dst_slot[k]], expected[src_slot[k]])),
-                       None)
-            return {"seconds": times[1:], "verified": bad is None,
-                    "problem": None if bad is None else f"block {bad} differs"}
+            expected = pattern(seed, n)
+            bad = next((k for k in range(len(sizes)) if not np.array_equal(
+                got[dst_off[k]:dst_off[k] + sizes[k]], expected[src_off[k]:src_off[k] + sizes[k]])), None)
+            return {"seconds": times[1:], "verified": bad is None, "route": h.last_route, "stats": h.stats(),
+                    "problem": None if bad is None else f"block {bad} ({sizes[bad]} bytes) differs"}
         finally:
             h.close()
+
+    def host_path(self, sizes: list[int], iters: int, seed: int) -> list[float] | None:
+        """What a rank does without the handoff, in one process: the same blocks GPU 0 ->
+        pinned host (this rank's part of the node pool region, ferry.copy_many) -> GPU 1
+        (ferry.copy_many), seconds each (None: one GPU)."""
+        import numpy as np
+
+        import ferry
+        from .. import _ferry
+
+        if _ferry.device_count() < 2:
+            return None
+        lengths = np.array(sizes, np.int64)
+        n = int(lengths.sum())
+        if n > self.region.nbytes:
+            return None
+        src = self.gpu_buffer(n) + places(seed + 1, lengths)
+        dev1 = _ferry.cuda_malloc(n, 1)
+        try:
+            dst = dev1 + places(seed + 2, lengths)
+            host = self.region.address + (np.cumsum(lengths) - lengths)
+            times = []
+            for _ in range(iters + 1):
+                t0 = time.perf_counter()
+                ferry.copy_many(host, src, lengths, device=self.device)
+                ferry.copy_many(dst, host, lengths, device=1)
+                times.append(time.perf_counter() - t0)
+            return times[1:]
+        finally:
+            _ferry.cuda_free(dev1)
 
     def peer_copy(self, total: int, iters: int) -> list[float] | None:
         """torch: a GPU 0 tensor .to(GPU 1), one contiguous copy, seconds each (None: one GPU)."""
