@@ -109,6 +109,11 @@ class DataLoaderError(FerryError, RuntimeError):
     worker. A RuntimeError, as PyTorch's DataLoader raises."""
 
 
+class DataLoaderTimeoutError(DataLoaderError, FerryTimeoutError):
+    """ferry.torch.DataLoader(timeout=t): no batch came from the workers within t
+    seconds (PyTorch's "DataLoader timed out"; still a RuntimeError, as PyTorch's)."""
+
+
 # ---- measurements (ferry doctor, ferry bench) ---------------------------------------
 
 
@@ -137,5 +142,6 @@ __all__ = [
     "NixlTimeoutError",
     "AllocatorTooLateError",
     "DataLoaderError",
+    "DataLoaderTimeoutError",
     "MeasurementError",
 ]

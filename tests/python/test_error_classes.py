@@ -146,7 +146,7 @@ def test_every_timeout_is_under_one_base_that_is_pythons_timeout():
     assert issubclass(fe.FerryTimeoutError, TimeoutError) and issubclass(fe.FerryTimeoutError, fe.FerryError)
     timeouts = {n for n, c in _classes().items() if issubclass(c, TimeoutError)}
     assert timeouts == {"FerryTimeoutError", "HandoffTimeoutError", "NodeLoadTimeoutError", "NodeLoadTimeout",
-                        "NixlTimeoutError"}
+                        "NixlTimeoutError", "DataLoaderTimeoutError"}
     assert all(issubclass(getattr(fe, n), fe.FerryTimeoutError) for n in timeouts)
     assert issubclass(fe.HandoffTimeoutError, fe.HandoffError)
     assert issubclass(fe.NixlTimeoutError, fe.NixlError)
@@ -231,3 +231,27 @@ def test_a_killed_dataloader_worker_is_a_dataloader_error_and_a_runtime_error():
         """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=HERE)
     assert r.stdout.startswith("ERROR DataLoaderError True ferry DataLoader:"), r.stdout + r.stderr[-2000:]
+
+
+def test_a_dataloader_timeout_is_a_timeout_error_and_a_runtime_error():
+    pytest.importorskip("torch")
+    code = textwrap.dedent("""
+        import time, torch, ferry.errors as fe, ferry.torch as ft
+
+        class Slow(torch.utils.data.Dataset):
+            def __len__(self):
+                return 4
+
+            def __getitem__(self, i):
+                time.sleep(30)
+                return torch.zeros(2)
+
+        try:
+            next(iter(ft.DataLoader(Slow(), batch_size=1, num_workers=1, timeout=1)))
+        except TimeoutError as e:
+            print("TIMEOUT", type(e).__name__, isinstance(e, RuntimeError), isinstance(e, fe.FerryTimeoutError))
+        else:
+            print("NO ERROR")
+        """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=HERE)
+    assert r.stdout.startswith("TIMEOUT DataLoaderTimeoutError True True"), r.stdout + r.stderr[-2000:]

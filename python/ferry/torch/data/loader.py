@@ -39,7 +39,7 @@ import warnings
 import torch
 import torch.utils.data as _data
 
-from ...errors import DataLoaderError, InternalError
+from ...errors import DataLoaderError, DataLoaderTimeoutError, InternalError
 from .. import _torch_private as pt
 from ..devices import cuda_device
 from .batch_layout import Batch, SlotWriter, WorkerFailure
@@ -362,7 +362,10 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
         try:
             idx, data = super()._get_data()
         except RuntimeError as e:
-            raise DataLoaderError(f"ferry DataLoader: {e} ({self._worker_names()})") from e
+            # PyTorch says a timeout (timeout=t > 0) in its message only: "DataLoader timed out after t seconds"
+            timed_out = str(e).startswith("DataLoader timed out")
+            kind = DataLoaderTimeoutError if timed_out else DataLoaderError
+            raise kind(f"ferry DataLoader: {e} ({self._worker_names()})") from e
         if pt.is_resume(idx):
             return idx, data
         if self._later and not self._resuming:
