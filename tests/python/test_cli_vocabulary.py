@@ -104,12 +104,12 @@ def _ferry(*argv, timeout=180):
 
 
 def test_bench_json_dash_writes_the_document_to_stdout_and_the_tables_to_stderr():
-    """sanity runs on any machine (each check passes or waives itself); blocks waives
-    itself without a GPU: both land in one document on stdout."""
-    r = _ferry("bench", "--json", "-", "sanity,blocks", "--repeats", "2")
+    """sanity runs on any machine (each check passes or waives itself); latency waives
+    itself without a GPU (or runs 2 requests a case): both land in one document on stdout."""
+    r = _ferry("bench", "--json", "-", "sanity,latency", "--repeats", "2")
     assert r.returncode in (0, 1), r.stderr[-3000:]
     doc = json.loads(r.stdout)  # stdout holds the JSON alone
-    assert set(doc["suites"]) == {"sanity", "blocks"}
+    assert set(doc["suites"]) == {"sanity", "latency"}
     assert any(rec["suite"] == "sanity" and rec["metric"] == "state" for rec in doc["records"])
     assert "Total:" in r.stderr  # sanity's table went to stderr
 
@@ -123,8 +123,8 @@ def test_one_suite_with_json_dash(tmp_path):
 def test_the_old_flag_on_the_command_line_says_the_new_one():
     r = _ferry("bench", "sanity", "--help")
     assert r.returncode == 0 and "--repeats N" in r.stdout
-    r = _ferry("bench", "blocks", "--iterations", "2")  # waived without a GPU, or runs
-    assert "ferry bench blocks: --iterations is deprecated: use --repeats" in r.stderr, r.stderr
+    r = _ferry("bench", "latency", "--iterations", "2")  # waived without a GPU, or 2 requests a case
+    assert "ferry bench latency: --iterations is deprecated: use --repeats" in r.stderr, r.stderr
 
 
 # ---- ferry doctor ----------------------------------------------------------------------
