@@ -39,6 +39,8 @@ import re
 import secrets
 import stat
 
+from . import _ferry
+
 _MARK = ".ferry-tmp-"
 _TEMP = re.compile(r"\.ferry-tmp-(?P<pid>\d+)-(?P<start>[0-9a-f]+)-(?P<host>[0-9a-f]{8})-[0-9a-f]{8}\Z")
 _UNKNOWN_HOST = "00000000"
@@ -46,27 +48,18 @@ _identity: tuple[int, str, str] | None = None  # (pid, START, HOST) of this proc
 
 
 def _start_ticks(pid) -> int | None:
-    """The start time of process `pid` (field 22 of /proc/PID/stat), None if there
-    is no such process. Other errors (EACCES, a /proc of another shape) raise."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: fields 3.. follow the last ')'.
-    fields = text[text.rindex(b")") + 2:].split()
-    return int(fields[19])
+    """The start time of process `pid` ("self" or a pid: field 22 of /proc/PID/stat,
+    read by src/os), None if there is no such process. Other errors (EACCES, a /proc
+    of another shape) raise OSError."""
+    return _ferry.process_start_ticks(0 if pid == "self" else int(pid))
 
 
 def _host_tag() -> str:
     """8 hex digits naming this boot and PID namespace, or zeros if unknown."""
     try:
-        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-            boot = f.read().strip()
-        namespace = os.readlink("/proc/self/ns/pid").encode()
-        if int(os.readlink("/proc/self")) != os.getpid():
-            return _UNKNOWN_HOST  # /proc of another PID namespace: its pids are not ours
-    except (OSError, ValueError):
+        boot = _ferry.boot_id()
+        namespace = _ferry.pid_namespace()  # EXDEV: /proc of another PID namespace, its pids are not ours
+    except OSError:
         return _UNKNOWN_HOST
     return hashlib.sha256(boot + b"\0" + namespace).hexdigest()[:8]
 
