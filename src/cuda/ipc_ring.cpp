@@ -58,6 +58,13 @@ node::HandoffCopy engine_handoff_copy(CopyEngine& engine) {
   };
 }
 
+bool devices_reach(int from, int to) {
+  if (from == to) return true;
+  int can = 0;
+  check(cudaDeviceCanAccessPeer(&can, from, to), "cudaDeviceCanAccessPeer");
+  return can != 0;
+}
+
 IpcRing::IpcRing(int device) : device_(device) {
   int count = 0;
   check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");

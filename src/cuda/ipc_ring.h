@@ -41,6 +41,10 @@ class CopyEngine;
 // stream lives as long as the function (copies of it share it).
 node::HandoffCopy engine_handoff_copy(CopyEngine& engine);
 
+// Whether memory of GPU `to` can be written from GPU `from` (the same GPU, or
+// cudaDeviceCanAccessPeer): the peer route's condition, for tests and reports.
+bool devices_reach(int from, int to);
+
 class IpcRing : public node::HandoffDevice {
  public:
   explicit IpcRing(int device);  // InvalidArgument for a device this process does not see

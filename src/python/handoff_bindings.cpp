@@ -97,6 +97,8 @@ void bind_handoff(nb::module_& m) {
       },
       "sizes"_a, "slot_bytes"_a,
       "(stream bytes, [(item, offset in item, offset in slot, bytes)], chunk bounds): node/handoff.h's plan.");
+  m.def("devices_reach", &cuda::devices_reach, "from_device"_a, "to_device"_a,
+        "Whether GPU from_device can write GPU to_device's memory (the same GPU, or peer access).");
   m.def(
       "host_copy_many",
       [](const Int64s& dsts, const Int64s& srcs, const Int64s& sizes) {
