@@ -68,13 +68,18 @@ struct MachineProfile {
   size_t hybrid_below_bytes = 64u << 20;    // smaller copies are not split
   double hybrid_pinned_share[2] = {0.0, 0.0};  // share of the body pinned in place, per direction
   size_t pin_piece_bytes = 64u << 20;       // bytes per registration in pin-in-place
-  // Batches of pinned<->device blocks averaging fewer bytes go to the SM copy
-  // kernel: on the H200, 1024 blocks of 16 KiB moved at 16.6 GB/s that way
-  // against 4.4 through the copy engines; at 64 KiB both gave 32-34 GB/s, at
-  // 256 KiB the copy engines 46 against 45.
+  // Batches of pinned<->device blocks averaging fewer bytes (after adjacent
+  // blocks are merged) go to the SM copy kernel. On the H100 (2026-11-28,
+  // 256 MiB of scattered blocks per call, h2d / d2h GB/s), SM kernel against
+  // one cudaMemcpyBatchAsync: 4 KiB 31 / 26 against 2.2 / 5.3 (the copy
+  // engines' ~1 us per descriptor), 16 KiB 46 / 47 against 5.3 / 23, 64 KiB
+  // 49 / 51 against 37 / 39, 128 KiB 49 / 51 against 39 / 46, 256 KiB 49 / 46
+  // against 45 / 39 (46 / 47 called directly), 512 KiB and up equal. The
+  // kernel takes SMs from the model, so it stops where the copy engines are
+  // near it; `ferry bench blocks --calibrate` measures this machine's point.
   size_t batch_sm_below_bytes = 128u << 10;
   // SMs the block-copy kernel may use (its grid: one 1024-thread block per
-  // SM); 0: the kernel's default (cuda/copy/block_copy.h, 8). Each SM taken
+  // SM); 0: the kernel's default (cuda/copy/block_copy.h, 4). Each SM taken
   // is one a concurrent model kernel cannot use while the copy runs.
   int batch_sm_max_sms = 0;
 

@@ -140,11 +140,20 @@ std::vector<int64_t> block_ids(nb::handle obj, const char* role) {
     std::vector<int64_t> out(n);
     for (size_t i = 0; i < n; ++i) {
       PyObject* v = items[i];
-      const long long x = PyLong_Check(v) && !PyBool_Check(v) ? PyLong_AsLongLong(v) : -1;
-      if (!PyLong_Check(v) || PyBool_Check(v) || PyErr_Occurred()) {
-        PyErr_Clear();
+      long long x = -1;
+      if (PyLong_CheckExact(v)) {
+        x = PyLong_AsLongLong(v);
+      } else if (!PyBool_Check(v) && !PyFloat_Check(v) && PyIndex_Check(v)) {  // numpy integers
+        PyObject* index = PyNumber_Index(v);
+        if (index) x = PyLong_AsLongLong(index), Py_DECREF(index);
+      } else {
         throw InvalidArgument(std::string(role) + "[" + std::to_string(i) + "]=" + arg_repr(v) +
                               ": expected a block id (an integer)");
+      }
+      if (PyErr_Occurred()) {
+        PyErr_Clear();
+        throw InvalidArgument(std::string(role) + "[" + std::to_string(i) + "]=" + arg_repr(v) +
+                              ": expected a block id (an integer from -2**63 to 2**63-1)");
       }
       out[i] = x;
     }

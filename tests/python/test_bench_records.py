@@ -303,7 +303,8 @@ def test_small_runs_on_a_gpu_write_records_of_their_measurements(gpu, tmp_path):
     """On a device: blocks, latency and thp, small, into one file; every figure a
     positive number, every ferry figure compared with its baseline."""
     out = str(tmp_path / "bench.json")
-    assert blocks.main(["--blocks", "64x16K,8x1M", "--repeats", "3", "--json", out]) == 0
+    assert blocks.main(["--blocks", "64x16K,8x1M", "--repeats", "3", "--layouts", "scattered", "--directions",
+                        "h2d,d2h", "--no-gemm", "--no-torch-loop", "--json", out]) == 0
     assert latency.main(["--repeats", "50", "--json", out]) == 0
     assert thp.main(["--size", "8M", "--repeats", "2", "--json", out]) == 0
     data = json.loads(open(out).read())
@@ -315,10 +316,13 @@ def test_small_runs_on_a_gpu_write_records_of_their_measurements(gpu, tmp_path):
     for suite, items in by_suite.items():
         check_records(items, suite)
     b = by_suite["blocks"]
-    assert len(b) == 2 * 2 * len(blocks.CASES)  # two cases, two directions
-    for r in b:
+    bw = [r for r in b if r["metric"] == "bandwidth"]
+    assert len(bw) == 2 * 2 * (len(blocks.CASES) - 1)  # two cases, two directions; no torch loop
+    for r in bw:
         assert r["unit"] == "GB/s" and r["value"] > 0
-        assert (r["baseline"] is None) == (r["case"] == "cudaMemcpyAsync loop")
+        assert (r["baseline"] is None) == (r["case"] == blocks.BASELINE)
+    cpu = [r for r in b if r["metric"] == "submit_per_block"]
+    assert len(cpu) == 2 * 2 * 2 and all(r["unit"] == "us" and r["value"] > 0 for r in cpu)
     lat = [r for r in by_suite["latency"] if r["metric"] == "latency_median" and r["case"] == "ferry channel"]
     assert len(lat) == 2 * len(latency.SIZES) and all(r["value"] > 0 and r["ratio"] > 0 for r in lat)
     t = [r for r in by_suite["thp"] if r["case"] == "ferry pageable"]

@@ -133,6 +133,7 @@ model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn
 gpu_blocks = [torch.empty(1 << 16, dtype=torch.uint8, device="cuda") for _ in range(8)]
 host_blocks = [torch.full((1 << 16,), i, dtype=torch.uint8) for i in range(8)]
 """, needs=("gpu", "torch", "numpy"))],
+    ("docs/copies.md", "import torch, ferry"): [Example(setup="", needs=("gpu", "torch"))],
     ("docs/dataloader.md", "import ferry.torch"): [Example(
         setup="""
 import torch

@@ -91,6 +91,7 @@ def test_copy_many_address_arrays_every_path_bit_exact(mem, seed, strategy):
             o = 5 + int(dev_slots[k]) * slot
             dw[o:o + size] = True
         assert (dv[~dw] == 0xCD).all(), f"round {round_}: device bytes outside the blocks were written"
+        del hs, hb  # views of the buffers: released first
         src.release()
         back.release()
 
@@ -132,6 +133,7 @@ def test_copy_blocks_paged_layout_over_layers(mem, seed):
         for b, h in zip(back_ids, host_ids):
             o, s = layer * dev_layer + int(b) * dev_stride + block, layer * host_layer + int(h) * block
             assert np.array_equal(got[o:o + block], hv[s:s + block]), (layer, b, h)
+    del hv
     host.release()
 
 
@@ -169,6 +171,7 @@ def test_both_directions_at_once_from_two_threads(mem, seed):
         assert not errors, errors
         on_dev = _device_bytes(up_dev, count * size).reshape(count, size)
         assert np.array_equal(on_dev[order], us.reshape(count, size)), size
+        del us, dd, got
         up_src.release()
         down_dst.release()
 

@@ -40,6 +40,7 @@ SIZES = "4K,8K,16K,32K,64K,128K,256K,512K,1M,2M"
 LAYOUTS = ("scattered", "adjacent")
 DIRECTIONS = ("h2d", "d2h", "both")
 TORCH_FROM = 64 * KiB  # the torch loop's per-call cost makes smaller blocks minutes long
+GEMMS = 20  # matmuls per timed sample
 
 
 def _offsets(count: int, size: int, layout: str, seed: int):
@@ -230,7 +231,7 @@ def gemm_slowdown(regions, size: int, total: int, sms: int | None, repeats: int)
     c = torch.empty_like(a)
     stream = torch.cuda.Stream()
 
-    def gemms(n=10):
+    def gemms(n=GEMMS):
         t0 = time.perf_counter_ns()
         with torch.cuda.stream(stream):
             for _ in range(n):
@@ -239,7 +240,7 @@ def gemm_slowdown(regions, size: int, total: int, sms: int | None, repeats: int)
         return time.perf_counter_ns() - t0
 
     gemms(3)
-    alone = median([gemms() for _ in range(repeats)])
+    alone = [gemms() for _ in range(repeats)]
     stop = threading.Event()
     moved = [0, 0]
 
@@ -261,8 +262,9 @@ def gemm_slowdown(regions, size: int, total: int, sms: int | None, repeats: int)
     stop.set()
     for t in threads:
         t.join()
-    return {"block_bytes": size, "sms": sms or 0, "gemm_alone_ms": alone / 1e6 / 10,
-            "gemm_beside_ms": beside / 1e6 / 10, "slowdown_pct": (beside / alone - 1) * 100,
+    alone = median(alone + [gemms() for _ in range(repeats)])  # before and after: the clocks drift
+    return {"block_bytes": size, "sms": sms or 0, "gemm_alone_ms": alone / 1e6 / GEMMS,
+            "gemm_beside_ms": beside / 1e6 / GEMMS, "slowdown_pct": (beside / alone - 1) * 100,
             "copies_gbps": copied}
 
 

@@ -33,7 +33,12 @@ inline constexpr size_t kBlockPieceBytes = size_t{64} << 10;
 inline size_t block_pieces(size_t bytes) { return (bytes + kBlockPieceBytes - 1) / kBlockPieceBytes; }
 
 // The default of MachineProfile::batch_sm_max_sms (copy/strategy.h) when 0.
-inline constexpr int kDefaultBlockCopySms = 8;
+// On the H100 (2026-11-28, 256 MiB of scattered blocks per call, one
+// direction) 4 SMs moved as much as 8 or 16: 4 KiB 30.8 / 31.3 / 32 GB/s,
+// 16 KiB 45.3 / 45.8 / 45.1, 64 KiB 48.9 / 48.7 / 48.5 host->device; the link
+// or the host side is the limit, not the SMs, and each SM more is one that a
+// concurrent GEMM loses (16 SMs slowed a bf16 GEMM by 40%).
+inline constexpr int kDefaultBlockCopySms = 4;
 
 // Enqueues the copies of `ops[0..count)` on `stream`, on at most `max_sms`
 // SMs (0: kDefaultBlockCopySms). Preconditions: `ops` is device-readable
