@@ -26,9 +26,8 @@ import statistics
 import time
 from typing import Any, Callable
 
-from . import _ferry
+from . import _ferry, gpu_check
 from .errors import InvalidArgumentError, MeasurementError
-from .gpu_check import gpu_absent_reason  # noqa: F401 - the one check, re-exported for the doctor and benches
 from .pool import PinnedPool, Pool
 from .units import HUGE_PAGE, KiB, MiB
 
@@ -74,6 +73,9 @@ def _usable_gbps(nbytes: int, ns: list[int]) -> float:
     if not (rate > 0 and math.isfinite(rate)):
         raise MeasurementError(f"no usable timing of {nbytes} bytes: {list(ns)[:5]} ns")
     return rate
+
+
+gpu_absent_reason = gpu_check.gpu_absent_reason  # the one check, re-exported for the doctor and benches
 
 
 def usable_cpus() -> int:

@@ -44,7 +44,6 @@ pool (``send``/``recv``, one copy_many per slot, completions in signal words).
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import threading
@@ -100,9 +99,8 @@ class NodeBlock:
         """The block's bytes as a writable memoryview, valid while the block is. The view
         keeps this process's mapping of the pool alive (a close() meanwhile unmaps nothing)."""
         native = self.pool._live("NodeBlock.view")
-        array = (ctypes.c_char * self.nbytes).from_address(native.address + self.handle)
-        array._ferry_pool = native  # the mapping lives as long as the view's buffer
-        return memoryview(array).cast("B")
+        # The span holds `native`: the mapping lives as long as the view's buffer.
+        return memoryview(_ferry.MemorySpan(native.address + self.handle, self.nbytes, native))
 
     def __repr__(self) -> str:
         name = f" {self.key!r}" if self.key else ""

@@ -130,6 +130,49 @@ int is_cached(int fd, uint64_t offset, bool* cached_out) noexcept {
 
 int advise_sequential_reads(int fd) noexcept { return ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); }
 
+int open_stream_for_writing(const char* path, int* fd_out) noexcept {
+  int fd;
+  do fd = ::open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  while (fd < 0 && errno == EINTR);
+  if (fd < 0) return errno;
+  struct stat st;
+  int err = 0;
+  if (::fstat(fd, &st) != 0)
+    err = errno;
+  else if (!S_ISCHR(st.st_mode) && !S_ISFIFO(st.st_mode))
+    err = EINVAL;
+  else {
+    const int fl = ::fcntl(fd, F_GETFL);
+    if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) err = errno;
+  }
+  if (err) {
+    ::close(fd);
+    return err;
+  }
+  *fd_out = fd;
+  return 0;
+}
+
+int write_all(int fd, const void* buffer, size_t bytes, size_t* done) noexcept {
+  size_t at = 0;
+  int err = 0;
+  while (at < bytes) {
+    const ssize_t n = ::write(fd, static_cast<const char*>(buffer) + at, bytes - at);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      err = errno;
+      break;
+    }
+    if (n == 0) {
+      err = EIO;
+      break;
+    }
+    at += static_cast<size_t>(n);
+  }
+  *done = at;
+  return err;
+}
+
 bool is_terminal(int fd) noexcept { return ::isatty(fd) == 1; }
 
 }  // namespace ferry::os

@@ -69,6 +69,17 @@ int is_cached(int fd, uint64_t offset, bool* cached_out) noexcept;
 // for buffered reads of a file that is not cached.
 int advise_sequential_reads(int fd) noexcept;
 
+// open(path, O_WRONLY | O_CLOEXEC | O_NOCTTY) of a character device or a FIFO
+// to write into (never to replace), never waiting: a FIFO with no reader
+// gives ENXIO at once (O_NONBLOCK, cleared after the open: the writes then
+// block as usual). EINVAL: the path is neither (a regular file, a directory).
+int open_stream_for_writing(const char* path, int* fd_out) noexcept;
+
+// write() until all `bytes` are written (retrying EINTR and partial writes),
+// for descriptors without positions (a pipe, a FIFO, a terminal). *done: how
+// many bytes were written before an error (all of them on success).
+int write_all(int fd, const void* buffer, size_t bytes, size_t* done) noexcept;
+
 // Whether file descriptor fd is a terminal (isatty); false on any error.
 bool is_terminal(int fd) noexcept;
 

@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "load/range_read.h"
 #include "os/file.h"
+#include "os/mapping.h"
 #include "os/memory.h"
 #include "os/process.h"
 #include "os/smaps.h"
@@ -63,12 +64,12 @@ struct File {
   int fd = -1;
   std::string name;
 
-  File(const std::string& path, const std::string& display) : name(display) {
+  File(const std::string& path, const std::string& display, bool direct) : name(display) {
     int opened = -1;
     int err;
     {
       GilRelease unlocked;
-      err = os::open_for_reading(path.c_str(), false, &opened);
+      err = os::open_for_reading(path.c_str(), direct, &opened);
     }
     check(err, "open of " + name);
     os::FileIdentity id;
@@ -130,7 +131,12 @@ void bind_files(nb::module_& m) {
                    "A regular file open for reading (FIFOs, devices and directories refused at once, "
                    "without waiting).")
       .def("__init__",
-           [](File* f, nb::handle path) { new (f) File(path_arg(path, "path"), display_name(path)); }, "path"_a)
+           [](File* f, nb::handle path, nb::handle direct) {
+             new (f) File(path_arg(path, "path"), display_name(path), bool_arg(direct, "direct"));
+           },
+           "path"_a, "direct"_a.none() = false,
+           "direct=True: O_DIRECT (reads then need address, offset and nbytes aligned to DIRECT_IO_ALIGNMENT; "
+           "OSLayerError EINVAL where the file system has no O_DIRECT, e.g. tmpfs).")
       .def_prop_ro("fd", [](const File& f) { return f.live(); })
       .def_prop_ro("name", [](const File& f) { return f.name; })
       .def_prop_ro("closed", [](const File& f) { return f.fd < 0; })
@@ -171,7 +177,7 @@ void bind_files(nb::module_& m) {
             if (!S_ISREG(id.mode)) throw InvalidArgument(name + ": " + kind_of(id.mode) + ", not a regular file");
             return read_into(fd, name, offset, address, nbytes, threads, short_ok);
           }
-          File f(path_arg(file, "file"), display_name(file));
+          File f(path_arg(file, "file"), display_name(file), false);
           return read_into(f.fd, f.name, offset, address, nbytes, threads, short_ok);
         },
         "file"_a, "offset"_a.none(), "address"_a.none(), "nbytes"_a.none(), "threads"_a.none() = 1,
@@ -251,6 +257,31 @@ void bind_files(nb::module_& m) {
         "path"_a, "limit"_a,
         "(bytes, '', False) of the regular file at `path` when it holds at most `limit` bytes; else "
         "(None, why, missing): why a short phrase, missing True when nothing is there (ENOENT, ENOTDIR).");
+
+  m.def("write_stream",
+        [](nb::handle path, nb::bytes data) {
+          const std::string p = path_arg(path, "path");
+          const std::string name = display_name(path);
+          int fd = -1;
+          int err;
+          {
+            GilRelease unlocked;
+            err = os::open_stream_for_writing(p.c_str(), &fd);
+          }
+          if (err == ENXIO) throw OsError(name + " is a FIFO with no reader: open", err);
+          if (err == EINVAL) throw OsError(name + " is not a character device or a FIFO: open", err);
+          check(err, "open of " + name);
+          size_t done = 0;
+          {
+            GilRelease unlocked;
+            err = os::write_all(fd, data.c_str(), data.size(), &done);
+            os::close_fd(fd);
+          }
+          check(err, "write to " + name + " after " + std::to_string(done) + " bytes");
+        },
+        "path"_a, "data"_a,
+        "Writes data into the character device or FIFO at path (never replacing it): a FIFO without a reader "
+        "is OSLayerError ENXIO at once, not a wait; anything else is EINVAL.");
 
   m.def("close_descriptor", [](int fd) { check(os::close_fd(fd), "close of descriptor " + std::to_string(fd)); },
         "fd"_a, "Closes a descriptor a ferry call handed over (a received one that is not kept).");
@@ -388,6 +419,46 @@ void bind_memory(nb::module_& m) {
            "Shmem/FilePmdMapped, hugetlb).")
       .def("close", &Mapping::close, "Unmaps now (BufferError while views of it are alive).")
       .def("__len__", [](const Mapping& mp) { return mp.bytes; });
+}
+
+// A view of memory something else owns (a node pool's block, a pinned pool's
+// allocation), for memoryview and torch.frombuffer without ctypes: it holds
+// `owner` (whose life keeps the memory mapped) and refuses a range that is
+// not mapped (os::range_is_mapped) instead of faulting later.
+struct MemorySpan {
+  uintptr_t address = 0;
+  size_t bytes = 0;
+  bool readonly = false;
+  nb::object owner;
+};
+
+int span_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+  MemorySpan* s = nb::inst_ptr<MemorySpan>(self);
+  return PyBuffer_FillInfo(view, self, reinterpret_cast<void*>(s->address), static_cast<Py_ssize_t>(s->bytes),
+                           s->readonly ? 1 : 0, flags);
+}
+
+PyType_Slot span_slots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(span_getbuffer)}, {0, nullptr}};
+
+void bind_span(nb::module_& m) {
+  nb::class_<MemorySpan>(m, "MemorySpan", nb::type_slots(span_slots),
+                         "A buffer over nbytes at address, kept valid by `owner` (held while the span lives).")
+      .def("__init__",
+           [](MemorySpan* s, nb::handle address_arg, nb::handle nbytes_arg, nb::handle owner, nb::handle ro) {
+             const uintptr_t address = int_arg<uintptr_t>(address_arg, "address");
+             const size_t nbytes = size_arg(nbytes_arg, "nbytes");
+             const bool readonly = bool_arg(ro, "readonly");
+             if (nbytes > PY_SSIZE_T_MAX || address > UINTPTR_MAX - nbytes)
+               throw InvalidArgument("nbytes=" + std::to_string(nbytes) + ": passes the end of the address space");
+             if (nbytes > 0 && (address == 0 || os::range_is_mapped(reinterpret_cast<void*>(address), nbytes) != 0))
+               throw InvalidArgument("address=" + format_address(address) + ", nbytes=" + std::to_string(nbytes) +
+                                     ": not all of it is mapped in this process");
+             new (s) MemorySpan{address, nbytes, readonly, nb::borrow(owner)};
+           },
+           "address"_a.none(), "nbytes"_a.none(), "owner"_a.none(), "readonly"_a.none() = false)
+      .def_prop_ro("address", [](const MemorySpan& s) { return s.address; })
+      .def_prop_ro("owner", [](const MemorySpan& s) { return s.owner; })
+      .def("__len__", [](const MemorySpan& s) { return s.bytes; });
 }
 
 // ---- sockets ------------------------------------------------------------------
@@ -537,6 +608,7 @@ void bind_processes(nb::module_& m) {
 void bind_os(nb::module_& m) {
   bind_files(m);
   bind_memory(m);
+  bind_span(m);
   bind_sockets(m);
   bind_processes(m);
 }

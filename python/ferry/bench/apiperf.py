@@ -9,7 +9,6 @@ microseconds.
 
 from __future__ import annotations
 
-import mmap
 import sys
 import time
 
@@ -45,19 +44,18 @@ def pool_calls(reps: int) -> list[list]:
 
 
 def register_calls(reps: int) -> list[list]:
-    import ctypes
-
     import ferry
     from .. import _ferry
 
     rows = []
     for n in (64 * KiB, MiB, 16 * MiB, 256 * MiB, GiB):
         progress(f"register {n // KiB} KiB")
-        m = mmap.mmap(-1, n + 4 * MiB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        m.madvise(mmap.MADV_NOHUGEPAGE)
-        for off in range(0, len(m), 4096):
-            m[off] = 1
-        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        m = _ferry.Mapping.anonymous(n + 4 * MiB, False)  # 4 KiB pages (MADV_NOHUGEPAGE), through src/os
+        view = memoryview(m)
+        for off in range(0, len(view), 4096):
+            view[off] = 1
+        view.release()
+        addr = m.address
         base = (addr + 2 * MiB - 1) & ~(2 * MiB - 1)
         reg, unreg, cuda_reg, cuda_unreg = [], [], [], []
         for _ in range(reps):
@@ -74,7 +72,7 @@ def register_calls(reps: int) -> list[list]:
             cuda_unreg.append(b * 1e6)
         rows.append([f"register {n // KiB} KiB", median(reg), median(cuda_reg)])
         rows.append([f"unregister {n // KiB} KiB", median(unreg), median(cuda_unreg)])
-        del m
+        m.close()
     return rows
 
 

@@ -71,9 +71,9 @@ CASE_TIMEOUT_S = 600
 def hold(holder: str, nbytes: int):
     """(what keeps the memory alive, its address): nbytes from `holder`, every byte
     written; with nbytes 0 the process is set up the same way and holds nothing."""
-    import ctypes
-
     import torch
+
+    from .. import _ferry
 
     if holder in GPU_HOLDERS:
         torch.empty(1, device="cuda")  # the CUDA context, as a training process has it
@@ -94,8 +94,8 @@ def hold(holder: str, nbytes: int):
     elif nbytes:
         keep = torch.empty(nbytes, dtype=torch.uint8, pin_memory=holder != PAGEABLE)
         addr = keep.data_ptr()
-    if nbytes:
-        ctypes.memset(addr, 1, nbytes)
+    if nbytes:  # every byte written, through a view that holds `keep`
+        torch.frombuffer(_ferry.MemorySpan(addr, nbytes, keep), dtype=torch.uint8).fill_(1)
     return keep, addr
 
 

@@ -33,10 +33,9 @@ import html
 import io
 import math
 import os
-import stat
 from typing import Any, Callable
 
-from .. import rules, temp_names
+from .. import _ferry, rules, temp_names
 from ..atomic_file import AtomicFile, Destination, writable_destination
 from ..errors import InvalidArgumentError, OSLayerError
 from ..units import fmt_bytes
@@ -480,21 +479,7 @@ def write_bytes(page: bytes, path: str | os.PathLike) -> str:
 
 
 def _write_into(path: str, data: bytes) -> None:
-    """Writes data into a character device or a FIFO without replacing it. O_NONBLOCK
-    opens a FIFO without a reader at once (ENXIO) instead of waiting for one; the
-    writes themselves block."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno == errno.ENXIO:
-            raise OSLayerError(e.errno, f"{path} is a FIFO with no reader") from None
-        raise
-    try:
-        if not stat.S_ISCHR(os.fstat(fd).st_mode) and not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            raise OSLayerError(errno.EINVAL, f"{path} changed while the page was written")
-        os.set_blocking(fd, True)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
+    """Writes data into a character device or a FIFO without replacing it, through
+    src/os (``_ferry.write_stream``): a FIFO without a reader is an error at once
+    (ENXIO: "PATH is a FIFO with no reader"), not a wait; the writes themselves block."""
+    _ferry.write_stream(path, data)
