@@ -272,7 +272,8 @@ class Handoff:
     def stats(self) -> dict:
         """Slots this process sent and received since it opened the handoff, and how many
         went each way: sent, received, pool_slots, peer_slots, last_pool_slots,
-        last_peer_slots (the last call's)."""
+        last_peer_slots (the last call's), route_note (why slots went through the pool
+        where the device ring might have been used; "" if no reason was seen)."""
         self._usable("stats")
         return self._native.stats()
 

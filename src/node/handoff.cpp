@@ -255,8 +255,8 @@ void Handoff::write_or_check_header() {
 uint32_t& Handoff::word(uint64_t index) const {
   return *reinterpret_cast<uint32_t*>(pool_->data() + block_.offset + 4 * index);
 }
-uint32_t Handoff::load(uint64_t index) const {
-  return std::atomic_ref<uint32_t>(word(index)).load(std::memory_order_acquire);
+uint32_t Handoff::load(uint64_t index) const {  // seq_cst: the ring's withdrawal is a Dekker handshake
+  return std::atomic_ref<uint32_t>(word(index)).load(std::memory_order_seq_cst);
 }
 void Handoff::store(uint64_t index, uint32_t value) const {
   std::atomic_ref<uint32_t>(word(index)).store(value, std::memory_order_seq_cst);
@@ -500,7 +500,12 @@ HandoffRoute Handoff::producer_route(uint32_t) {
     e.bus_id[kHandoffBusIdBytes - 1] = '\0';
     e.bytes = load(kHwRingBytes) | uint64_t{load(kHwRingBytes + 1)} << 32;
     std::string why;
-    char* base = e.bytes >= uint64_t{options_.slots} * options_.slot_bytes ? device_->map(e, &why) : nullptr;
+    char* base = nullptr;
+    try {
+      base = e.bytes >= uint64_t{options_.slots} * options_.slot_bytes ? device_->map(e, &why) : nullptr;
+    } catch (const Error& err) {  // a CUDA error asking: the pool route, saying why
+      why = err.what();
+    }
     if (!base) {
       refused_gen_ = gen;
       refused_why_ = why.empty() ? "the device ring is smaller than the slots" : why;
@@ -512,7 +517,8 @@ HandoffRoute Handoff::producer_route(uint32_t) {
     mapped_gen_ = gen;
     store(kHwRingMapped, gen);
   }
-  add(kHwRingBegin);  // seq_cst read-modify-write: the re-read below sees a withdrawal stored before it
+  add(kHwRingBegin);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the re-read below sees a withdrawal stored before it
   if (load(kHwRingState) == kRingPublished && load(kHwRingGen) == mapped_gen_) return HandoffRoute::peer;
   add(kHwRingEnd);
   producer_unmap();
@@ -536,10 +542,22 @@ void Handoff::producer_unmap() noexcept {
 // Consumer, first recv: publishes a device ring when the route allows it.
 void Handoff::consumer_publish(void* const* dsts, size_t n) {
   ring_decided_ = true;
-  if (!device_ || options_.route == HandoffRoute::pool) return;
-  if (options_.route == HandoffRoute::automatic && !device_->on_device(dsts, n)) return;
+  if (!device_ || options_.route == HandoffRoute::pool) {
+    refused_why_ = !device_ ? "this consumer has no GPU side (device=)" : "this consumer asked route='pool'";
+    return;
+  }
+  if (options_.route == HandoffRoute::automatic && !device_->on_device(dsts, n)) {
+    refused_why_ = "the consumer's first recv went to memory that is not its GPU's (host memory: the pool route)";
+    return;
+  }
   HandoffRingExport e;
-  ring_ = device_->publish(uint64_t{options_.slots} * options_.slot_bytes, &e);
+  try {
+    ring_ = device_->publish(uint64_t{options_.slots} * options_.slot_bytes, &e);
+  } catch (const Error& err) {
+    if (options_.route == HandoffRoute::peer) throw;
+    refused_why_ = std::string("the consumer could not publish a device ring: ") + err.what();
+    return;  // auto: no device ring (out of GPU memory, no IPC here): every slot takes the pool
+  }
   std::memcpy(&word(kHwRingHandle), e.handle, kHandoffExportBytes);
   std::memcpy(&word(kHwRingBus), e.bus_id, kHandoffBusIdBytes);
   store(kHwRingBytes, static_cast<uint32_t>(e.bytes));
@@ -555,7 +573,8 @@ void Handoff::consumer_withdraw() noexcept {
   if (!ring_) return;
   bool safe = false;
   try {
-    store(kHwRingState, kRingWithdrawn);  // seq_cst: before the reads below
+    store(kHwRingState, kRingWithdrawn);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // before the reads below (the producer's BEGIN)
     const uint32_t begun = load(kHwRingBegin);
     const bool forever = is_forever(options_.timeout_s);
     const double deadline = forever ? 0 : now_s() + options_.timeout_s;

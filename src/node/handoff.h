@@ -233,6 +233,9 @@ class Handoff {
   uint64_t sent() const { return sent_; }          // the producer's position (batches)
   uint64_t received() const { return received_; }  // the consumer's position
   HandoffStats stats() const { return stats_; }
+  // Why this side's slots went through the pool where the device ring could
+  // have been used ("" if none: e.g. the consumer had not published yet).
+  const std::string& route_note() const { return refused_why_; }
   bool closed() const { return closed_; }
   // Lets go of the named block (freed when both sides did); withdraws and frees
   // a published device ring, unmaps a mapped one. Idempotent; never throws.
@@ -288,7 +291,7 @@ class Handoff {
   char* mapped_ = nullptr;          // producer: the consumer's ring mapped here
   uint32_t mapped_gen_ = 0;         // producer: its generation (0: none)
   uint32_t refused_gen_ = 0;        // producer: a generation it cannot reach
-  std::string refused_why_;
+  std::string refused_why_;         // route_note()
 };
 
 }  // namespace ferry::node

@@ -169,6 +169,7 @@ void bind_handoff(nb::module_& m) {
              d["peer_slots"] = s.peer_slots;
              d["last_pool_slots"] = s.last_pool_slots;
              d["last_peer_slots"] = s.last_peer_slots;
+             d["route_note"] = h.route_note();
              return d;
            })
       .def("close", [](Handoff& h) {

@@ -276,6 +276,7 @@ def handoff(args, ranks: _Ranks) -> dict:
                          "route": cons["route"], "gbps": _gbps(nbytes, cons["seconds"]),
                          "producer_gbps": _gbps(nbytes, prod["seconds"]), "verified": cons["verified"],
                          "problem": cons["problem"], "stats": cons["stats"],
+                         "route_note": cons["stats"].get("route_note") or prod["stats"].get("route_note"),
                          "block_bytes": sizes[0] if len(set(sizes)) == 1 else None})
         base = baselines[case] = {}
         for key, cmd in (("torch_peer_gbps", ("peer_copy", nbytes, args.repeats)),
@@ -572,6 +573,9 @@ class NodeSuite(Suite):
                                             if k.endswith("note")}
             for note in sorted(n for n in notes if n):
                 print(f"  {note}")
+            for row in h.get("rows", []):
+                if row["route_asked"] == "auto" and row["route"] != "peer" and row.get("route_note"):
+                    print(f"  {row['case']}: route auto ran {row['route']}: {row['route_note']}")
             print("  host path: GPU 0 -> pinned host -> GPU 1 in one process (ferry.copy_many each way), what a "
                   "rank does without the handoff; torch .to(): one contiguous tensor of the same bytes")
         ld = m.get("load") or {}

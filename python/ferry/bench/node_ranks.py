@@ -145,7 +145,7 @@ class Rank:
                 times.append(time.perf_counter() - t0)
             if role == "producer":
                 h.drain()
-                return {"seconds": times[1:], "route": h.last_route}
+                return {"seconds": times[1:], "route": h.last_route, "stats": h.stats()}
             got = np.empty(n, np.uint8)
             ferry.copy(got, base, n, device=self.device)
             expected = pattern(seed, n)
