@@ -14,6 +14,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -230,6 +231,19 @@ void bind_write_pipeline(nb::module_& m) {
         load::sync_directory(d);
       },
       "directory"_a, "fsync a directory, so that the renames in it survive a crash.");
+  m.def(
+      "remove_file",
+      [](nb::handle path) {
+        const std::string p = path_arg(path, "path");
+        int err;
+        {
+          Unlocked unlocked("remove_file");
+          err = os::remove_path(p.c_str());
+        }
+        if (err != 0 && err != ENOENT) throw OsError("unlink of " + p, err);
+        return err == 0;
+      },
+      "path"_a, "unlink(path): True if removed, False if nothing was there; OSLayerError otherwise.");
   m.def(
       "sync_file",
       [](nb::handle path) {

@@ -259,7 +259,7 @@ def _publish(path: str, files: list[AtomicFile], *, durable: bool) -> list[str]:
         if not _is_inode(commit.path, commit_inode):  # (a Ctrl-C just after the commit's rename keeps it)
             for p in renamed:  # new names: nothing of the earlier checkpoint
                 try:
-                    os.unlink(p)
+                    _ferry.remove_file(p)
                 except OSError:
                     pass
         raise
@@ -293,6 +293,6 @@ def remove_earlier(path: str, written: list[str]) -> None:
             if not os.path.isfile(p) or os.path.islink(p):
                 continue
             _step("remove", p)
-            os.unlink(p)
+            _ferry.remove_file(p)  # False where another save removed it first
         except FileNotFoundError:
             pass
