@@ -214,6 +214,46 @@ TEST(KvBlocks, BothDirectionsAtOnceFromTwoThreadsWithNoStream) {
   }
 }
 
+// Async SM batches back to back, none waited for until the end: each launch
+// reads its own block list (the lists' buffers are reused only once the
+// launch that read one has run), in both directions, two streams.
+TEST(KvBlocks, AsyncKernelBatchesBackToBackKeepTheirBlockLists) {
+  const size_t block = 8 * KiB + 16, count = 500, batches = 24;
+  const size_t bytes = block * count * batches;
+  unsigned char *src = nullptr, *dst = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&src), bytes, 0), cudaSuccess);
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&dst), bytes, 0), cudaSuccess);
+  DeviceBuffer dev(bytes);
+  fill_random(src, bytes, test_seed() + 9);
+  std::memset(dst, kHostPoison, bytes);
+  std::mt19937_64 rng(test_seed() + 10);
+  std::vector<size_t> order(count * batches);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  cudaStream_t up_stream, down_stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&up_stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&down_stream, cudaStreamNonBlocking));
+  std::vector<Completion> ups, downs;
+  for (size_t b = 0; b < batches; ++b) {
+    std::vector<CopyOp> up;
+    for (size_t i = b * count; i < (b + 1) * count; ++i) up.push_back({dev.p + order[i] * block, src + i * block, block});
+    ups.push_back(engine().copy_many_async(up, up_stream, Strategy::sm));
+  }
+  for (auto& c : ups) c.wait();
+  for (size_t b = 0; b < batches; ++b) {
+    std::vector<CopyOp> down;
+    for (size_t i = b * count; i < (b + 1) * count; ++i)
+      down.push_back({dst + i * block, dev.p + order[i] * block, block});
+    downs.push_back(engine().copy_many_async(down, b % 2 ? down_stream : up_stream, Strategy::sm));
+  }
+  for (auto& c : downs) c.wait();
+  ASSERT_EQ(std::memcmp(dst, src, bytes), 0);
+  CUDA_OK(cudaStreamDestroy(up_stream));
+  CUDA_OK(cudaStreamDestroy(down_stream));
+  cudaFreeHost(src);
+  cudaFreeHost(dst);
+}
+
 // With no stream, copy_many runs on the engine's stream, after the work queued
 // on the legacy default stream before the call: the bytes a memset there
 // wrote (behind a queue of slow memsets) are the ones copied.

@@ -21,13 +21,24 @@ OpBuffers::Buffer* OpBuffers::acquire(size_t bytes) {
   Buffer* b = nullptr;
   {
     std::lock_guard lock(mu_);
-    if (!free_.empty()) {
-      b = free_.back();
-      free_.pop_back();
-    } else {
-      all_.push_back(std::make_unique<Buffer>());
-      b = all_.back().get();
+    if (!free_.empty()) {  // the oldest released: the likeliest to be done
+      b = free_.front();
+      free_.erase(free_.begin());
     }
+  }
+  // Still read by a launch (async calls back to back): a new buffer rather than
+  // a wait, up to kMaxBuffers; then wait for the oldest.
+  if (b && b->recorded && b->used && cudaEventQuery(b->used) == cudaErrorNotReady) {
+    std::lock_guard lock(mu_);
+    if (all_.size() < kMaxBuffers) {
+      free_.insert(free_.begin(), b);
+      b = nullptr;
+    }
+  }
+  if (!b) {
+    std::lock_guard lock(mu_);
+    all_.push_back(std::make_unique<Buffer>());
+    b = all_.back().get();
   }
   try {
     if (!b->used) check(cudaEventCreateWithFlags(&b->used, cudaEventDisableTiming), "cudaEventCreate (op buffer)");

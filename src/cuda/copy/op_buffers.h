@@ -7,9 +7,10 @@
 // running: `used` recorded after it) -> lent by acquire() (which waits for
 // `used` outside the lock, then grows the buffer if it is too small) ->
 // filled and read by one launch -> release() records `used` on that launch's
-// stream and puts it back in free_. A buffer grows, never shrinks; there are
-// as many buffers as kernel launches ever ran at once (one per thread that
-// copies, in practice).
+// stream and puts it back at the end of free_. acquire() takes the oldest
+// free buffer; if a launch still reads it (async calls back to back), it makes
+// a new one instead of waiting, up to kMaxBuffers. A buffer grows, never
+// shrinks.
 //
 // Locking: mu_ guards free_ and all_ (the list, not the buffers' fields: a
 // lent buffer belongs to its borrower). No CUDA call runs under mu_.
@@ -27,6 +28,8 @@ namespace ferry::cuda {
 
 class OpBuffers {
  public:
+  static constexpr size_t kMaxBuffers = 8;  // launches in flight before acquire() waits
+
   struct Buffer {
     void* host = nullptr;     // cudaHostAlloc(mapped, write-combined): written by the CPU only
     void* device = nullptr;   // its device view, for the kernel
