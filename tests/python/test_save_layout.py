@@ -279,7 +279,8 @@ def test_interpreter_exit_while_a_save_runs_in_a_daemon_thread(tmp_path):
             threading.Thread(target=loop, args=(k,), daemon=True).start()
         time.sleep(1.0)
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "terminate called" not in r.stderr and "Fatal Python error" not in r.stderr, r.stderr[-3000:]
     for n in os.listdir(tmp_path):
