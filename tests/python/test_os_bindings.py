@@ -350,7 +350,11 @@ def _child_sends_a_memfd(sock, seed: int, nbytes: int) -> None:
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_descriptors_pass_between_real_processes(method):
     ctx = multiprocessing.get_context(method)
-    import ferry.torch.data.chunk_passing  # noqa: F401 - registers PacketSocket's reduction for spawn
+    if method == "spawn":  # the DataLoader's module registers how a PacketSocket reaches a spawned child
+        pytest.importorskip("torch")
+        from ferry.torch.data import chunk_passing
+
+        assert chunk_passing.socket_pair is not None
 
     ours, theirs = _ferry.packet_socket_pair()
     nbytes = 2 * MiB + 17
