@@ -75,11 +75,14 @@ IpcRing::IpcRing(int device) : device_(device) {
 
 IpcRing::~IpcRing() {
   unmap();
-  if (stream_) {
-    ScopedDevice keep;
-    if (cudaSetDevice(device_) == cudaSuccess) cudaStreamDestroy(stream_);
-    cudaGetLastError();
+  ScopedDevice keep;
+  if (cudaSetDevice(device_) == cudaSuccess) {
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (cudaEvent_t& e : events_)
+      if (e) cudaEventDestroy(e);
+    if (stream_) cudaStreamDestroy(stream_);
   }
+  cudaGetLastError();
 }
 
 cudaStream_t IpcRing::stream() {
@@ -163,15 +166,17 @@ char* IpcRing::map(const node::HandoffRingExport& ring, std::string* why) {
 void IpcRing::unmap() noexcept {
   if (!mapped_) return;
   ScopedDevice keep;
-  if (cudaSetDevice(device_) == cudaSuccess) cudaIpcCloseMemHandle(mapped_);
+  if (cudaSetDevice(device_) == cudaSuccess) {
+    if (stream_) cudaStreamSynchronize(stream_);  // copies started into the mapping land first
+    cudaIpcCloseMemHandle(mapped_);
+  }
   cudaGetLastError();
   mapped_ = nullptr;
 }
 
-void IpcRing::copy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) {
-  if (n == 0) return;
-  ScopedDevice on(device_);
-  cudaStream_t s = stream();
+// Enqueues the batch on s (device_ current): one cudaMemcpyBatchAsync, or one
+// cudaMemcpyAsync each where the batch call was refused (remembered).
+void IpcRing::enqueue(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n, cudaStream_t s) {
   if (n > 1 && batch_ok_) {
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -180,18 +185,42 @@ void IpcRing::copy(void* const* dsts, const void* const* srcs, const size_t* siz
     std::vector<const void*> sr(srcs, srcs + n);
     std::vector<size_t> len(sizes, sizes + n);
     const cudaError_t err = cudaMemcpyBatchAsync(d.data(), sr.data(), len.data(), n, &attr, &attr_index, 1, s);
-    if (err == cudaSuccess) {
-      check(cudaStreamSynchronize(s), "cudaStreamSynchronize (the handoff's device copies)");
-      return;
-    }
+    if (err == cudaSuccess) return;
     cudaGetLastError();
     if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue)
       check(err, "cudaMemcpyBatchAsync (the handoff's device copies)");
     batch_ok_ = false;  // refused here: one copy each from now on
   }
   for (size_t i = 0; i < n; ++i)
-    check(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, s), "cudaMemcpyAsync (the handoff's device copies)");
+    check(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, s),
+          "cudaMemcpyAsync (the handoff's device copies)");
+}
+
+void IpcRing::copy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) {
+  if (n == 0) return;
+  ScopedDevice on(device_);
+  cudaStream_t s = stream();
+  enqueue(dsts, srcs, sizes, n, s);
   check(cudaStreamSynchronize(s), "cudaStreamSynchronize (the handoff's device copies)");
+}
+
+uint64_t IpcRing::start(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) {
+  ScopedDevice on(device_);
+  cudaStream_t s = stream();
+  const uint64_t t = next_ticket_;
+  cudaEvent_t& e = events_[t % kEvents];
+  if (!e) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  if (n > 0) enqueue(dsts, srcs, sizes, n, s);
+  check(cudaEventRecord(e, s), "cudaEventRecord (the handoff's device copies)");
+  ++next_ticket_;
+  return t;
+}
+
+void IpcRing::wait(uint64_t ticket) {
+  if (ticket + kEvents < next_ticket_)
+    throw InvalidArgument("IpcRing::wait: ticket " + std::to_string(ticket) + " is older than the last " +
+                          std::to_string(kEvents));
+  check(cudaEventSynchronize(events_[ticket % kEvents]), "cudaEventSynchronize (the handoff's device copies)");
 }
 
 }  // namespace ferry::cuda

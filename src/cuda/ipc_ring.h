@@ -11,7 +11,9 @@
 // opens the handle once (cudaIpcOpenMemHandle, cudaIpcMemLazyEnablePeerAccess);
 // where any of that fails it says why and the protocol takes the host slots.
 // copy(): one cudaMemcpyBatchAsync on this object's stream (non-blocking, on
-// this side's GPU), then cudaStreamSynchronize: the producer's GPU writes the
+// this side's GPU), then cudaStreamSynchronize (start() records an event
+// instead, wait() synchronizes it; unmap() synchronizes the stream before it
+// closes the mapping, so no copy runs into a closed one): the producer's GPU writes the
 // consumer's GPU over NVLink or PCIe P2P; the consumer scatters from its ring
 // (device to device, or to host destinations). Where the batch call is refused
 // once, copies go one cudaMemcpyAsync each from then on (remembered).
@@ -30,6 +32,7 @@
 #include "node/handoff.h"
 
 typedef struct CUstream_st* cudaStream_t;
+typedef struct CUevent_st* cudaEvent_t;
 
 namespace ferry::cuda {
 
@@ -58,17 +61,23 @@ class IpcRing : public node::HandoffDevice {
   char* map(const node::HandoffRingExport& ring, std::string* why) override;
   void unmap() noexcept override;
   void copy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) override;
+  uint64_t start(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) override;
+  void wait(uint64_t ticket) override;
 
   int device() const { return device_; }
 
  private:
   cudaStream_t stream();
+  void enqueue(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n, cudaStream_t s);
+  static constexpr uint64_t kEvents = 4;  // tickets in flight at most (the protocol keeps 2)
 
   int device_;
   cudaStream_t stream_ = nullptr;
   char* ring_ = nullptr;    // consumer: the published ring
   char* mapped_ = nullptr;  // producer: the consumer's ring, mapped here
   bool batch_ok_ = true;    // cudaMemcpyBatchAsync accepted (else one cudaMemcpyAsync per piece)
+  cudaEvent_t events_[kEvents] = {};  // start(): ticket t records events_[t % kEvents]
+  uint64_t next_ticket_ = 0;
 };
 
 }  // namespace ferry::cuda

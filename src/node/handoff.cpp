@@ -278,6 +278,32 @@ void Handoff::note_route(HandoffRoute r) {
   (peer ? stats_.last_peer_slots : stats_.last_pool_slots) += 1;
 }
 
+// META then FILLED for a batch whose bytes are in place.
+void Handoff::publish_slot(uint32_t slot, uint64_t stream_bytes, size_t items, uint32_t call, HandoffRoute route) {
+  store(meta_word(slot, kMetaBytesLo), static_cast<uint32_t>(stream_bytes));
+  store(meta_word(slot, kMetaBytesHi), static_cast<uint32_t>(stream_bytes >> 32));
+  store(meta_word(slot, kMetaItems), static_cast<uint32_t>(items));
+  store(meta_word(slot, kMetaCall), call);
+  store(meta_word(slot, kMetaRoute), static_cast<uint32_t>(route));
+  add(filled_word(slot));
+}
+
+// The batch in flight (peer route): waits for its copy, then RING_END and its
+// FILLED. A failed copy leaves the handoff broken (the stream has a hole).
+void Handoff::land(uint64_t stream_bytes, size_t items, uint32_t call) {
+  if (!flight_.live) return;
+  flight_.live = false;
+  try {
+    device_->wait(flight_.ticket);
+  } catch (...) {
+    add(kHwRingEnd);
+    store(kHwBroken, 1);
+    throw;
+  }
+  add(kHwRingEnd);
+  publish_slot(flight_.slot, stream_bytes, items, call, HandoffRoute::peer);
+}
+
 uint64_t Handoff::send(const void* const* srcs, const uint64_t* sizes, size_t n) {
   CallGuard guard(*this, "send");
   usable("send");
@@ -288,43 +314,55 @@ uint64_t Handoff::send(const void* const* srcs, const uint64_t* sizes, size_t n)
   std::vector<const void*> s;
   std::vector<size_t> len;
   stats_.last_pool_slots = stats_.last_peer_slots = 0;
-  for (size_t c = 0; c < plan.chunk_count(); ++c) {
-    const uint64_t b = sent_;
-    const uint32_t slot = static_cast<uint32_t>(b % options_.slots);
-    wait(drained_word(slot), b / options_.slots, false,
-         "drain slot " + std::to_string(slot) + " (batch " + std::to_string(b) + ")", options_.timeout_s, -1);
-    const HandoffRoute route = producer_route(slot);  // on peer: RING_BEGIN bumped
-    char* base = route == HandoffRoute::peer ? mapped_ + uint64_t{slot} * options_.slot_bytes : host_slot(slot);
-    d.clear(), s.clear(), len.clear();
-    for (size_t i = plan.chunks[c]; i < plan.chunks[c + 1]; ++i) {
-      const HandoffPiece& p = plan.pieces[i];
-      d.push_back(base + p.slot_offset);
-      s.push_back(static_cast<const char*>(srcs[p.item]) + p.item_offset);
-      len.push_back(p.bytes);
-    }
-    if (route == HandoffRoute::peer) {
-      struct End {  // RING_END follows RING_BEGIN whatever the copy did
-        Handoff* h;
-        ~End() {
-          try {
-            h->add(kHwRingEnd);
-          } catch (...) {
-          }
+  try {
+    for (size_t c = 0; c < plan.chunk_count(); ++c) {
+      const uint64_t b = sent_;
+      const uint32_t slot = static_cast<uint32_t>(b % options_.slots);
+      const uint64_t round = b / options_.slots;
+      // the batch in flight lands first where this wait may need it, or the ring may change
+      if (flight_.live && (static_cast<int32_t>(load(drained_word(slot)) - static_cast<uint32_t>(round)) < 0 ||
+                           load(kHwRingState) != kRingPublished || load(kHwRingGen) != mapped_gen_))
+        land(plan.stream_bytes, n, call);
+      wait(drained_word(slot), round, false,
+           "drain slot " + std::to_string(slot) + " (batch " + std::to_string(b) + ")", options_.timeout_s, -1);
+      const HandoffRoute route = producer_route(slot);  // on peer: RING_BEGIN bumped
+      if (route != HandoffRoute::peer) land(plan.stream_bytes, n, call);
+      char* base = route == HandoffRoute::peer ? mapped_ + uint64_t{slot} * options_.slot_bytes : host_slot(slot);
+      d.clear(), s.clear(), len.clear();
+      for (size_t i = plan.chunks[c]; i < plan.chunks[c + 1]; ++i) {
+        const HandoffPiece& p = plan.pieces[i];
+        d.push_back(base + p.slot_offset);
+        s.push_back(static_cast<const char*>(srcs[p.item]) + p.item_offset);
+        len.push_back(p.bytes);
+      }
+      if (route == HandoffRoute::peer) {
+        uint64_t ticket;
+        try {
+          ticket = device_->start(d.data(), s.data(), len.data(), d.size());
+        } catch (...) {
+          add(kHwRingEnd);  // RING_END follows RING_BEGIN whatever the copy did
+          throw;
         }
-      } end{this};
-      device_->copy(d.data(), s.data(), len.data(), d.size());
-    } else {
-      copy_(d.data(), s.data(), len.data(), d.size());
+        land(plan.stream_bytes, n, call);  // batch b-1, while batch b's copy runs
+        flight_ = {true, ticket, slot};
+      } else {
+        copy_(d.data(), s.data(), len.data(), d.size());
+        publish_slot(slot, plan.stream_bytes, n, call, route);
+      }
+      sent_ = b + 1;
+      ++stats_.sent;
+      note_route(route);
     }
-    store(meta_word(slot, kMetaBytesLo), static_cast<uint32_t>(plan.stream_bytes));
-    store(meta_word(slot, kMetaBytesHi), static_cast<uint32_t>(plan.stream_bytes >> 32));
-    store(meta_word(slot, kMetaItems), static_cast<uint32_t>(n));
-    store(meta_word(slot, kMetaCall), call);
-    store(meta_word(slot, kMetaRoute), static_cast<uint32_t>(route));
-    add(filled_word(slot));
-    sent_ = b + 1;
-    ++stats_.sent;
-    note_route(route);
+    land(plan.stream_bytes, n, call);
+  } catch (...) {
+    if (flight_.live) {  // a copy may still run into the ring: the stream has a hole either way
+      try {
+        land(plan.stream_bytes, n, call);
+      } catch (...) {
+      }
+      store(kHwBroken, 1);
+    }
+    throw;
   }
   return plan.stream_bytes;
 }

@@ -47,7 +47,11 @@
 //     META's stream bytes and item count against its own plan (a mismatch is
 //     InvalidArgument and consumes nothing); copy the pieces out of the place
 //     ROUTE names with ONE copy call and wait for it; add(DRAINED[s]).
-// So the producer fills slot k+1 while the consumer drains slot k.
+// So the producer fills slot k+1 while the consumer drains slot k. On the
+// device ring the producer starts batch b's copy before it publishes batch
+// b-1 (waits for b-1's copy, writes META, adds FILLED): the link stays busy
+// while the host does the bookkeeping; it lands b-1 first where batch b's wait
+// needs it (one slot), where a slot goes by the pool, and before send returns.
 //
 // The device ring (peer route; HandoffDevice, made by the CUDA layer:
 // cuda/ipc_ring.h). The consumer, at its first recv (route auto or peer, a
@@ -182,10 +186,19 @@ class HandoffDevice {
   // Producer: maps the consumer's ring; nullptr (and *why) when this side's GPU
   // cannot reach it (the GPU is not visible here, no peer access).
   virtual char* map(const HandoffRingExport& ring, std::string* why) = 0;
+  // Producer: lets go of the mapping, after any copy into it started here landed.
   virtual void unmap() noexcept = 0;
   // Either side: copies between device memory (and the mapped ring) on this
   // side's GPU with one batch; returns when the bytes landed.
   virtual void copy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) = 0;
+  // Producer: starts such a batch and returns at once (a ticket); wait(ticket)
+  // returns when it landed. At most 2 batches are started and not waited for.
+  // The defaults copy synchronously.
+  virtual uint64_t start(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) {
+    copy(dsts, srcs, sizes, n);
+    return 0;
+  }
+  virtual void wait(uint64_t ticket) { (void)ticket; }
 };
 
 struct HandoffOptions {
@@ -268,6 +281,8 @@ class Handoff {
   void consumer_publish(void* const* dsts, size_t n);
   void consumer_withdraw() noexcept;
   void note_route(HandoffRoute r);
+  void publish_slot(uint32_t slot, uint64_t stream_bytes, size_t items, uint32_t call, HandoffRoute route);
+  void land(uint64_t stream_bytes, size_t items, uint32_t call);
 
   std::shared_ptr<NodePool> pool_;
   std::string key_;
@@ -292,6 +307,13 @@ class Handoff {
   uint32_t mapped_gen_ = 0;         // producer: its generation (0: none)
   uint32_t refused_gen_ = 0;        // producer: a generation it cannot reach
   std::string refused_why_;         // route_note()
+  // producer, peer route: the batch whose copy was started and not yet landed
+  // (send() overlaps batch b's copy with batch b-1's landing; none between calls)
+  struct Flight {
+    bool live = false;
+    uint64_t ticket = 0;
+    uint32_t slot = 0;
+  } flight_;
 };
 
 }  // namespace ferry::node

@@ -202,6 +202,7 @@ bool wait_go(NodePool& pool, double timeout_s) {
 // The other process's side. Roles:
 //   producer         sends `rounds` rounds, drains, closes
 //   producer-peer    the same with a HostRing device: 3 rounds, then waits for "go", then the rest
+//   producer-ring    the same with a HostRing device, no wait
 //   consumer-exit    receives `rounds` rounds, then _exit(0) without closing anything
 //   consumer-stall   receives `rounds` rounds, then sleeps
 TEST(HandoffPeer, DISABLED_Run) {
@@ -214,20 +215,25 @@ TEST(HandoffPeer, DISABLED_Run) {
   int rounds;
   in >> role >> name >> slots >> slot_bytes >> rounds >> seed;
   auto pool = open_pool(name, role.c_str());
-  if (role == "producer" || role == "producer-peer") {
-    const bool peer = role == "producer-peer";
+  if (role == "producer" || role == "producer-peer" || role == "producer-ring") {
+    const bool peer = role != "producer";
+    const bool hold = role == "producer-peer";
     auto ring = peer ? std::make_unique<HostRing>(pool) : nullptr;
     HostRing* r = ring.get();
     Handoff h(pool, "kv", options(slots, slot_bytes), host_copy_many, std::move(ring));
     for (int i = 0; i < rounds; ++i) {
-      if (peer && i == 3) {
+      if (hold && i == 3) {
         ASSERT_TRUE(wait_go(*pool, 60));
       }
       send_round(h, seed, i);
     }
     h.drain(30);
     ASSERT_EQ(h.pending(), 0u);
-    if (peer) {
+    if (peer && !hold) {
+      EXPECT_EQ(r->maps, 1);
+      EXPECT_GT(h.stats().peer_slots, 0u);
+    }
+    if (hold) {
       EXPECT_EQ(h.stats().pool_slots, 3u);  // before the consumer published its ring
       EXPECT_EQ(h.stats().peer_slots, static_cast<uint64_t>(rounds - 3));
       EXPECT_EQ(r->maps, 1);  // mapped once
@@ -284,6 +290,27 @@ TEST(Handoff, AMixedRunReadsEachSlotFromWhereItWentPoolFirstThenTheDeviceRing) {
   h.close();
   EXPECT_TRUE(r->freed);  // the producer unmapped (drain) and left: the ring was freed
 }
+
+// The device ring with 1 and 2 slots: a send lands its batch in flight before a
+// wait that needs it (one slot), and rounds larger than the ring.
+class HandoffRingSlots : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(HandoffRingSlots, ThroughTheRingBitExactWhateverTheSlots) {
+  const std::string name = unique_name("ho-ring");
+  const uint64_t seed = test_seed();
+  const uint32_t slots = GetParam();
+  const int rounds = 60;
+  auto pool = open_pool(name, "consumer (test)");
+  auto ring = std::make_unique<HostRing>(pool);
+  Handoff h(pool, "kv", options(slots, 10'000), host_copy_many, std::move(ring));
+  Peer producer(args_of("producer-ring", name, slots, 10'000, rounds, seed));
+  for (int r = 0; r < rounds; ++r) ASSERT_EQ(recv_round(h, seed, r), "") << "seed " << seed;
+  EXPECT_EQ(producer.finish(), 0);
+  EXPECT_GT(h.stats().peer_slots, h.stats().pool_slots);  // at most the slots sent before the first recv took the pool
+  EXPECT_LE(h.stats().pool_slots, slots);
+  EXPECT_EQ(h.pending(), 0u);
+}
+INSTANTIATE_TEST_SUITE_P(Slots, HandoffRingSlots, ::testing::Values(1u, 2u, 5u));
 
 TEST(Handoff, AConsumerThatDiesGivesTheProducerPeerGoneNotAHang) {
   const std::string name = unique_name("ho-dies");
