@@ -226,7 +226,7 @@ CASES = [
     ("register(device='0')", lambda: ferry.register(bytearray(64), device="0"), "device='0'"),
     ("register(None)", lambda: ferry.register(None), "obj"),
     # Loader: each of its options (were std::bad_cast), and the device
-    ("Loader(None)", lambda: ferry.load.Loader(None), "device=None"),
+    ("Loader(True)", lambda: ferry.load.Loader(True), "device=True"),  # None: the current device (docs/api.md)
     ("Loader('0')", lambda: ferry.load.Loader("0"), "device='0'"),
     ("Loader(staging_bytes=-1)", lambda: ferry.load.Loader(0, staging_bytes=-1), "staging_bytes=-1"),
     ("Loader(staging_bytes='1G')", lambda: ferry.load.Loader(0, staging_bytes="1G"), "staging_bytes='1G'"),
