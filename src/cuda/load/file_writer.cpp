@@ -66,27 +66,35 @@ EngineReads::Lane& EngineReads::lane_of(int device) {
 }
 
 void EngineReads::read(size_t slot, std::span<const load::DeviceCopy> copies) {
-  std::vector<Completion>& pending = pending_.at(slot);
+  std::vector<Pending>& pending = pending_.at(slot);
   for (const load::DeviceCopy& c : copies) lane_of(c.device);  // every copy has its lane, before any is queued
   for (Lane& lane : lanes_) {
     ops_.clear();
     for (const load::DeviceCopy& c : copies)
       if (c.device == lane.device) ops_.push_back(CopyOp{c.dst, c.src, c.bytes});
-    if (!ops_.empty()) pending.push_back(lane.engine->copy_many_async(ops_, lane.stream));
+    if (!ops_.empty()) pending.push_back(Pending{lane.device, lane.engine->copy_many_async(ops_, lane.stream)});
   }
 }
 
+// A writer thread: the copy's device made current first (as the loader's
+// wait_slot_free does), so that a thread that never bound a context waits
+// on the right one.
 void EngineReads::wait(size_t slot) {
-  std::vector<Completion>& pending = pending_.at(slot);
-  for (Completion& c : pending) c.wait();
+  std::vector<Pending>& pending = pending_.at(slot);
+  for (Pending& p : pending) {
+    check(cudaSetDevice(p.device), "cudaSetDevice");
+    p.copy.wait();
+  }
   pending.clear();
 }
 
 void EngineReads::abort() noexcept {
-  for (std::vector<Completion>& pending : pending_) {
-    for (Completion& c : pending) {
+  ScopedDevice restore;  // the caller's thread: its current device stays
+  for (std::vector<Pending>& pending : pending_) {
+    for (Pending& p : pending) {
       try {
-        c.wait();
+        cudaSetDevice(p.device);
+        p.copy.wait();
       } catch (...) {  // the run's first error is already on its way
       }
     }

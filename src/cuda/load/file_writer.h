@@ -58,7 +58,11 @@ class EngineReads final : public load::DeviceReads {
   void destroy() noexcept;
 
   std::vector<Lane> lanes_;
-  std::vector<std::vector<Completion>> pending_;  // per slot: its queued copies
+  struct Pending {
+    int device;
+    Completion copy;
+  };
+  std::vector<std::vector<Pending>> pending_;  // per slot: its queued copies
   std::vector<CopyOp> ops_;                       // read()'s scratch
 };
 
