@@ -367,6 +367,20 @@ uint64_t Handoff::send(const void* const* srcs, const uint64_t* sizes, size_t n)
   return plan.stream_bytes;
 }
 
+// Consumer: the batch whose copy out of the device ring was started and not
+// yet landed: waits for it, then adds its DRAINED. A failed copy breaks the handoff.
+void Handoff::land_drained() {
+  if (!drain_flight_.live) return;
+  drain_flight_.live = false;
+  try {
+    device_->wait(drain_flight_.ticket);
+  } catch (...) {
+    store(kHwBroken, 2);
+    throw;
+  }
+  add(drained_word(drain_flight_.slot));
+}
+
 uint64_t Handoff::recv(void* const* dsts, const uint64_t* sizes, size_t n) {
   CallGuard guard(*this, "recv");
   usable("recv");
@@ -377,39 +391,59 @@ uint64_t Handoff::recv(void* const* dsts, const uint64_t* sizes, size_t n) {
   std::vector<const void*> s;
   std::vector<size_t> len;
   stats_.last_pool_slots = stats_.last_peer_slots = 0;
-  for (size_t c = 0; c < plan.chunk_count(); ++c) {
-    const uint64_t b = received_;
-    const uint32_t slot = static_cast<uint32_t>(b % options_.slots);
-    wait(filled_word(slot), b / options_.slots + 1, true,
-         "fill slot " + std::to_string(slot) + " (batch " + std::to_string(b) + ")", options_.timeout_s, -1);
-    const uint64_t sent_bytes = load(meta_word(slot, kMetaBytesLo)) |
-                                uint64_t{load(meta_word(slot, kMetaBytesHi))} << 32;
-    const uint32_t sent_items = load(meta_word(slot, kMetaItems));
-    if (c == 0 && (sent_bytes != plan.stream_bytes || sent_items != static_cast<uint32_t>(n)))
-      throw InvalidArgument("handoff " + quoted(key_) + ": recv of " + std::to_string(n) + " items (" +
-                            std::to_string(plan.stream_bytes) + " bytes in the stream) but the producer's send had " +
-                            std::to_string(sent_items) + " items (" + std::to_string(sent_bytes) +
-                            " bytes): give recv the sizes send had");
-    const bool peer = load(meta_word(slot, kMetaRoute)) == static_cast<uint32_t>(HandoffRoute::peer);
-    if (peer && !ring_)
-      throw HandoffError("handoff " + quoted(key_) + ": slot " + std::to_string(slot) + " came through a device "
-                         "ring this consumer never published (two consumers on one key?)");
-    const char* base = peer ? ring_ + uint64_t{slot} * options_.slot_bytes : host_slot(slot);
-    d.clear(), s.clear(), len.clear();
-    for (size_t i = plan.chunks[c]; i < plan.chunks[c + 1]; ++i) {
-      const HandoffPiece& p = plan.pieces[i];
-      d.push_back(static_cast<char*>(dsts[p.item]) + p.item_offset);
-      s.push_back(base + p.slot_offset);
-      len.push_back(p.bytes);
+  try {
+    for (size_t c = 0; c < plan.chunk_count(); ++c) {
+      const uint64_t b = received_;
+      const uint32_t slot = static_cast<uint32_t>(b % options_.slots);
+      const uint64_t round = b / options_.slots;
+      // the batch in flight lands first where the producer may need its slot for this one
+      if (drain_flight_.live && static_cast<int32_t>(load(filled_word(slot)) - static_cast<uint32_t>(round + 1)) < 0)
+        land_drained();
+      wait(filled_word(slot), round + 1, true,
+           "fill slot " + std::to_string(slot) + " (batch " + std::to_string(b) + ")", options_.timeout_s, -1);
+      const uint64_t sent_bytes = load(meta_word(slot, kMetaBytesLo)) |
+                                  uint64_t{load(meta_word(slot, kMetaBytesHi))} << 32;
+      const uint32_t sent_items = load(meta_word(slot, kMetaItems));
+      if (c == 0 && (sent_bytes != plan.stream_bytes || sent_items != static_cast<uint32_t>(n)))
+        throw InvalidArgument("handoff " + quoted(key_) + ": recv of " + std::to_string(n) + " items (" +
+                              std::to_string(plan.stream_bytes) + " bytes in the stream) but the producer's send had " +
+                              std::to_string(sent_items) + " items (" + std::to_string(sent_bytes) +
+                              " bytes): give recv the sizes send had");
+      const bool peer = load(meta_word(slot, kMetaRoute)) == static_cast<uint32_t>(HandoffRoute::peer);
+      if (peer && !ring_)
+        throw HandoffError("handoff " + quoted(key_) + ": slot " + std::to_string(slot) + " came through a device "
+                           "ring this consumer never published (two consumers on one key?)");
+      const char* base = peer ? ring_ + uint64_t{slot} * options_.slot_bytes : host_slot(slot);
+      d.clear(), s.clear(), len.clear();
+      for (size_t i = plan.chunks[c]; i < plan.chunks[c + 1]; ++i) {
+        const HandoffPiece& p = plan.pieces[i];
+        d.push_back(static_cast<char*>(dsts[p.item]) + p.item_offset);
+        s.push_back(base + p.slot_offset);
+        len.push_back(p.bytes);
+      }
+      if (peer) {
+        const uint64_t ticket = device_->start(d.data(), s.data(), len.data(), d.size());
+        land_drained();  // batch b-1, while batch b's copy runs
+        drain_flight_ = {true, ticket, slot};
+      } else {
+        land_drained();
+        copy_(d.data(), s.data(), len.data(), d.size());
+        add(drained_word(slot));
+      }
+      received_ = b + 1;
+      ++stats_.received;
+      note_route(peer ? HandoffRoute::peer : HandoffRoute::pool);
     }
-    if (peer)
-      device_->copy(d.data(), s.data(), len.data(), d.size());
-    else
-      copy_(d.data(), s.data(), len.data(), d.size());
-    add(drained_word(slot));
-    received_ = b + 1;
-    ++stats_.received;
-    note_route(peer ? HandoffRoute::peer : HandoffRoute::pool);
+    land_drained();
+  } catch (...) {
+    if (drain_flight_.live) {  // its bytes may be in place or not: the stream has a hole either way
+      try {
+        land_drained();
+      } catch (...) {
+      }
+      store(kHwBroken, 2);
+    }
+    throw;
   }
   return plan.stream_bytes;
 }

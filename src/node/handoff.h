@@ -52,6 +52,8 @@
 // b-1 (waits for b-1's copy, writes META, adds FILLED): the link stays busy
 // while the host does the bookkeeping; it lands b-1 first where batch b's wait
 // needs it (one slot), where a slot goes by the pool, and before send returns.
+// The consumer does the same with its copies out of the ring (DRAINED of b-1
+// after b's copy started).
 //
 // The device ring (peer route; HandoffDevice, made by the CUDA layer:
 // cuda/ipc_ring.h). The consumer, at its first recv (route auto or peer, a
@@ -283,6 +285,7 @@ class Handoff {
   void note_route(HandoffRoute r);
   void publish_slot(uint32_t slot, uint64_t stream_bytes, size_t items, uint32_t call, HandoffRoute route);
   void land(uint64_t stream_bytes, size_t items, uint32_t call);
+  void land_drained();
 
   std::shared_ptr<NodePool> pool_;
   std::string key_;
@@ -313,7 +316,7 @@ class Handoff {
     bool live = false;
     uint64_t ticket = 0;
     uint32_t slot = 0;
-  } flight_;
+  } flight_, drain_flight_;  // drain_flight_: the consumer's copy out of its ring, the same way
 };
 
 }  // namespace ferry::node

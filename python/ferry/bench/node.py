@@ -71,6 +71,7 @@ def check_args(args) -> None:
 
     args.nbytes, args.dma_nbytes = parse_size(args.bytes), parse_size(args.dma_bytes)
     args.handoff_nbytes, args.slot_nbytes = parse_size(args.handoff_bytes), parse_size(args.slot_bytes)
+    args.peer_slot_nbytes = parse_size(args.peer_slot_bytes)
     args.block_list = parse_size_list(args.blocks)
     args.part_list = [p for p in args.parts.split(",") if p]
     args.route_list = [r for r in args.handoff_routes.split(",") if r]
@@ -212,7 +213,7 @@ def measure(args) -> dict:
         args.devices = out["devices"] = ranks.devices
         out["shared_gpu"] = len(set(ranks.devices)) < len(ranks.devices)
         name = f"ferry-bench-{os.getpid()}"
-        capacity = args.nbytes + args.slots * args.slot_nbytes + (64 << 20)
+        capacity = args.nbytes + args.slots * max(args.slot_nbytes, args.peer_slot_nbytes) + (64 << 20)
         before = host_available(meminfo())  # every part needs the pool
         progress(f"attach: {args.ranks} ranks attach to one node pool, register {fmt_bytes(args.nbytes)}")
         att = ranks.all("attach", name, capacity, args.nbytes)
@@ -267,12 +268,15 @@ def handoff(args, ranks: _Ranks) -> dict:
             progress(f"handoff: {case}, {len(sizes)} blocks, {fmt_bytes(nbytes)}, route={route}, "
                      f"GPU {args.devices[0]} -> GPU {args.devices[1]}")
 
-            def command(r, sizes=sizes, route=route, case=case):
+            slot_bytes = args.peer_slot_nbytes if route == "auto" else args.slot_nbytes
+
+            def command(r, sizes=sizes, route=route, case=case, slot_bytes=slot_bytes):
                 return ("handoff", "producer" if r == 0 else "consumer", f"kv-{case}-{route}".replace(" ", "_"),
-                        sizes, args.slots, args.slot_nbytes, args.repeats, args.seed, route)
+                        sizes, args.slots, slot_bytes, args.repeats, args.seed, route)
 
             prod, cons = ranks.all(command, ranks=[0, 1])
             rows.append({"case": case, "blocks": len(sizes), "bytes": nbytes, "route_asked": route,
+                         "slot_bytes": slot_bytes,
                          "route": cons["route"], "gbps": _gbps(nbytes, cons["seconds"]),
                          "producer_gbps": _gbps(nbytes, prod["seconds"]), "verified": cons["verified"],
                          "problem": cons["problem"], "stats": cons["stats"],
@@ -468,7 +472,7 @@ def records(m: dict, args) -> Records:
         nixl = (m.get("nixl") or {}).get(row["block_bytes"]) if row["route_asked"] == "pool" else None
         out.compare({**common, "handoff": row["case"], "blocks": row["blocks"], "bytes": row["bytes"],
                      "route_asked": row["route_asked"], "route": row["route"], "slots": args.slots,
-                     "slot_bytes": args.slot_nbytes, "verified": row["verified"]},
+                     "slot_bytes": row.get("slot_bytes", args.slot_nbytes), "verified": row["verified"]},
                     "bandwidth", "GB/s",
                     {"ferry.node handoff": row["gbps"], "torch .to() peer": base.get("torch_peer_gbps"),
                      "host path GPU->pinned->GPU": base.get("host_path_gbps"), "ferry.nixl WRITE": nixl},
@@ -515,6 +519,9 @@ class NodeSuite(Suite):
         p.add_argument("--slot-bytes", type=size, default="16M",
                        help="bytes per slot (default: %(default)s: smaller slots fill the pipeline sooner, bigger ones "
                             "cost fewer copy calls)")
+        p.add_argument("--peer-slot-bytes", type=size, default="64M",
+                       help="bytes per slot for route auto (default: %(default)s: the GPU-to-GPU copies run at "
+                            "NVLink speed, so each slot's fixed costs need a bigger slot to hide)")
         add_repeats(p, 5, "timed runs per figure", old=("--iters",))
         p.add_argument("--parts", type=choices_list(PARTS), default=",".join(PARTS),
                        help="what to measure (default: %(default)s)")
@@ -565,8 +572,8 @@ class NodeSuite(Suite):
                           "yes" if row["verified"] else "NO"])
         if cells:
             print(table(f"(c) KV handoff GPU {m['devices'][0]} -> GPU {m['devices'][1]}, scattered blocks, "
-                        f"{args.slots} slots of {fmt_bytes(args.slot_nbytes)} (GB/s end to end, median of "
-                        f"{args.repeats})",
+                        f"{args.slots} slots of {fmt_bytes(args.slot_nbytes)} (auto: "
+                        f"{fmt_bytes(args.peer_slot_nbytes)}) (GB/s end to end, median of {args.repeats})",
                         ["blocks", "count", "route asked", "route ran", "ferry.node", "torch .to()",
                          "host path", "ferry.nixl WRITE", "verified"], cells))
             notes = {m.get("nixl_note")} | {v for b in h["baselines"].values() for k, v in b.items()
