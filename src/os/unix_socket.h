@@ -68,7 +68,8 @@ int receive_with_fd(int fd, void* data, size_t bytes, size_t* got, int* passed_o
 int packet_socket_pair(int* first_out, int* second_out) noexcept;
 
 // One message of `bytes` with no descriptor, never waiting (EAGAIN when the
-// peer's queue is full; EPIPE once the peer closed).
+// peer's queue is full; EPIPE once the peer closed, ECONNRESET if it closed
+// with messages unread).
 int send_message(int fd, const void* data, size_t bytes) noexcept;
 
 // Receives one message of at most `bytes`, with or without a descriptor,

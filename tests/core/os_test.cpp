@@ -5,9 +5,12 @@
 // and PCI readers on this machine's sysfs.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -17,13 +20,17 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "core/fault.h"
+#include "load/range_read.h"
 #include "os/affinity.h"
 #include "os/file.h"
 #include "os/memory.h"
+#include "os/process.h"
 #include "os/smaps.h"
 #include "os/sysfs.h"
 #include "os/touch.h"
+#include "os/unix_socket.h"
 
 namespace ferry::os {
 namespace {
@@ -457,6 +464,111 @@ TEST_F(Os, FilesReadByNameMustBeRegularAndAreNeverWaitedOn) {
   EXPECT_EQ(regular_file_size(fd, &bytes), EINVAL);
   close_fd(fd);
   std::filesystem::remove_all(dir);
+}
+
+// Issue 39 item 4: what python/ferry asks of /proc through the bindings.
+TEST(Process, StartTicksOfThisProcessAChildAndOneGone) {
+  uint64_t self = 0, by_pid = 0;
+  ASSERT_EQ(process_start_ticks(0, &self), 0);
+  ASSERT_EQ(process_start_ticks(::getpid(), &by_pid), 0);
+  EXPECT_EQ(self, by_pid);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  ASSERT_GT(child, 0);
+  uint64_t ticks = 0;
+  EXPECT_EQ(process_start_ticks(child, &ticks), 0);
+  EXPECT_GE(ticks, self);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  uint64_t untouched = 12345;
+  EXPECT_EQ(process_start_ticks(child, &untouched), ESRCH);  // reaped: its /proc entry is gone
+  EXPECT_EQ(untouched, 12345u);
+  std::string boot, ns;
+  ASSERT_EQ(read_boot_id(&boot), 0);
+  EXPECT_EQ(boot.size(), 36u);  // a UUID, newline stripped
+  ASSERT_EQ(read_pid_namespace(&ns), 0);
+  EXPECT_EQ(ns.rfind("pid:[", 0), 0u) << ns;
+}
+
+TEST(UnixSocket, PairPassesMessagesWithAndWithoutDescriptors) {
+  int a = -1, b = -1;
+  ASSERT_EQ(packet_socket_pair(&a, &b), 0);
+  int memfd = -1;
+  ASSERT_EQ(create_memfd("ferry-os-test", MiB, 0, &memfd), 0);
+  ASSERT_EQ(send_with_fd(a, "key", 3, memfd), 0);
+  ASSERT_EQ(send_message(a, "plain message", 13), 0);
+  char buf[8];
+  size_t got = 0;
+  int passed = -2;
+  bool truncated = true;
+  ASSERT_EQ(receive_message(b, buf, sizeof buf, &got, &passed, &truncated), 0);
+  EXPECT_EQ(std::string(buf, got), "key");
+  EXPECT_GE(passed, 0);
+  EXPECT_FALSE(truncated);
+  uint64_t bytes = 0;
+  EXPECT_EQ(regular_file_size(passed, &bytes), 0);
+  EXPECT_EQ(bytes, MiB);  // the same file
+  close_fd(passed);
+  ASSERT_EQ(receive_message(b, buf, sizeof buf, &got, &passed, &truncated), 0);
+  EXPECT_EQ(std::string(buf, got), "plain me");
+  EXPECT_EQ(passed, -1);
+  EXPECT_TRUE(truncated);  // 13 bytes into 8
+  EXPECT_EQ(receive_message(b, buf, sizeof buf, &got, &passed, &truncated), EAGAIN);  // never waits
+  // A full queue: wait_writable gives up after its timeout.
+  const std::vector<char> big(4096, 'x');
+  while (send_message(a, big.data(), big.size()) == 0) {
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(wait_writable(a, 50'000'000), ETIMEDOUT);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(45));
+  close_fd(b);
+  EXPECT_EQ(wait_writable(a, 1'000'000'000), 0);  // a hung-up peer counts as writable
+  const int gone = send_message(a, "x", 1);
+  EXPECT_TRUE(gone == EPIPE || gone == ECONNRESET) << gone;  // ECONNRESET: it closed with messages unread
+  close_fd(a);
+  close_fd(memfd);
+}
+
+// load/range_read.h, on a real file: random bytes, odd ranges, several threads,
+// a short file counted, a read error named.
+TEST(RangeRead, ReadsOddRangesWithThreadsAndCountsAShortFile) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ferry-range-read-" + std::to_string(::getpid()))).string();
+  std::mt19937_64 rng(39);
+  std::string data(9 * MiB + 4093, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  std::ofstream(path, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+  int fd = -1;
+  ASSERT_EQ(open_for_reading(path.c_str(), false, &fd), 0);
+  std::vector<char> out(data.size() + 2 * 4096);
+  for (int threads : {1, 2, 5}) {
+    for (auto [offset, n] : {std::pair<size_t, size_t>{0, data.size()}, {1, 4095}, {4097, 3 * MiB + 13},
+                             {data.size() - 5, 5}}) {
+      std::fill(out.begin(), out.end(), '\xa5');
+      EXPECT_EQ(load::read_range(fd, path, offset, out.data() + 3, n, threads), n);
+      EXPECT_EQ(std::memcmp(out.data() + 3, data.data() + offset, n), 0) << offset << " " << n;
+      EXPECT_EQ(out[2], '\xa5');
+      EXPECT_EQ(out[3 + n], '\xa5');
+    }
+  }
+  EXPECT_EQ(load::read_range(fd, path, data.size() - 100, out.data(), 5000, 3), 100u);  // the file ends first
+  EXPECT_EQ(load::read_range(fd, path, data.size() + 7, out.data(), 10, 3), 0u);
+  EXPECT_THROW(load::read_range(fd, path, 0, out.data(), 10, 0), InvalidArgument);
+  close_fd(fd);
+  int wfd = -1;
+  ASSERT_EQ(open_for_writing(path.c_str(), &wfd), 0);
+  try {
+    load::read_range(wfd, path, 4096, out.data(), 100, 2);
+    ADD_FAILURE() << "a read of a write-only descriptor succeeded";
+  } catch (const OsError& e) {
+    EXPECT_EQ(e.error_number(), EBADF);
+    EXPECT_NE(std::string(e.what()).find("pread of " + path + " at byte 4096"), std::string::npos) << e.what();
+  }
+  close_fd(wfd);
+  std::filesystem::remove(path);
 }
 
 }  // namespace
