@@ -10,6 +10,8 @@ Copies:
     copy, copy_async      one host<->GPU copy, any host memory, any size
     copy_many, copy_many_async
                           many (dst, src, size) copies in one call
+    copy_blocks, copy_blocks_async
+                          blocks of a paged layout (a KV cache) by block ids
     Copy                  the handle of an async copy (wait(), done)
     register, Registration
                           pin a host range for copies (until unregister() or a with block ends)

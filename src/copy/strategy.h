@@ -69,15 +69,17 @@ struct MachineProfile {
   double hybrid_pinned_share[2] = {0.0, 0.0};  // share of the body pinned in place, per direction
   size_t pin_piece_bytes = 64u << 20;       // bytes per registration in pin-in-place
   // Batches of pinned<->device blocks averaging fewer bytes (after adjacent
-  // blocks are merged) go to the SM copy kernel. On the H100 (2026-11-28,
-  // 256 MiB of scattered blocks per call, h2d / d2h GB/s), SM kernel against
-  // one cudaMemcpyBatchAsync: 4 KiB 31 / 26 against 2.2 / 5.3 (the copy
-  // engines' ~1 us per descriptor), 16 KiB 46 / 47 against 5.3 / 23, 64 KiB
-  // 49 / 51 against 37 / 39, 128 KiB 49 / 51 against 39 / 46, 256 KiB 49 / 46
-  // against 45 / 39 (46 / 47 called directly), 512 KiB and up equal. The
-  // kernel takes SMs from the model, so it stops where the copy engines are
-  // near it; `ferry bench blocks --calibrate` measures this machine's point.
-  size_t batch_sm_below_bytes = 128u << 10;
+  // blocks are merged) go to the SM copy kernel, the rest to the copy engines.
+  // `ferry bench blocks --calibrate` measures the point: the smallest size
+  // from which the copy engines come within 5% of the kernel (they take no
+  // SMs from the model). On the H100 (2026-11-28, 256 MiB of scattered
+  // blocks per call, h2d / d2h GB/s, kernel on 4 SMs against one
+  // cudaMemcpyBatchAsync): 4 KiB 30.6 / 22.6 against 2.3 / 4.4 (the copy
+  // engines' ~1 us per descriptor), 16 KiB 45 / 47 against 5.2 / 22, 64 KiB
+  // 48 / 49 against 29 / 30, 128 KiB 49 / 50 against 37 / 38, 256 KiB 50 / 51
+  // against 44 / 45, 512 KiB 49 / 51 against 47.5 / 48.3, 1 MiB and up equal.
+  // The kernel's cost to a concurrent GEMM is in docs/copies.md.
+  size_t batch_sm_below_bytes = 512u << 10;
   // SMs the block-copy kernel may use (its grid: one 1024-thread block per
   // SM); 0: the kernel's default (cuda/copy/block_copy.h, 4). Each SM taken
   // is one a concurrent model kernel cannot use while the copy runs.
