@@ -29,6 +29,7 @@
 #include "load/save_file.h"
 #include "os/file_replace.h"
 #include "python/args.h"
+#include "python/copy_args.h"
 #include "python/gil.h"
 #include "python/handles.h"
 
@@ -85,9 +86,10 @@ std::vector<cuda::SaveDevice> devices_arg(nb::handle devices) {
   std::vector<cuda::SaveDevice> out;
   for (nb::handle d : items_arg(devices, "devices", "a list of (device, engine, stream) tuples")) {
     nb::tuple t = nb::cast<nb::tuple>(d);
-    if (t.size() != 3) throw InvalidArgument("devices[i]: expected (device, engine, stream handle)");
-    out.push_back(cuda::SaveDevice{int_arg<int>(t[0], "devices[i] device", 0, 1023), &nb::cast<cuda::CopyEngine&>(t[1]),
-                                   reinterpret_cast<cudaStream_t>(int_arg<uintptr_t>(t[2], "devices[i] stream"))});
+    if (t.size() != 3) throw InvalidArgument("devices[i]: expected (device, engine, stream)");
+    const int device = int_arg<int>(t[0], "devices[i] device", 0, 1023);
+    // The stream as copy_many takes it (copy_args.h): None, torch's current stream on that device.
+    out.push_back(cuda::SaveDevice{device, &nb::cast<cuda::CopyEngine&>(t[1]), stream_of(t[2], device)});
   }
   return out;
 }
@@ -198,7 +200,8 @@ void bind_write_pipeline(nb::module_& m) {
            "like"_a,
            "Writes the file whole from its layout (load/save_file.h): header bytes, then parts [(address, nbytes, "
            "device or -1)] in file order, through slots of `pool` (pinned where a part is on a GPU); devices: "
-           "[(device, engine, stream handle)], each read on a stream ordered after that stream. Then finish() "
+           "[(device, engine, stream: None for torch's current one, a handle or a torch.cuda.Stream)], each read "
+           "on a stream ordered after that stream. Then finish() "
            "(mode and owner of the first regular file of like). Returns {'bytes', 'writes', 'copied_bytes', "
            "'direct', 'seconds', 'notes'}.")
       .def_prop_rw(

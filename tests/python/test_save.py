@@ -386,7 +386,7 @@ def test_snapshot_cpu_reuse_and_save(tmp_path):
         assert same(s.tensors[k], v)
     ptr = s._buffer.ptr
     sd2 = {k: rand(tuple(v.shape), v.dtype, g) for k, v in sd.items()}
-    s2 = ft.snapshot(sd2, into=s)
+    s2 = ft.snapshot(sd2, out=s)
     assert s2 is s and s._buffer.ptr == ptr  # nothing reallocated
     for k, v in sd2.items():
         assert same(s.tensors[k], v)
@@ -410,7 +410,7 @@ def test_snapshot_cpu_reuse_and_save(tmp_path):
         back.update(load_file(f))
     assert set(back) == set(keep)
     # non_blocking with CPU tensors: copied before the call returns.
-    assert ft.snapshot(keep, into=s, non_blocking=True) is s
+    assert ft.snapshot(keep, out=s, non_blocking=True) is s
     s.wait_copied()
     assert all(same(s.tensors[k], v) for k, v in keep.items())
     # to_host(out=snapshot): the same copy.
@@ -423,9 +423,9 @@ def test_snapshot_bad_input_and_errors(tmp_path):
     sd = {"a": torch.randn(10), "b": torch.randn(3, 3)}
     s = ft.snapshot(sd)
     with pytest.raises(InvalidArgumentError, match="other names"):
-        ft.snapshot({"a": torch.randn(11), "b": torch.randn(3, 3)}, into=s)
+        ft.snapshot({"a": torch.randn(11), "b": torch.randn(3, 3)}, out=s)
     with pytest.raises(InvalidArgumentError, match="Snapshot"):
-        ft.snapshot(sd, into={"a": 1})
+        ft.snapshot(sd, out={"a": 1})
     with pytest.raises(InvalidArgumentError, match="not a tensor"):
         ft.snapshot({"a": 3})
     with pytest.raises(InvalidArgumentError, match="is a directory"):
@@ -462,7 +462,7 @@ def test_snapshot_of_parameters(tmp_path):
     s = ft.snapshot(sd)
     assert not any(t.requires_grad for t in s.tensors.values())
     assert all(torch.equal(s.tensors[k], v.detach()) for k, v in sd.items())
-    ft.snapshot(sd, into=s)
+    ft.snapshot(sd, out=s)
     ft.save_safetensors(sd, tmp_path / "p.safetensors")
     s.save(tmp_path / "q.safetensors").wait()
     assert (tmp_path / "p.safetensors").read_bytes() == (tmp_path / "q.safetensors").read_bytes()
@@ -477,7 +477,7 @@ def test_tied_snapshot(tmp_path):
     with pytest.raises(InvalidArgumentError, match="share memory"):
         s.save(tmp_path / "t.safetensors")
     with pytest.raises(InvalidArgumentError, match="tied weights"):  # untied now: not the same snapshot
-        ft.snapshot({"embed": w, "head": w.clone()}, into=s)
+        ft.snapshot({"embed": w, "head": w.clone()}, out=s)
     s.save(tmp_path / "t.safetensors", shared="keep_one").wait()
     assert torch.equal(load_file(str(tmp_path / "t.safetensors"))["embed"], w)
 
@@ -509,7 +509,7 @@ def test_gpu_snapshot(tmp_path, gpu):
         if v.dtype.is_floating_point and v.element_size() >= 2:
             v.mul_(2)
     expect = {k: v.cpu() for k, v in sd.items()}
-    assert ft.snapshot(sd, into=s) is s and s._buffer.ptr == ptr
+    assert ft.snapshot(sd, out=s) is s and s._buffer.ptr == ptr
     for v in sd.values():  # training goes on: the snapshot keeps its bytes
         v.zero_() if v.dtype != torch.bool else v.fill_(False)
     fut = s.save(tmp_path / "s.safetensors")
@@ -520,7 +520,7 @@ def test_gpu_snapshot(tmp_path, gpu):
         if v.dtype.is_floating_point and v.element_size() >= 2:
             v.add_(1)
     expect = {k: v.cpu() for k, v in sd.items()}
-    assert ft.snapshot(sd, into=s, non_blocking=True) is s
+    assert ft.snapshot(sd, out=s, non_blocking=True) is s
     for v in sd.values():
         v.zero_() if v.dtype != torch.bool else v.fill_(False)
     s.save(tmp_path / "nb.safetensors").wait()  # waits for the copy itself

@@ -48,7 +48,6 @@ from .. import _ferry, temp_names
 from ..atomic_file import AtomicFile
 from ..pool import Pool
 from . import publish as _publish
-from ._torch import torch_module as _torch
 from .file_layout import Item, Plan, prepare
 from .pinned import default_pinned_pool
 
@@ -93,9 +92,10 @@ def host_pool(items: list[Item]) -> Pool:
     return pageable_pool()
 
 
-def _layout(torch, items: list[Item], keep: list) -> tuple[list, list]:
+def _layout(items: list[Item], keep: list) -> tuple[list, list]:
     """The file's parts [(address, nbytes, device or -1)] in file order, and
-    the devices to read from [(device, engine, current stream handle)].
+    the devices to read from [(device, engine, None: the device's current
+    torch stream, taken in C++ as copy_many takes it)].
     Conjugate and negative views (their memory holds x, they mean conj(x) or
     -x) are resolved into a copy of that tensor alone (on its device's
     current stream), kept alive in `keep` for the save."""
@@ -109,7 +109,7 @@ def _layout(torch, items: list[Item], keep: list) -> tuple[list, list]:
             keep.append(t)
         device = t.device.index if t.is_cuda else -1
         if device >= 0 and device not in devices:
-            devices[device] = (device, _ferry.engine(device), torch.cuda.current_stream(device).cuda_stream)
+            devices[device] = (device, _ferry.engine(device), None)
         parts.append((t.data_ptr(), it.nbytes, device))
     return parts, list(devices.values())
 
@@ -125,14 +125,13 @@ def write_file(path: str, items: list[Item], head: bytes, *, durable: bool, pool
     are exactly the file's data section (a snapshot laid out in file order,
     its size a multiple of 4 KiB), written straight from it. like: the files
     whose mode and owner it takes (AtomicFile; default: path)."""
-    torch = _torch()
     f = AtomicFile(path, durable=durable, like=like)
     keep: list = []  # resolved views: alive until the save returns
     try:
         if source is not None:
             parts, devices = [(source.ptr, sum(it.nbytes for it in items), -1)], []
         else:
-            parts, devices = _layout(torch, items, keep)
+            parts, devices = _layout(items, keep)
         f.save(head, parts, pool or host_pool(items), devices, slot_bytes=SLOT_BYTES, slots=SLOTS, writers=WRITERS)
     except BaseException:
         f.abort()
