@@ -87,14 +87,16 @@ ferry_status_t ferry_handoff_open(ferry_node_pool_t pool, const char* key, const
     o.route = route_of(c.route);
     if (device < -1) throw ferry::InvalidArgument("device=" + std::to_string(device) + ": expected a GPU, or -1");
     auto h = std::make_unique<ferry_handoff>();
-    ferry::node::HandoffCopy copy = ferry::node::host_copy_many;
+    std::unique_ptr<ferry::node::HandoffMover> mover;
     std::unique_ptr<ferry::node::HandoffDevice> ring;
-    if (device >= 0) {
+    if (device < 0) {
+      mover = std::make_unique<ferry::node::HandoffCopyMover>(ferry::node::host_copy_many);
+    } else {
       h->engine = std::make_unique<ferry::cuda::CopyEngine>(ferry::cuda::CopyEngineOptions::from_environment(device));
-      copy = ferry::cuda::engine_handoff_copy(*h->engine);
+      mover = ferry::cuda::engine_handoff_mover(*h->engine);
       if (o.route != ferry::node::HandoffRoute::pool) ring = std::make_unique<ferry::cuda::IpcRing>(device);
     }
-    h->handoff = std::make_unique<ferry::node::Handoff>(p, key, o, std::move(copy), std::move(ring));
+    h->handoff = std::make_unique<ferry::node::Handoff>(p, key, o, std::move(mover), std::move(ring));
     if (device >= 0) {  // the pool route's slots pinned for this device
       const ferry::node::NodeBlock b = h->handoff->block();
       const ferry_status_t s = ferry_node_pool_register(pool, device, b.offset, b.bytes);

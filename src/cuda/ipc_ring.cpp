@@ -40,7 +40,53 @@ class OwnStream {
   cudaStream_t stream_ = nullptr;
 };
 
+// engine_handoff_mover's mover: a Completion per ticket, kSlots kept.
+class EngineMover : public node::HandoffMover {
+ public:
+  explicit EngineMover(CopyEngine& engine) : engine_(engine), stream_(engine.options().device) {}
+  ~EngineMover() override {
+    for (Completion& c : done_) {
+      try {
+        if (c.valid()) c.wait();  // never free a stream a copy still runs on
+      } catch (...) {
+      }
+    }
+  }
+  uint64_t start(void* const* d, const void* const* s, const size_t* n, size_t k) override {
+    std::vector<CopyOp> ops(k);
+    for (size_t i = 0; i < k; ++i) ops[i] = {d[i], s[i], n[i]};
+    cudaStream_t st;
+    {
+      ScopedDevice on(engine_.options().device);
+      st = stream_.get();
+    }
+    Completion& slot = done_[next_ % kSlots];
+    if (slot.valid()) slot.wait();  // the protocol waited for it already: a no-op
+    slot = k ? engine_.copy_many_async(ops, st) : Completion();
+    return next_++;
+  }
+  void wait(uint64_t ticket) override {
+    if (ticket + kSlots < next_) throw InvalidArgument("EngineMover::wait: ticket " + std::to_string(ticket) + " is too old");
+    Completion& c = done_[ticket % kSlots];
+    if (!c.valid()) return;
+    Completion mine = std::move(c);
+    c = Completion();
+    mine.wait();
+  }
+
+ private:
+  static constexpr uint64_t kSlots = 4;
+  CopyEngine& engine_;
+  OwnStream stream_;  // destroyed after done_ is waited for (declared before it)
+  Completion done_[kSlots];
+  uint64_t next_ = 0;
+};
+
 }  // namespace
+
+std::unique_ptr<node::HandoffMover> engine_handoff_mover(CopyEngine& engine) {
+  return std::make_unique<EngineMover>(engine);
+}
 
 node::HandoffCopy engine_handoff_copy(CopyEngine& engine) {
   const int device = engine.options().device;

@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "node/handoff.h"
@@ -43,6 +44,9 @@ class CopyEngine;
 // non-blocking stream of its own on the engine's device, waited for. The
 // stream lives as long as the function (copies of it share it).
 node::HandoffCopy engine_handoff_copy(CopyEngine& engine);
+// The same as a mover: start() is the engine's copy_many_async on that stream
+// (pinned items: one DMA batch), wait() waits for its Completion.
+std::unique_ptr<node::HandoffMover> engine_handoff_mover(CopyEngine& engine);
 
 // Whether memory of GPU `to` can be written from GPU `from` (the same GPU, or
 // cudaDeviceCanAccessPeer): the peer route's condition, for tests and reports.
@@ -63,6 +67,7 @@ class IpcRing : public node::HandoffDevice {
   void copy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) override;
   uint64_t start(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) override;
   void wait(uint64_t ticket) override;
+  bool overlaps() const override { return true; }
 
   int device() const { return device_; }
 

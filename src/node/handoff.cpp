@@ -151,7 +151,13 @@ struct Handoff::CallGuard {  // one call at a time per object
 
 Handoff::Handoff(std::shared_ptr<NodePool> pool, std::string key, HandoffOptions options, HandoffCopy copy,
                  std::unique_ptr<HandoffDevice> device)
-    : pool_(std::move(pool)), key_(std::move(key)), options_(options), copy_(std::move(copy)),
+    : Handoff(std::move(pool), std::move(key), options,
+              std::make_unique<HandoffCopyMover>(copy ? std::move(copy) : HandoffCopy(host_copy_many)),
+              std::move(device)) {}
+
+Handoff::Handoff(std::shared_ptr<NodePool> pool, std::string key, HandoffOptions options,
+                 std::unique_ptr<HandoffMover> pool_mover, std::unique_ptr<HandoffDevice> device)
+    : pool_(std::move(pool)), key_(std::move(key)), options_(options), pool_mover_(std::move(pool_mover)),
       device_(std::move(device)) {
   if (!pool_) throw InvalidArgument("Handoff: no pool");
   if (options_.slots < 1 || options_.slots > kHandoffMaxSlots)
@@ -163,7 +169,7 @@ Handoff::Handoff(std::shared_ptr<NodePool> pool, std::string key, HandoffOptions
   check_timeout(options_.timeout_s, "timeout");
   if (!(options_.poll_s > 0) || std::isinf(options_.poll_s))
     throw InvalidArgument("poll=" + seconds_text(options_.poll_s) + ": expected seconds > 0");
-  if (!copy_) copy_ = host_copy_many;
+  if (!pool_mover_) pool_mover_ = std::make_unique<HandoffCopyMover>(host_copy_many);
   if (options_.route == HandoffRoute::peer && !device_)
     throw NotSupported("Handoff " + quoted(key_) + ": route='peer' needs a GPU on this side (device=) and a "
                        "CUDA build; route='auto' or 'pool' go through the node pool");
@@ -288,20 +294,22 @@ void Handoff::publish_slot(uint32_t slot, uint64_t stream_bytes, size_t items, u
   add(filled_word(slot));
 }
 
-// The batch in flight (peer route): waits for its copy, then RING_END and its
-// FILLED. A failed copy leaves the handoff broken (the stream has a hole).
+// The producer's batch in flight: waits for its copy, then (device ring)
+// RING_END, then META and FILLED. A failed copy leaves the handoff broken
+// (the stream has a hole).
 void Handoff::land(uint64_t stream_bytes, size_t items, uint32_t call) {
   if (!flight_.live) return;
   flight_.live = false;
+  const bool peer = flight_.route == HandoffRoute::peer;
   try {
-    device_->wait(flight_.ticket);
+    mover(flight_.route).wait(flight_.ticket);
   } catch (...) {
-    add(kHwRingEnd);
+    if (peer) add(kHwRingEnd);
     store(kHwBroken, 1);
     throw;
   }
-  add(kHwRingEnd);
-  publish_slot(flight_.slot, stream_bytes, items, call, HandoffRoute::peer);
+  if (peer) add(kHwRingEnd);
+  publish_slot(flight_.slot, stream_bytes, items, call, flight_.route);
 }
 
 uint64_t Handoff::send(const void* const* srcs, const uint64_t* sizes, size_t n) {
@@ -326,7 +334,6 @@ uint64_t Handoff::send(const void* const* srcs, const uint64_t* sizes, size_t n)
       wait(drained_word(slot), round, false,
            "drain slot " + std::to_string(slot) + " (batch " + std::to_string(b) + ")", options_.timeout_s, -1);
       const HandoffRoute route = producer_route(slot);  // on peer: RING_BEGIN bumped
-      if (route != HandoffRoute::peer) land(plan.stream_bytes, n, call);
       char* base = route == HandoffRoute::peer ? mapped_ + uint64_t{slot} * options_.slot_bytes : host_slot(slot);
       d.clear(), s.clear(), len.clear();
       for (size_t i = plan.chunks[c]; i < plan.chunks[c + 1]; ++i) {
@@ -335,20 +342,16 @@ uint64_t Handoff::send(const void* const* srcs, const uint64_t* sizes, size_t n)
         s.push_back(static_cast<const char*>(srcs[p.item]) + p.item_offset);
         len.push_back(p.bytes);
       }
-      if (route == HandoffRoute::peer) {
-        uint64_t ticket;
-        try {
-          ticket = device_->start(d.data(), s.data(), len.data(), d.size());
-        } catch (...) {
-          add(kHwRingEnd);  // RING_END follows RING_BEGIN whatever the copy did
-          throw;
-        }
-        land(plan.stream_bytes, n, call);  // batch b-1, while batch b's copy runs
-        flight_ = {true, ticket, slot};
-      } else {
-        copy_(d.data(), s.data(), len.data(), d.size());
-        publish_slot(slot, plan.stream_bytes, n, call, route);
+      uint64_t ticket;
+      try {
+        ticket = mover(route).start(d.data(), s.data(), len.data(), d.size());
+      } catch (...) {
+        if (route == HandoffRoute::peer) add(kHwRingEnd);  // RING_END follows RING_BEGIN whatever the copy did
+        throw;
       }
+      land(plan.stream_bytes, n, call);  // batch b-1, while batch b's copy runs
+      flight_ = {true, ticket, slot, route};
+      if (!mover(route).overlaps()) land(plan.stream_bytes, n, call);  // copied already: published at once
       sent_ = b + 1;
       ++stats_.sent;
       note_route(route);
@@ -367,13 +370,13 @@ uint64_t Handoff::send(const void* const* srcs, const uint64_t* sizes, size_t n)
   return plan.stream_bytes;
 }
 
-// Consumer: the batch whose copy out of the device ring was started and not
-// yet landed: waits for it, then adds its DRAINED. A failed copy breaks the handoff.
+// The consumer's batch in flight: waits for its copy, then adds its DRAINED.
+// A failed copy breaks the handoff.
 void Handoff::land_drained() {
   if (!drain_flight_.live) return;
   drain_flight_.live = false;
   try {
-    device_->wait(drain_flight_.ticket);
+    mover(drain_flight_.route).wait(drain_flight_.ticket);
   } catch (...) {
     store(kHwBroken, 2);
     throw;
@@ -421,15 +424,11 @@ uint64_t Handoff::recv(void* const* dsts, const uint64_t* sizes, size_t n) {
         s.push_back(base + p.slot_offset);
         len.push_back(p.bytes);
       }
-      if (peer) {
-        const uint64_t ticket = device_->start(d.data(), s.data(), len.data(), d.size());
-        land_drained();  // batch b-1, while batch b's copy runs
-        drain_flight_ = {true, ticket, slot};
-      } else {
-        land_drained();
-        copy_(d.data(), s.data(), len.data(), d.size());
-        add(drained_word(slot));
-      }
+      const HandoffRoute route = peer ? HandoffRoute::peer : HandoffRoute::pool;
+      const uint64_t ticket = mover(route).start(d.data(), s.data(), len.data(), d.size());
+      land_drained();  // batch b-1, while batch b's copy runs
+      drain_flight_ = {true, ticket, slot, route};
+      if (!mover(route).overlaps()) land_drained();  // copied already: drained at once
       received_ = b + 1;
       ++stats_.received;
       note_route(peer ? HandoffRoute::peer : HandoffRoute::pool);

@@ -47,13 +47,12 @@
 //     META's stream bytes and item count against its own plan (a mismatch is
 //     InvalidArgument and consumes nothing); copy the pieces out of the place
 //     ROUTE names with ONE copy call and wait for it; add(DRAINED[s]).
-// So the producer fills slot k+1 while the consumer drains slot k. On the
-// device ring the producer starts batch b's copy before it publishes batch
-// b-1 (waits for b-1's copy, writes META, adds FILLED): the link stays busy
-// while the host does the bookkeeping; it lands b-1 first where batch b's wait
-// needs it (one slot), where a slot goes by the pool, and before send returns.
-// The consumer does the same with its copies out of the ring (DRAINED of b-1
-// after b's copy started).
+// So the producer fills slot k+1 while the consumer drains slot k. Each side
+// also overlaps its own batches: the producer starts batch b's copy before it
+// publishes batch b-1 (waits for b-1's copy, writes META, adds FILLED), the
+// consumer starts b's before it adds b-1's DRAINED, so a link stays busy while
+// the host does the bookkeeping; a side lands b-1 first where batch b's wait
+// needs it (one slot), and before its call returns.
 //
 // The device ring (peer route; HandoffDevice, made by the CUDA layer:
 // cuda/ipc_ring.h). The consumer, at its first recv (route auto or peer, a
@@ -175,9 +174,38 @@ struct HandoffRingExport {
   char bus_id[kHandoffBusIdBytes] = {};
   uint64_t bytes = 0;
 };
-class HandoffDevice {
+// Starts batches of copies and waits for them: the pool route's copies (the
+// copy engine's async copy_many; a HandoffCopy runs synchronously) and the
+// device ring's. start() returns a ticket at once; wait(ticket) returns when
+// that batch landed (throws its error). At most 2 batches are started and not
+// waited for; tickets are waited for in order. Calls come from one thread.
+class HandoffMover {
  public:
-  virtual ~HandoffDevice() = default;
+  virtual ~HandoffMover() = default;
+  virtual uint64_t start(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) = 0;
+  virtual void wait(uint64_t ticket) = 0;
+  // Whether start() returns before the bytes landed (then the protocol overlaps
+  // batches); a synchronous mover's batch is published at once.
+  virtual bool overlaps() const { return true; }
+};
+
+// A HandoffCopy as a mover: start() copies, wait() has nothing to wait for.
+class HandoffCopyMover : public HandoffMover {
+ public:
+  explicit HandoffCopyMover(HandoffCopy copy) : copy_(std::move(copy)) {}
+  uint64_t start(void* const* d, const void* const* s, const size_t* n, size_t k) override {
+    copy_(d, s, n, k);
+    return 0;
+  }
+  void wait(uint64_t) override {}
+  bool overlaps() const override { return false; }
+
+ private:
+  HandoffCopy copy_;
+};
+
+class HandoffDevice : public HandoffMover {
+ public:
   // Consumer: whether the n destinations are memory of this side's GPU (auto
   // publishes a ring only then: an offload tier in host memory takes the pool).
   virtual bool on_device(void* const* dsts, size_t n) = 0;
@@ -193,14 +221,13 @@ class HandoffDevice {
   // Either side: copies between device memory (and the mapped ring) on this
   // side's GPU with one batch; returns when the bytes landed.
   virtual void copy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) = 0;
-  // Producer: starts such a batch and returns at once (a ticket); wait(ticket)
-  // returns when it landed. At most 2 batches are started and not waited for.
-  // The defaults copy synchronously.
-  virtual uint64_t start(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) {
+  // The mover: the same batches, started (the default copies synchronously).
+  uint64_t start(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) override {
     copy(dsts, srcs, sizes, n);
     return 0;
   }
-  virtual void wait(uint64_t ticket) { (void)ticket; }
+  void wait(uint64_t) override {}
+  bool overlaps() const override { return false; }
 };
 
 struct HandoffOptions {
@@ -227,6 +254,10 @@ class Handoff {
   // then is NotSupported).
   Handoff(std::shared_ptr<NodePool> pool, std::string key, HandoffOptions options, HandoffCopy copy,
           std::unique_ptr<HandoffDevice> device = nullptr);
+  // The same, the pool route's copies started by a mover (the copy engine's
+  // async copy_many: cuda/ipc_ring.h's engine_handoff_mover).
+  Handoff(std::shared_ptr<NodePool> pool, std::string key, HandoffOptions options,
+          std::unique_ptr<HandoffMover> pool_mover, std::unique_ptr<HandoffDevice> device = nullptr);
   ~Handoff();  // close()
   Handoff(const Handoff&) = delete;
   Handoff& operator=(const Handoff&) = delete;
@@ -286,11 +317,12 @@ class Handoff {
   void publish_slot(uint32_t slot, uint64_t stream_bytes, size_t items, uint32_t call, HandoffRoute route);
   void land(uint64_t stream_bytes, size_t items, uint32_t call);
   void land_drained();
+  HandoffMover& mover(HandoffRoute r) { return r == HandoffRoute::peer ? *device_ : *pool_mover_; }
 
   std::shared_ptr<NodePool> pool_;
   std::string key_;
   HandoffOptions options_;
-  HandoffCopy copy_;
+  std::unique_ptr<HandoffMover> pool_mover_;  // the pool route's copies
   std::unique_ptr<HandoffDevice> device_;
   NodeBlock block_;
   bool created_ = false;
@@ -310,13 +342,15 @@ class Handoff {
   uint32_t mapped_gen_ = 0;         // producer: its generation (0: none)
   uint32_t refused_gen_ = 0;        // producer: a generation it cannot reach
   std::string refused_why_;         // route_note()
-  // producer, peer route: the batch whose copy was started and not yet landed
-  // (send() overlaps batch b's copy with batch b-1's landing; none between calls)
+  // The batch whose copy was started and not yet landed (send() overlaps batch
+  // b's copy with batch b-1's landing; none between calls): the producer's
+  // (flight_) and the consumer's (drain_flight_).
   struct Flight {
     bool live = false;
     uint64_t ticket = 0;
     uint32_t slot = 0;
-  } flight_, drain_flight_;  // drain_flight_: the consumer's copy out of its ring, the same way
+    HandoffRoute route = HandoffRoute::pool;
+  } flight_, drain_flight_;
 };
 
 }  // namespace ferry::node

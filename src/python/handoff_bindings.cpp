@@ -2,8 +2,8 @@
 // ferry.node.Handoff (python/ferry/node_handoff.py, which checks the arguments
 // and resolves tensors and buffers to addresses first).
 //
-// The copy function: "engine" (the process's copy engine of `device`, on a
-// stream of the handoff's own: cuda/ipc_ring.h's engine_handoff_copy), "host"
+// The copy function: "engine" (the process's copy engine of `device`, async on
+// a stream of the handoff's own: cuda/ipc_ring.h's engine_handoff_mover), "host"
 // (memcpy: ferry.node.memmove_many), or a Python callable copy(dsts, srcs,
 // sizes) given lists of ints (node_handoff.py makes them int64 arrays), called
 // with the GIL taken for that call only. The peer route's device ring
@@ -34,15 +34,16 @@ using Int64s = nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_co
 
 namespace {
 
-node::HandoffCopy copy_function(const std::string& mode, nb::object fn, int device) {
-  if (mode == "host") return node::host_copy_many;
+// The pool route's mover for a copy mode (see the top of this file).
+std::unique_ptr<node::HandoffMover> pool_mover(const std::string& mode, nb::object fn, int device) {
+  if (mode == "host") return std::make_unique<node::HandoffCopyMover>(node::host_copy_many);
   if (mode == "engine") {
     nb::object engine = nb::module_::import_("ferry._ferry").attr("engine")(device);
-    return cuda::engine_handoff_copy(nb::cast<cuda::CopyEngine&>(engine));
+    return cuda::engine_handoff_mover(nb::cast<cuda::CopyEngine&>(engine));
   }
   if (mode != "python") throw InvalidArgument("Handoff: copy mode '" + mode + "'");
   auto held = std::make_shared<nb::object>(std::move(fn));
-  return node::HandoffCopy([held](void* const* d, const void* const* s, const size_t* n, size_t k) {
+  return std::make_unique<node::HandoffCopyMover>([held](void* const* d, const void* const* s, const size_t* n, size_t k) {
     nb::gil_scoped_acquire gil;
     nb::list ds, ss, ns;
     for (size_t i = 0; i < k; ++i) {
@@ -124,11 +125,11 @@ void bind_handoff(nb::module_& m) {
              o.timeout_s = timeout_s;
              o.poll_s = poll_s;
              o.route = node::parse_handoff_route(route);
-             node::HandoffCopy fn = copy_function(copy_mode, std::move(copy), device);
+             std::unique_ptr<node::HandoffMover> mover = pool_mover(copy_mode, std::move(copy), device);
              std::unique_ptr<node::HandoffDevice> ring;
              if (device >= 0 && o.route != node::HandoffRoute::pool) ring = std::make_unique<cuda::IpcRing>(device);
              GilRelease unlocked;  // the open may wait for the block's maker
-             new (h) Handoff(std::move(pool), key, o, std::move(fn), std::move(ring));
+             new (h) Handoff(std::move(pool), key, o, std::move(mover), std::move(ring));
            },
            "pool"_a, "key"_a, "slots"_a, "slot_bytes"_a, "timeout_s"_a, "poll_s"_a, "route"_a, "copy_mode"_a,
            "copy"_a.none(), "device"_a)
