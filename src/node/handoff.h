@@ -41,18 +41,19 @@
 // filled(r) once FILLED == r + 1 (META and the bytes are in place, on the
 // route ROUTE says); free(r + 1) once DRAINED == r + 1.
 //   send, per batch: wait DRAINED[s] >= r (the consumer copied the slot's last
-//     use out); choose the route (below); copy the batch's pieces in with ONE
-//     copy call and wait for it; write META; add(FILLED[s]).
+//     use out); choose the route (below); start the batch's pieces with ONE
+//     copy call (a HandoffMover); once it landed: write META; add(FILLED[s]).
 //   recv, per batch: wait FILLED[s] >= r + 1; the first batch of a call checks
 //     META's stream bytes and item count against its own plan (a mismatch is
-//     InvalidArgument and consumes nothing); copy the pieces out of the place
-//     ROUTE names with ONE copy call and wait for it; add(DRAINED[s]).
+//     InvalidArgument and consumes nothing); start the pieces' copy out of the
+//     place ROUTE names with ONE copy call; once it landed: add(DRAINED[s]).
 // So the producer fills slot k+1 while the consumer drains slot k. Each side
-// also overlaps its own batches: the producer starts batch b's copy before it
-// publishes batch b-1 (waits for b-1's copy, writes META, adds FILLED), the
-// consumer starts b's before it adds b-1's DRAINED, so a link stays busy while
-// the host does the bookkeeping; a side lands b-1 first where batch b's wait
-// needs it (one slot), and before its call returns.
+// also overlaps its own batches (movers whose start() returns before the copy
+// landed): the producer starts batch b's copy before it publishes batch b-1
+// (waits for b-1's copy, writes META, adds FILLED), the consumer starts b's
+// before it adds b-1's DRAINED, so a link stays busy while the host does the
+// bookkeeping; a side lands b-1 first where batch b's wait needs it (one
+// slot), and before its call returns. A synchronous copy is published at once.
 //
 // The device ring (peer route; HandoffDevice, made by the CUDA layer:
 // cuda/ipc_ring.h). The consumer, at its first recv (route auto or peer, a
