@@ -277,7 +277,11 @@ FERRY_API ferry_status_t ferry_copy_async(ferry_engine_t engine, void* dst, cons
  * FERRY_ERROR_INVALID_ARGUMENT and a message naming its index ("item 6 of
  * 10: ..."). The async call returns once the host->device sources are staged
  * (they may be reused at once); its device->host items are done when the copy
- * is. strategy: FERRY_STRATEGY_AUTO, or one for every item. */
+ * is. strategy: FERRY_STRATEGY_AUTO, or one for every item. stream NULL:
+ * the copy runs on a stream of the engine's, one per direction (so that two
+ * threads copying opposite ways overlap), after the work queued on the legacy
+ * default stream before the call; later work waits on the copy's event or
+ * ferry_copy_wait, not on the legacy stream. */
 FERRY_API ferry_status_t ferry_copy_many_async(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
                                                const size_t* sizes, size_t count, void* stream,
                                                ferry_strategy_t strategy, ferry_copy_t* out);
@@ -585,7 +589,7 @@ FERRY_API ferry_status_t ferry_node_pool_wait(ferry_node_pool_t pool, uint64_t o
                                               double timeout_s, int* reached);
 /* Pins [offset, offset + bytes) of the data for `device` in this process (in
  * 64 MiB pieces; background threads) and waits until it is pinned. Pins stay
- * until ferry_node_pool_close. */
+ * until ferry_node_pool_destroy. */
 FERRY_API ferry_status_t ferry_node_pool_register(ferry_node_pool_t pool, int device, uint64_t offset,
                                                   size_t bytes);
 /* ---- end of node pool ------------------------------------------------------ */

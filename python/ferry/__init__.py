@@ -12,6 +12,7 @@ Copies:
                           many (dst, src, size) copies in one call
     copy_blocks, copy_blocks_async
                           blocks of a paged layout (a KV cache) by block ids
+    BlockPlan             fixed block copies launched many times (CUDA-graph capturable)
     Copy                  the handle of an async copy (wait(), done)
     register, Registration
                           pin a host range for copies (until unregister() or a with block ends)
@@ -35,6 +36,7 @@ from .errors import __all__ as _error_names
 from . import _ferry
 from .pool import Buffer, PinnedPool, Pool  # noqa: F401
 from .copy import (  # noqa: F401
+    BlockPlan,
     Copy,
     Registration,
     copy,

@@ -133,6 +133,39 @@ def copy_blocks_async(dst_base: int, src_base: int, dst_ids, src_ids, block_byte
     return Copy(native, None)
 
 
+class BlockPlan:
+    """A fixed set of block copies between pinned host memory and GPU memory,
+    checked once and launched many times by ferry's SM copy kernel: the form a
+    CUDA graph can capture (``launch`` is one kernel launch, nothing else).
+
+        plan = ferry.BlockPlan(dsts, srcs, block_bytes)   # int64 address arrays
+        with torch.cuda.graph(g):
+            plan.launch(torch.cuda.current_stream())
+
+    The blocks must stay allocated and pinned at the same addresses while the
+    plan (or a graph that captured it) may run; their contents may change
+    between launches. Adjacent blocks are merged as in ``copy_many``. max_sms:
+    SMs the kernel may use (default: the machine profile's batch_sm_max_sms)."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, dsts, srcs, sizes, *, device: int | None = None, max_sms: int | None = None):
+        self._native = _ferry.BlockPlan(dsts, srcs, sizes, device, max_sms)
+
+    def launch(self, stream=None) -> None:
+        """Enqueue the copies on `stream` (int handle or torch.cuda.Stream; None:
+        the legacy default stream, which a graph capture cannot record)."""
+        self._native.launch(stream)
+
+    @property
+    def items(self) -> int:
+        return self._native.items
+
+    @property
+    def nbytes(self) -> int:
+        return self._native.nbytes
+
+
 def _items(value, name: str):
     """A list, tuple or array as it is; any other iterable (a generator) as a list,
     which the async Copy keeps alive with its items."""

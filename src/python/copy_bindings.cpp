@@ -13,6 +13,7 @@
 #include "copy/block_table.h"
 #include "core/crew.h"
 #include "core/error.h"
+#include "cuda/copy/block_plan.h"
 #include "cuda/copy/copy_engine.h"
 #include "cuda/pointer_lookup.h"
 #include "cuda/registration.h"
@@ -454,6 +455,31 @@ void bind_copy(nb::module_& m) {
              return d;
            })
       .def_prop_ro("device", [](const cuda::CopyEngine& e) { return e.options().device; });
+
+  // A fixed block list launched many times (cuda/copy/block_plan.h): the SM
+  // kernel's graph-capturable form. Addresses as copy_many takes them.
+  nb::class_<cuda::BlockPlan>(m, "BlockPlan")
+      .def("__init__",
+           [](cuda::BlockPlan* plan, nb::handle dsts, nb::handle srcs, nb::handle sizes, nb::handle device,
+              nb::handle max_sms) {
+             Prepared p = prepare_addresses(dsts, srcs, sizes, nb::none(), device);
+             const int sms = max_sms.is_none() ? 0 : int_arg<int>(max_sms, "max_sms", 1, 1024);
+             cuda::CopyEngine& e = engine_for(p.device);
+             ferry::python::GilRelease unlocked;
+             new (plan) cuda::BlockPlan(e, p.ops, sms);
+           },
+           "dsts"_a.none(), "srcs"_a.none(), "sizes"_a.none(), "device"_a.none() = nb::none(),
+           "max_sms"_a.none() = nb::none())
+      .def("launch",
+           [](const cuda::BlockPlan& plan, nb::handle stream) {
+             const cudaStream_t s = stream_of(stream, -1);
+             ferry::python::GilRelease unlocked;
+             plan.launch(s);
+           },
+           "stream"_a.none() = nb::none())
+      .def_prop_ro("items", &cuda::BlockPlan::items)
+      .def_prop_ro("pieces", &cuda::BlockPlan::pieces)
+      .def_prop_ro("nbytes", &cuda::BlockPlan::bytes);
 
   nb::class_<cuda::Registration>(m, "Registration")
       .def("__init__",

@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
+#include "cuda/copy/block_plan.h"
 #include "cuda/copy/copy_engine.h"
 #include "test_buffers.h"
 
@@ -250,6 +252,58 @@ TEST(KvBlocks, AsyncKernelBatchesBackToBackKeepTheirBlockLists) {
   ASSERT_EQ(std::memcmp(dst, src, bytes), 0);
   CUDA_OK(cudaStreamDestroy(up_stream));
   CUDA_OK(cudaStreamDestroy(down_stream));
+  cudaFreeHost(src);
+  cudaFreeHost(dst);
+}
+
+// A block plan captured in a CUDA graph: each replay copies the blocks' bytes
+// of that moment (new random data each time), up and back down; a plan
+// refuses pageable memory, naming the item.
+TEST(KvBlocks, BlockPlanReplaysFromACudaGraph) {
+  const size_t block = 32 * KiB, count = 700;
+  unsigned char *src = nullptr, *dst = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&src), block * count, 0), cudaSuccess);
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&dst), block * count, 0), cudaSuccess);
+  DeviceBuffer dev(block * count * 2);
+  std::mt19937_64 rng(test_seed() + 11);
+  std::vector<size_t> order(count * 2);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<CopyOp> up, down;
+  for (size_t i = 0; i < count; ++i) {
+    up.push_back({dev.p + order[i] * block, src + i * block, block});
+    down.push_back({dst + i * block, dev.p + order[i] * block, block});
+  }
+  BlockPlan up_plan(engine(), up), down_plan(engine(), down, 2);
+  EXPECT_EQ(up_plan.items(), count);
+  EXPECT_EQ(up_plan.bytes(), block * count);
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  up_plan.launch(s);
+  down_plan.launch(s);
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    fill_random(src, block * count, test_seed() + 100 + replay);
+    std::memset(dst, kHostPoison, block * count);
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    ASSERT_EQ(std::memcmp(dst, src, block * count), 0) << "replay " << replay;
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(s));
+  HostBuffer pageable(block * 4);
+  std::vector<CopyOp> mixed = {up[0], {dev.p, pageable.p, block}, up[2]};
+  try {
+    BlockPlan bad(engine(), mixed);
+    ADD_FAILURE() << "a plan with pageable memory was made";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("pinned host memory and device memory"), std::string::npos) << e.what();
+  }
   cudaFreeHost(src);
   cudaFreeHost(dst);
 }

@@ -176,6 +176,35 @@ def test_both_directions_at_once_from_two_threads(mem, seed):
         down_dst.release()
 
 
+def test_block_plan_replays_in_a_torch_cuda_graph(mem, seed):
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    pool, device = mem
+    rng = np.random.default_rng(seed)
+    size, count = 16 * KiB, 500
+    src, back = pool.alloc(size * count), pool.alloc(size * count)
+    dev = device(size * count * 2)
+    slots = rng.permutation(2 * count)[:count].astype(np.int64)
+    up = ferry.BlockPlan(dev + slots * size, src.ptr + np.arange(count) * size, size)
+    down = ferry.BlockPlan(back.ptr + np.arange(count) * size, dev + slots * size, size, max_sms=2)
+    assert up.items == count and up.nbytes == size * count
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        up.launch(stream)
+        down.launch(stream)
+    hs, hb = _host(src), _host(back)
+    for _ in range(3):
+        hs[:] = rng.integers(0, 256, hs.size, dtype=np.uint8)
+        hb[:] = POISON
+        graph.replay()
+        torch.cuda.synchronize()
+        assert np.array_equal(hb, hs)
+    del hs, hb
+    src.release()
+    back.release()
+
+
 @pytest.mark.parametrize("kwargs, why", [
     (dict(dst_ids=[0, -1], src_ids=[0, 1]), "dst_ids[1]=-1"),
     (dict(dst_ids=[0, 1, 2], src_ids=[0, 1]), "dst_ids has 3 block ids and src_ids 2"),
