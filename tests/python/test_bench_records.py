@@ -174,6 +174,7 @@ def test_blocks_latency_thp_tensors_and_apiperf_records():
     assert blocks.calibrate(cal) == "batch_sm_below_bytes = 131072"  # within 5%: the copy engines
     assert blocks.calibrate(cal[:2]) is None
 
+
     def stats():
         m = rng.uniform(1, 20)
         return {"median_us": m, "min_us": m / 2, "p99_us": m * 3}
@@ -328,3 +329,27 @@ def test_small_runs_on_a_gpu_write_records_of_their_measurements(gpu, tmp_path):
     assert len(lat) == 2 * len(latency.SIZES) and all(r["value"] > 0 and r["ratio"] > 0 for r in lat)
     t = [r for r in by_suite["thp"] if r["case"] == "ferry pageable"]
     assert {r["params"]["direction"] for r in t} == {"h2d", "d2h"} and all(r["ratio"] > 0 for r in t)
+
+
+def test_blocks_calibration_joins_the_profile_file(tmp_path):
+    """--calibrate's line replaces its key in the engine's profile file and keeps the
+    other lines (`ferry bench copy --calibrate`'s). A fresh process per write: the
+    options (FERRY_PROFILE) are read once per process."""
+    path = tmp_path / "profile.txt"
+    env = dict(os.environ, FERRY_PROFILE=str(path))
+
+    def write(line):
+        code = f"from ferry.bench import blocks; print(blocks.write_calibration({line!r}))"
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    path.write_text("# ferry machine profile\ncuda_below_bytes_h2d = 0\nbatch_sm_below_bytes = 4096  # old\n")
+    assert write("batch_sm_below_bytes = 524288") == str(path)
+    lines = path.read_text().splitlines()
+    assert "cuda_below_bytes_h2d = 0" in lines
+    assert [x for x in lines if x.startswith("batch_sm_below_bytes")] == [
+        "batch_sm_below_bytes = 524288  # ferry bench blocks --calibrate"]
+    path.unlink()
+    assert write("batch_sm_below_bytes = 65536") == str(path)
+    assert "batch_sm_below_bytes = 65536" in path.read_text()

@@ -19,9 +19,10 @@ GB/s = bytes of the call / median wall time (call to completion). CPU us/block
 = median time inside the submitting call / blocks. With torch present (and
 --gemm), the slowdown of a bf16 GEMM stream while ferry copies both ways:
 8192^3 matmuls on their own stream, alone and beside the copies.
-`--calibrate` prints the profile line (batch_sm_below_bytes) from the sizes
-where the copy engines came within 5% of the SM kernel in this run (they take
-no SMs from the model).
+`--calibrate` writes the profile line batch_sm_below_bytes (the smallest size
+from which the copy engines came within 5% of the SM kernel in this run: they
+take no SMs from the model) into the machine profile file, keeping its other
+lines; `ferry doctor` shows which profile file the engine reads.
 """
 
 from __future__ import annotations
@@ -350,6 +351,30 @@ def calibrate(rows) -> str | None:
     return None
 
 
+def write_calibration(line: str) -> str | None:
+    """Puts `line` (key = value) into the machine profile file the engine reads
+    (FERRY_PROFILE's, else the cache's), keeping its other lines; the path, or
+    None when there is nowhere to write."""
+    import os
+
+    from .. import _ferry
+
+    path, _ = _ferry.profile_file_path()
+    if path is None:
+        return None
+    key = line.split("=", 1)[0].strip()
+    try:
+        with open(path) as f:
+            old = f.read().splitlines()
+    except FileNotFoundError:
+        old = ["# ferry machine profile"]
+    kept = [x for x in old if x.split("#", 1)[0].split("=", 1)[0].strip() != key]
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(kept + [f"{line}  # ferry bench blocks --calibrate"]) + "\n")
+    return path
+
+
 class BlocksSuite(Suite):
     key = "blocks"
     description = ("KV-cache blocks 4 KiB-2 MiB, pinned pool <-> GPU, scattered and adjacent, each way and both: "
@@ -368,7 +393,7 @@ class BlocksSuite(Suite):
         p.add_argument("--torch-loop", action=argparse.BooleanOptionalAction, default=True,
                        help="time a torch copy_ loop too (needs torch; default: on)")
         p.add_argument("--calibrate", action="store_true",
-                       help="print the profile line batch_sm_below_bytes measured in this run")
+                       help="write batch_sm_below_bytes, measured in this run, into the machine profile")
         add_repeats(p, 5, "timed calls per case", old=("--iterations",))
 
     def run(self, args) -> int:
@@ -406,7 +431,12 @@ class BlocksSuite(Suite):
                           g["slowdown_pct"], g["copies_gbps"]] for g in result["gemm"]]))
         if args.calibrate:
             line = calibrate(rows)
-            print(line if line else "calibrate: the SM kernel won at every size measured; keep the default")
+            if line is None:
+                print("calibrate: the SM kernel won at every size measured; the profile keeps its value")
+            else:
+                path = write_calibration(line)
+                print(f"{line}\n(written to {path}; the copy engine reads it from the next process on)" if path
+                      else f"{line}\n(nowhere to write it: set XDG_CACHE_HOME, HOME or FERRY_PROFILE)")
         write_json(args.json, self.key, records(result))
         return 0
 
