@@ -107,12 +107,12 @@ int AtomicFile::buffered_fd_or_open(int direct_err) {
   return fd;
 }
 
-void AtomicFile::write(const void* data, size_t bytes, uint64_t offset) {
+void AtomicFile::write(const void* data, size_t bytes, uint64_t offset, bool pad) {
   size_t done = 0;
   int fd = buffered_fd_.load();
   if (fd < 0) {
     if (direct_fd_ < 0) throw InvalidArgument("write to " + path_ + ": the file is closed");
-    const size_t padded = align_up(bytes);  // finish() cuts the file to its length
+    const size_t padded = pad ? align_up(bytes) : bytes;  // finish() cuts the file to its length
     const int err = os::write_at(direct_fd_, data, padded, offset, &done);
     if (err == 0) return;
     if (err != EINVAL)

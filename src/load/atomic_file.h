@@ -9,9 +9,9 @@
 // O_DIRECT, in this one place for every writer of ferry: the temporary file
 // is opened with O_DIRECT where the file system allows it (tmpfs refuses:
 // then buffered). Direct writes need buffer address, length and offset
-// aligned to os::kDirectIoAlignment; write() pads the length (the buffer
-// must have room: a slot, or memory readable to the end of its page) and
-// finish() cuts the padding. A direct write the file system refuses with
+// aligned to os::kDirectIoAlignment; write(..., pad=true) pads the length
+// (the buffer must have room: a slot, or memory readable to the end of its
+// page) and finish() cuts the padding. A direct write the file system refuses with
 // EINVAL switches the file to buffered writes for good (the remembered
 // fallback): the file opened again without O_DIRECT, by its descriptor's
 // path, owned here beside the direct one.
@@ -56,9 +56,12 @@ class AtomicFile {
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
 
-  // All `bytes` at `offset`. While the file is O_DIRECT, align_up(bytes) are
-  // written from `data` (see the header). Any thread.
-  void write(const void* data, size_t bytes, uint64_t offset);
+  // All `bytes` at `offset`. Any thread. While the file is O_DIRECT and
+  // `pad` is true, align_up(bytes) are written from `data` (the caller
+  // guarantees the room, and that no other write lands in the padding: the
+  // write pipeline's last slot); with `pad` false, a length the direct write
+  // cannot take is refused by the kernel (EINVAL) and the file goes buffered.
+  void write(const void* data, size_t bytes, uint64_t offset, bool pad = false);
 
   // Cut to `length`, mode and owner of mode_of(like), fsync (durable),
   // close. On error the temporary file is removed.

@@ -109,7 +109,7 @@ struct WriteRun {
 
 void write_job(WriteRun& r, const Job& j) {
   r.source.wait_filled(j.slot);
-  r.file.write(j.data, j.bytes, j.offset);  // O_DIRECT and its fallback: atomic_file.h
+  r.file.write(j.data, j.bytes, j.offset, true);  // O_DIRECT and its fallback: atomic_file.h
   ++r.writes;
   r.written += j.bytes;
 }

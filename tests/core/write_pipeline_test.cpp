@@ -281,16 +281,21 @@ TEST(LayoutSource, HeaderAndHostPartsArriveIntactAndAlignedSlotsAreViewed) {
   for (auto& c : layout.header) c = static_cast<char>(rng());
   std::vector<std::vector<uint8_t>> owned;
   std::vector<uint8_t> expect(layout.header.begin(), layout.header.end());
-  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{0}, size_t{70001}, size_t{3}}) {
-    owned.push_back(random_bytes(n, rng));
-    layout.parts.push_back(FilePart{reinterpret_cast<uintptr_t>(owned.back().data()), n, -1});
-    expect.insert(expect.end(), owned.back().begin(), owned.back().end());
-  }
+  // Parts placed so that no slot start falls on a 4 KiB boundary of their
+  // memory (address - file offset = 1 mod 4096): copied, never viewed.
+  auto add_unaligned = [&](size_t n) {
+    owned.emplace_back(n + kAlign);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(owned.back().data());
+    const uintptr_t want = (expect.size() + 1) % kAlign;
+    const uintptr_t at = base + (want + kAlign - base % kAlign) % kAlign;
+    auto* p = reinterpret_cast<uint8_t*>(at);
+    for (size_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(rng());
+    layout.parts.push_back(FilePart{at, n, -1});
+    expect.insert(expect.end(), p, p + n);
+  };
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{0}, size_t{70001}, size_t{3}}) add_unaligned(n);
   // An aligned part of 64 KiB, starting on a 4 KiB boundary of the file.
-  const size_t pad = (kAlign - expect.size() % kAlign) % kAlign;
-  owned.push_back(random_bytes(pad, rng));
-  layout.parts.push_back(FilePart{reinterpret_cast<uintptr_t>(owned.back().data()), pad, -1});
-  expect.insert(expect.end(), owned.back().begin(), owned.back().end());
+  add_unaligned((kAlign - expect.size() % kAlign) % kAlign);
   auto* aligned = static_cast<unsigned char*>(std::aligned_alloc(kAlign, 64 * KiB));
   for (size_t i = 0; i < 64 * KiB; ++i) aligned[i] = static_cast<unsigned char>(rng());
   layout.parts.push_back(FilePart{reinterpret_cast<uintptr_t>(aligned), 64 * KiB, -1});
