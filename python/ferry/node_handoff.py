@@ -200,10 +200,9 @@ class Handoff:
                                       math.inf if timeout is None else timeout, self.poll, route, mode, fn,
                                       -1 if self.device is None else self.device)
         try:
-            from .node import NodeBlock
-
-            handle, nbytes, created = self._native.block
-            self.block = pool._touched(NodeBlock(pool, handle, nbytes, created, key))
+            handle, _, created = self._native.block
+            self.block = pool.block(handle)  # this process's view of it, pinned for pool.device
+            self.block.created, self.block.key = created, key
             if pool.device is not None:
                 pool.wait_ready(self.block)
         except BaseException:
