@@ -287,3 +287,33 @@ def test_interpreter_exit_while_a_save_runs_in_a_daemon_thread(tmp_path):
         if n.endswith(".safetensors"):
             with safe_open(str(tmp_path / n), "pt") as st:
                 assert st.get_tensor("w").numel() == 24 << 20
+
+
+def test_no_python_call_per_slot(tmp_path, monkeypatch):
+    """The save is one C++ call per file: the Python calls a save makes do not
+    grow with the number of slots (4 KiB slots: ~700 of them; 32 MiB: one)."""
+    import threading
+
+    g = torch.Generator().manual_seed(8)
+    sd = {"a": rand((2_800_001,), torch.uint8, g), "b": rand((1001,), torch.float32, g)}
+
+    def calls(slot):
+        monkeypatch.setattr(save_mod, "SLOT_BYTES", slot)
+        ft.save_safetensors(sd, tmp_path / "m.safetensors")  # imports, first use, re's cache: out of the count
+        n = [0]
+
+        def count(frame, event, arg):
+            if event in ("call", "c_call"):
+                n[0] += 1
+
+        threading.setprofile(None)
+        sys.setprofile(count)
+        try:
+            ft.save_safetensors(sd, tmp_path / "m.safetensors")
+        finally:
+            sys.setprofile(None)
+        check_both_readers(tmp_path / "m.safetensors", sd)
+        return n[0]
+
+    small, large = calls(1 << 12), calls(32 << 20)
+    assert abs(small - large) <= 10, (small, large)
