@@ -668,7 +668,8 @@ void Handoff::close() noexcept {
   if (closed_) return;
   closed_ = true;
   if (generation_ != fork_generation()) {  // a forked child: nothing here is ours to free
-    (void)device_.release();  // NOLINT: its CUDA state is the parent's; leaked on purpose
+    (void)device_.release();      // NOLINT: their CUDA state (streams, events, the ring)
+    (void)pool_mover_.release();  // is the parent's: leaked on purpose, never touched here
     return;
   }
   try {
