@@ -48,7 +48,7 @@ int read_at(int fd, void* buffer, size_t bytes, uint64_t offset, size_t* got) no
 
 // open(path, O_WRONLY | O_CLOEXEC): an existing file (no O_CREAT), written
 // through the page cache; the buffered twin of an O_DIRECT descriptor whose
-// writes the file system refused (load/write_pipeline.h).
+// writes the file system refused (load/atomic_file.h).
 int open_for_writing(const char* path, int* fd_out) noexcept;
 
 // pwrite until all `bytes` are written (retrying EINTR and partial writes).
