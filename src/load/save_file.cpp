@@ -39,7 +39,8 @@ void check(const SaveOptions& o) {
   if (o.slot_bytes == 0 || o.slot_bytes % os::kDirectIoAlignment != 0)
     throw InvalidArgument("save: slot_bytes=" + std::to_string(o.slot_bytes) + ": expected a positive multiple of " +
                           std::to_string(os::kDirectIoAlignment));
-  if (o.slots < 1 || o.slots > 1024) throw InvalidArgument("save: slots=" + std::to_string(o.slots) + ": expected 1..1024");
+  if (o.slots < 1 || o.slots > 1024)
+    throw InvalidArgument("save: slots=" + std::to_string(o.slots) + ": expected 1..1024");
   if (o.writers < 1 || o.writers > 64)
     throw InvalidArgument("save: writers=" + std::to_string(o.writers) + ": expected 1..64");
 }
@@ -55,7 +56,8 @@ SaveStats save_file(AtomicFile& file, const FileLayout& layout, Pool& ring_pool,
     st.bytes = layout.total();
     st.direct = file.direct();
     if (st.bytes > 0) {
-      const size_t count = static_cast<size_t>(std::min<uint64_t>(o.slots, (st.bytes + o.slot_bytes - 1) / o.slot_bytes));
+      const uint64_t chunks = (st.bytes + o.slot_bytes - 1) / o.slot_bytes;
+      const size_t count = static_cast<size_t>(std::min<uint64_t>(o.slots, chunks));
       Ring ring(ring_pool, std::max<size_t>(count, 1), o.slot_bytes);
       LayoutSource source(layout, ring.slots(), o.slot_bytes, device);
       const int writers = static_cast<int>(std::min<size_t>(static_cast<size_t>(o.writers), ring.slots().size()));

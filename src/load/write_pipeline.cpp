@@ -37,7 +37,8 @@ struct Job {
 // The state of one run_write_pipeline call, shared by its writers.
 //
 // Locking: mu guards queue, closing, landed, error and running. stop and
-// the counters are atomic so that writers can use them without the lock. The slots' states and order are the ring's (core/slot_ring.h, its
+// the counters are atomic so that writers can use them without the lock.
+// The slots' states and order are the ring's (core/slot_ring.h, its
 // own lock). No system call and no Source call is made while mu is held.
 struct WriteRun {
   WriteRun(AtomicFile& f, Source& s) : file(f), source(s), ring(s.slot_count()), landed(s.slot_count(), 1) {}

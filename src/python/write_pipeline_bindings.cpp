@@ -259,7 +259,8 @@ void bind_write_pipeline(nb::module_& m) {
       "replaced_mode",
       [](nb::handle like) {
         const load::ReplacedMode r = load::mode_of(paths_arg(like, "like"));
-        return nb::make_tuple(r.mode, r.uid < 0 ? nb::none() : nb::cast(r.uid), r.gid < 0 ? nb::none() : nb::cast(r.gid));
+        return nb::make_tuple(r.mode, r.uid < 0 ? nb::none() : nb::cast(r.uid),
+                              r.gid < 0 ? nb::none() : nb::cast(r.gid));
       },
       "like"_a, "(permission bits, uid, gid) a file replacing the first regular file of like gets (uid None: new).");
 }

@@ -260,8 +260,8 @@ TEST(WritePipeline, BadArgumentsAreRefusedBeforeAnythingIsWritten) {
   const std::string path = dir.dir() + "/bad";
   AtomicFile f(path, path + ".tmp", false, false);
   VectorSource odd(bytes, 0, 2, 4 * KiB + 512), ok(bytes, 0, 2, 4 * KiB);
-  EXPECT_NE(test_support::error_of([&] { run_write_pipeline(f, 0, bytes.size(), odd, pool, 2); }).find("slot_bytes=4608"),
-            std::string::npos);
+  const std::string odd_error = test_support::error_of([&] { run_write_pipeline(f, 0, bytes.size(), odd, pool, 2); });
+  EXPECT_NE(odd_error.find("slot_bytes=4608"), std::string::npos) << odd_error;
   EXPECT_NE(test_support::error_of([&] { run_write_pipeline(f, 0, bytes.size(), ok, pool, 3); }).find("writers=3"),
             std::string::npos);
   EXPECT_EQ(odd.fills + ok.fills, 0);

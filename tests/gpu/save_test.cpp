@@ -34,7 +34,8 @@ std::vector<uint8_t> read_file(const std::string& path) {
 }
 
 cuda::CopyEngine& engine() {
-  static cuda::CopyEngine* e = new cuda::CopyEngine(cuda::CopyEngineOptions::from_environment(0));  // kept for the process
+  // Kept for the process, as the Python module's engines are.
+  static cuda::CopyEngine* e = new cuda::CopyEngine(cuda::CopyEngineOptions::from_environment(0));
   return *e;
 }
 
@@ -62,7 +63,8 @@ TEST(SaveFromDevice, RandomPartsAtOddAddressesArriveIntact) {
       std::vector<uint8_t> expect(layout.header.begin(), layout.header.end());
       size_t at = 1 + rng() % 63;
       for (int k = 0; k < 40 && at < device_bytes; ++k) {
-        const size_t n = k % 9 == 0 ? 0 : std::min<size_t>(device_bytes - at, 1 + rng() % (k % 5 == 0 ? 8 * MiB : 70 * KiB));
+        const size_t most = k % 5 == 0 ? 8 * MiB : 70 * KiB;
+        const size_t n = k % 9 == 0 ? 0 : std::min<size_t>(device_bytes - at, 1 + rng() % most);
         if (k % 4 == 3) {
           host_parts.emplace_back(n);
           for (auto& b : host_parts.back()) b = static_cast<uint8_t>(rng());
