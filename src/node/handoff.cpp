@@ -23,7 +23,7 @@ uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 // A key as Python's repr() writes a plain str ('req-7'): the messages are the
 // same from Python and from C.
-std::string quoted(const std::string& key) {
+std::string repr_key(const std::string& key) {
   const char q = key.find('\'') != std::string::npos && key.find('"') == std::string::npos ? '"' : '\'';
   std::string out(1, q);
   for (unsigned char c : key) {
@@ -99,7 +99,7 @@ HandoffRoute parse_handoff_route(const std::string& name) {
   if (name == "auto") return HandoffRoute::automatic;
   if (name == "pool") return HandoffRoute::pool;
   if (name == "peer") return HandoffRoute::peer;
-  throw InvalidArgument("route=" + quoted(name) + ": expected 'auto', 'pool' or 'peer'");
+  throw InvalidArgument("route=" + repr_key(name) + ": expected 'auto', 'pool' or 'peer'");
 }
 
 uint64_t handoff_header_bytes(uint32_t slots, uint64_t granule) {
@@ -142,7 +142,7 @@ HandoffPlan plan_handoff(std::span<const uint64_t> sizes, uint64_t slot_bytes) {
 struct Handoff::CallGuard {  // one call at a time per object
   explicit CallGuard(Handoff& h, const char* what) : h(h) {
     if (h.busy_.exchange(true, std::memory_order_acquire))
-      throw InvalidArgument("Handoff " + quoted(h.key_) + "." + what +
+      throw InvalidArgument("Handoff " + repr_key(h.key_) + "." + what +
                             ": another call on this Handoff is in progress (one call at a time per object)");
   }
   ~CallGuard() { h.busy_.store(false, std::memory_order_release); }
@@ -171,7 +171,7 @@ Handoff::Handoff(std::shared_ptr<NodePool> pool, std::string key, HandoffOptions
     throw InvalidArgument("poll=" + seconds_text(options_.poll_s) + ": expected seconds > 0");
   if (!pool_mover_) pool_mover_ = std::make_unique<HandoffCopyMover>(host_copy_many);
   if (options_.route == HandoffRoute::peer && !device_)
-    throw NotSupported("Handoff " + quoted(key_) + ": route='peer' needs a GPU on this side (device=) and a "
+    throw NotSupported("Handoff " + repr_key(key_) + ": route='peer' needs a GPU on this side (device=) and a "
                        "CUDA build; route='auto' or 'pool' go through the node pool");
   generation_ = fork_generation();
   open_block();
@@ -187,7 +187,7 @@ void Handoff::open_block() {
   } catch (const InvalidArgument&) {
     const std::string other = other_side();
     if (other.empty()) throw;
-    throw InvalidArgument("Handoff " + quoted(key_) + ": the other side opened it with " + other +
+    throw InvalidArgument("Handoff " + repr_key(key_) + ": the other side opened it with " + other +
                           "; this side asked " + sizes_text(options_.slots, options_.slot_bytes) +
                           ": give both sides the same slots and slot_bytes (or another key)");
   }
@@ -238,14 +238,14 @@ void Handoff::write_or_check_header() {
     add(kHwReady);
   } else if (!pool_->wait_at_least(block_.offset + 4 * kHwReady, 1,
                                    is_forever(options_.timeout_s) ? kForever : options_.timeout_s)) {
-    throw HandoffTimeout("handoff " + quoted(key_) + ": the process that made its block did not finish writing "
+    throw HandoffTimeout("handoff " + repr_key(key_) + ": the process that made its block did not finish writing "
                          "the header within " + seconds_text(options_.timeout_s) + " s");
   }
   const uint32_t magic = load(kHwMagic), slots = load(kHwSlots);
   const uint64_t slot_bytes = uint64_t{load(kHwSlotPages)} * kHandoffSlotAlign;
   if (magic != kHandoffMagic || slots != options_.slots || slot_bytes != options_.slot_bytes) {
     const std::string theirs = magic != kHandoffMagic ? "a block that is not a handoff's" : sizes_text(slots, slot_bytes);
-    throw InvalidArgument("Handoff " + quoted(key_) + ": the other side opened it with " + theirs +
+    throw InvalidArgument("Handoff " + repr_key(key_) + ": the other side opened it with " + theirs +
                           "; this side asked " + sizes_text(options_.slots, options_.slot_bytes) +
                           ": give both sides the same slots and slot_bytes (or another key)");
   }
@@ -274,7 +274,7 @@ void Handoff::add(uint64_t index) const { pool_->add(block_.offset + 4 * index, 
 void Handoff::usable(const char* what) const {
   if (generation_ != fork_generation() || closed_) {
     if (generation_ != fork_generation()) pool_->load(block_.offset);  // the pool's NotSupported, with its words
-    throw InvalidArgument("Handoff " + quoted(key_) + "." + what + ": the handoff was closed; open it again");
+    throw InvalidArgument("Handoff " + repr_key(key_) + "." + what + ": the handoff was closed; open it again");
   }
 }
 
@@ -408,13 +408,13 @@ uint64_t Handoff::recv(void* const* dsts, const uint64_t* sizes, size_t n) {
                                   uint64_t{load(meta_word(slot, kMetaBytesHi))} << 32;
       const uint32_t sent_items = load(meta_word(slot, kMetaItems));
       if (c == 0 && (sent_bytes != plan.stream_bytes || sent_items != static_cast<uint32_t>(n)))
-        throw InvalidArgument("handoff " + quoted(key_) + ": recv of " + std::to_string(n) + " items (" +
+        throw InvalidArgument("handoff " + repr_key(key_) + ": recv of " + std::to_string(n) + " items (" +
                               std::to_string(plan.stream_bytes) + " bytes in the stream) but the producer's send had " +
                               std::to_string(sent_items) + " items (" + std::to_string(sent_bytes) +
                               " bytes): give recv the sizes send had");
       const bool peer = load(meta_word(slot, kMetaRoute)) == static_cast<uint32_t>(HandoffRoute::peer);
       if (peer && !ring_)
-        throw HandoffError("handoff " + quoted(key_) + ": slot " + std::to_string(slot) + " came through a device "
+        throw HandoffError("handoff " + repr_key(key_) + ": slot " + std::to_string(slot) + " came through a device "
                            "ring this consumer never published (two consumers on one key?)");
       const char* base = peer ? ring_ + uint64_t{slot} * options_.slot_bytes : host_slot(slot);
       d.clear(), s.clear(), len.clear();
@@ -490,7 +490,7 @@ void Handoff::check_broken() const {
   const uint32_t why = load(kHwBroken);
   if (!why) return;
   const char* side = why == 1 ? "producer" : why == 2 ? "consumer" : "other side";
-  throw HandoffError("handoff " + quoted(key_) + " is broken: the " + side +
+  throw HandoffError("handoff " + repr_key(key_) + " is broken: the " + side +
                      " gave up after an error; open a new key");
 }
 
@@ -521,7 +521,7 @@ void Handoff::wait(uint64_t word_index, uint64_t value, bool producer_is_peer, c
     const char* peer = producer_is_peer ? "producer" : "consumer";
     store(kHwBroken, producer_is_peer ? 2 : 1);  // the peer's waits fail too
     if (!gone.empty())
-      throw HandoffPeerGone("handoff " + quoted(key_) + ": waiting for the " + peer + " to " + what + ", but " + gone +
+      throw HandoffPeerGone("handoff " + repr_key(key_) + ": waiting for the " + peer + " to " + what + ", but " + gone +
                             " (died, was killed or closed the pool): " + std::to_string(pending()) +
                             " slots undelivered");
     const double told = told_s >= 0 ? told_s : timeout_s;
@@ -529,7 +529,7 @@ void Handoff::wait(uint64_t word_index, uint64_t value, bool producer_is_peer, c
                                   ? std::string("it has not started: no ") + (producer_is_peer ? "send" : "recv") +
                                         " call yet"
                                   : "it is still in the pool: " + pool_->describe_holders();
-    throw HandoffTimeout("handoff " + quoted(key_) + ": the " + peer + " did not " + what + " within " +
+    throw HandoffTimeout("handoff " + repr_key(key_) + ": the " + peer + " did not " + what + " within " +
                          seconds_text(told) + " s (" + where + "); raise timeout= if it is slow");
   }
 }
@@ -548,7 +548,7 @@ HandoffRoute Handoff::producer_route(uint32_t) {
     while ((state = load(kHwRingState)) != kRingPublished) {
       check_broken();
       if (state == kRingWithdrawn || (!forever && now_s() >= deadline) || !peer_gone(false).empty())
-        throw NotSupported("handoff " + quoted(key_) + ": route='peer' but the consumer " +
+        throw NotSupported("handoff " + repr_key(key_) + ": route='peer' but the consumer " +
                            (state == kRingWithdrawn ? "withdrew its device ring"
                                                     : "published no device ring within " +
                                                           seconds_text(options_.timeout_s) +
@@ -581,7 +581,7 @@ HandoffRoute Handoff::producer_route(uint32_t) {
       refused_gen_ = gen;
       refused_why_ = why.empty() ? "the device ring is smaller than the slots" : why;
       if (options_.route == HandoffRoute::peer)
-        throw NotSupported("handoff " + quoted(key_) + ": route='peer' but " + refused_why_);
+        throw NotSupported("handoff " + repr_key(key_) + ": route='peer' but " + refused_why_);
       return HandoffRoute::pool;
     }
     mapped_ = base;
@@ -594,7 +594,7 @@ HandoffRoute Handoff::producer_route(uint32_t) {
   add(kHwRingEnd);
   producer_unmap();
   if (options_.route == HandoffRoute::peer)
-    throw NotSupported("handoff " + quoted(key_) + ": route='peer' but the consumer withdrew its device ring");
+    throw NotSupported("handoff " + repr_key(key_) + ": route='peer' but the consumer withdrew its device ring");
   return HandoffRoute::pool;
 }
 
