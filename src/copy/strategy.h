@@ -78,8 +78,13 @@ struct MachineProfile {
   // engines' ~1 us per descriptor), 16 KiB 45 / 47 against 5.2 / 22, 64 KiB
   // 48 / 49 against 29 / 30, 128 KiB 49 / 50 against 37 / 38, 256 KiB 50 / 51
   // against 44 / 45, 512 KiB 49 / 51 against 47.5 / 48.3, 1 MiB and up equal.
-  // The kernel's cost to a concurrent GEMM is in docs/copies.md.
-  size_t batch_sm_below_bytes = 512u << 10;
+  // The kernel's cost to a concurrent GEMM is in docs/copies.md. The default
+  // is below that calibration, 256 KiB: a later run on the same H100 had the
+  // copy engines at 49.5 / 49.6 for 256 KiB (kernel 49.7 / 51.5), both
+  // directions at once 72.7 against the kernel's 65.7, and the copy engines
+  // take no SMs from a model running beside the copies (a GEMM slowed by
+  // 0.5% beside them, by 29% beside the kernel on 4 SMs).
+  size_t batch_sm_below_bytes = 256u << 10;
   // SMs the block-copy kernel may use (its grid: one 1024-thread block per
   // SM); 0: the kernel's default (cuda/copy/block_copy.h, 4). Each SM taken
   // is one a concurrent model kernel cannot use while the copy runs.
