@@ -220,7 +220,7 @@ def test_gpu_and_cpu_tensors_mixed_round_trip(tmp_path, cuda, monkeypatch, slot)
     p = tmp_path / "m.safetensors"
     ft.save_safetensors(sd, p, max_shard_size=400_000 if slot == 1 << 20 else None)
     check_both_readers(p, sd)
-    back = ft.load_safetensors(str(p), "cuda:0")  # ferry's GPU loader
+    back = ft.load_safetensors(str(tmp_path), "cuda:0")  # ferry's GPU loader: the file, or the index of the shards
     assert set(back) == set(sd)
     for k, v in sd.items():
         assert torch.equal(raw(back[k]), raw(v)), k
