@@ -180,11 +180,12 @@ class AtomicFile:
         """Write all of `data` (a bytes-like object) at `offset`."""
         self._native.write(data, offset)
 
-    def save(self, header: bytes, parts, pool, devices, *, slot_bytes: int, slots: int, writers: int) -> dict:
+    def save(self, header: bytes, parts, pool, devices, *, slot_bytes: int, slots: int, writers: int,
+             reserve: bool = True) -> dict:
         """The whole file from its layout, then finish() (src/load/save_file.h;
         ferry.torch.save describes the arguments). On error the temporary file
         is removed."""
-        return self._native.save(header, parts, pool._native, devices, slot_bytes, slots, writers, self.like)
+        return self._native.save(header, parts, pool._native, devices, slot_bytes, slots, writers, self.like, reserve)
 
     def commit(self, length: int) -> None:
         """finish(length), then publish(). On error the temporary file is removed."""

@@ -127,6 +127,14 @@ void AtomicFile::write(const void* data, size_t bytes, uint64_t offset, bool pad
                   err);
 }
 
+void AtomicFile::reserve(uint64_t length) {
+  const int fd = buffered_fd_ >= 0 ? buffered_fd_.load() : direct_fd_;
+  if (fd < 0 || length == 0) return;
+  const int err = os::reserve_fd(fd, length);
+  if (err == 0 || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL) return;
+  throw OsError("fallocate of " + std::to_string(length) + " bytes for " + path_, err);
+}
+
 void AtomicFile::finish(uint64_t length, const std::vector<std::string>& like) {
   const int fd = buffered_fd_ >= 0 ? buffered_fd_.load() : direct_fd_;
   int err = fd < 0 ? EBADF : 0;

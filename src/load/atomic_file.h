@@ -63,6 +63,12 @@ class AtomicFile {
   // cannot take is refused by the kernel (EINVAL) and the file goes buffered.
   void write(const void* data, size_t bytes, uint64_t offset, bool pad = false);
 
+  // Reserves `length` bytes of disk for the file before it is written
+  // (fallocate): a full disk fails here, before any byte is written, and
+  // O_DIRECT writes neither allocate nor extend it (file systems serialize
+  // writes that extend a file). A file system without fallocate: nothing
+  // reserved, no error. finish() cuts what was not written.
+  void reserve(uint64_t length);
   // Cut to `length`, mode and owner of mode_of(like), fsync (durable),
   // close. On error the temporary file is removed.
   void finish(uint64_t length, const std::vector<std::string>& like);

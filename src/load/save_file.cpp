@@ -56,6 +56,9 @@ SaveStats save_file(AtomicFile& file, const FileLayout& layout, Pool& ring_pool,
     st.bytes = layout.total();
     st.direct = file.direct();
     if (st.bytes > 0) {
+      if (o.reserve) file.reserve(st.direct ? (st.bytes + os::kDirectIoAlignment - 1) / os::kDirectIoAlignment *
+                                                  os::kDirectIoAlignment
+                                            : st.bytes);
       const uint64_t chunks = (st.bytes + o.slot_bytes - 1) / o.slot_bytes;
       const size_t count = static_cast<size_t>(std::min<uint64_t>(o.slots, chunks));
       Ring ring(ring_pool, std::max<size_t>(count, 1), o.slot_bytes);

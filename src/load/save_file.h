@@ -35,6 +35,7 @@ struct SaveOptions {
   size_t slot_bytes = size_t{32} << 20;
   size_t slots = 8;
   int writers = 4;
+  bool reserve = true;  // fallocate the file's blocks first (AtomicFile::reserve)
 };
 
 struct SaveStats {

@@ -59,6 +59,12 @@ int truncate_fd(int fd, uint64_t length) noexcept {
   return 0;
 }
 
+int reserve_fd(int fd, uint64_t length) noexcept {
+  while (::fallocate(fd, 0, 0, static_cast<off_t>(length)) != 0)
+    if (errno != EINTR) return errno;
+  return 0;
+}
+
 int sync_fd(int fd) noexcept {
   while (::fsync(fd) != 0)
     if (errno != EINTR) return errno;

@@ -29,6 +29,11 @@ int status_of_fd(int fd, FileStatus* out) noexcept;
 int status_of_path(const char* path, bool follow_links, FileStatus* out) noexcept;
 
 int truncate_fd(int fd, uint64_t length) noexcept;  // ftruncate
+// fallocate(fd, 0, 0, length): blocks reserved and the size set, so that
+// writes after it neither allocate nor extend the file. The Linux call, not
+// posix_fallocate (whose emulation writes zeros): EOPNOTSUPP where the file
+// system has none.
+int reserve_fd(int fd, uint64_t length) noexcept;
 int sync_fd(int fd) noexcept;                       // fsync
 // fchown; uid or gid -1 (as uint32_t: 0xffffffff) leaves that id as it is.
 int change_owner(int fd, uint32_t uid, uint32_t gid) noexcept;

@@ -95,7 +95,7 @@ std::vector<cuda::SaveDevice> devices_arg(nb::handle devices) {
 }
 
 nb::dict save(FileHandle& h, nb::handle header, nb::handle parts, nb::handle pool, nb::handle devices,
-              nb::handle slot_bytes, nb::handle slots, nb::handle writers, nb::handle like) {
+              nb::handle slot_bytes, nb::handle slots, nb::handle writers, nb::handle like, nb::handle reserve) {
   const load::FileLayout layout = layout_arg(header, parts);
   std::shared_ptr<Pool> ring_pool = nb::cast<PoolHandle&>(pool).pool;
   if (!ring_pool) throw InvalidArgument("save: the ring's pool is closed");
@@ -104,6 +104,7 @@ nb::dict save(FileHandle& h, nb::handle header, nb::handle parts, nb::handle poo
   o.slot_bytes = size_arg(slot_bytes, "slot_bytes");
   o.slots = size_arg(slots, "slots");
   o.writers = int_arg<int>(writers, "writers", 1, 64);
+  o.reserve = bool_arg(reserve, "reserve");
   const std::vector<std::string> like_paths = paths_arg(like, "like");
   std::shared_ptr<load::AtomicFile> file = h.file;  // held by this call until it returns
   load::SaveStats st;
@@ -197,7 +198,7 @@ void bind_write_pipeline(nb::module_& m) {
           "fsync_dir"_a = true)
       .def("abort", [](FileHandle& h) { h.file->abort(); }, "Closes and removes the temporary file (never raises).")
       .def("save", &save, "header"_a, "parts"_a, "pool"_a, "devices"_a, "slot_bytes"_a, "slots"_a, "writers"_a,
-           "like"_a,
+           "like"_a, "reserve"_a = true,
            "Writes the file whole from its layout (load/save_file.h): header bytes, then parts [(address, nbytes, "
            "device or -1)] in file order, through slots of `pool` (pinned where a part is on a GPU); devices: "
            "[(device, engine, stream: None for torch's current one, a handle or a torch.cuda.Stream)], each read "

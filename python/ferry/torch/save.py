@@ -57,6 +57,7 @@ from .pinned import default_pinned_pool
 SLOT_BYTES = 32 << 20
 SLOTS = 8
 WRITERS = 4
+RESERVE = True  # fallocate each file's blocks before writing it (src/load/atomic_file.h: AtomicFile::reserve)
 
 _lock = threading.Lock()
 _pageable_pool: Pool | None = None  # guarded by _lock; the ring for CPU-only saves
@@ -132,7 +133,8 @@ def write_file(path: str, items: list[Item], head: bytes, *, durable: bool, pool
             parts, devices = [(source.ptr, sum(it.nbytes for it in items), -1)], []
         else:
             parts, devices = _layout(items, keep)
-        f.save(head, parts, pool or host_pool(items), devices, slot_bytes=SLOT_BYTES, slots=SLOTS, writers=WRITERS)
+        f.save(head, parts, pool or host_pool(items), devices, slot_bytes=SLOT_BYTES, slots=SLOTS, writers=WRITERS,
+               reserve=RESERVE)
     except BaseException:
         f.abort()
         raise
