@@ -281,7 +281,8 @@ FERRY_API ferry_status_t ferry_copy_async(ferry_engine_t engine, void* dst, cons
  * the copy runs on a stream of the engine's, one per direction (so that two
  * threads copying opposite ways overlap), after the work queued on the legacy
  * default stream before the call; later work waits on the copy's event or
- * ferry_copy_wait, not on the legacy stream. */
+ * ferry_copy_wait, not on the legacy stream. stream cudaStreamLegacy: the
+ * legacy stream itself (later work queued there runs after the copy). */
 FERRY_API ferry_status_t ferry_copy_many_async(ferry_engine_t engine, void* const* dsts, const void* const* srcs,
                                                const size_t* sizes, size_t count, void* stream,
                                                ferry_strategy_t strategy, ferry_copy_t* out);

@@ -177,6 +177,20 @@ std::vector<int64_t> block_ids(nb::handle obj, const char* role) {
   return out;
 }
 
+namespace {
+
+// A stream the caller named (an int, a torch stream, torch's current stream):
+// handle 0 is then the legacy default stream itself, which later work on it
+// waits for. Only "no stream" (None, no torch tensor) is nullptr, the engine's
+// choice of stream (copy_engine.h).
+cudaStream_t named_stream(uintptr_t handle) {
+  // cudaStreamLegacy is ((cudaStream_t)0x1) (driver_types.h; the bindings
+  // include no CUDA header).
+  return reinterpret_cast<cudaStream_t>(handle == 0 ? uintptr_t{1} : handle);
+}
+
+}  // namespace
+
 cudaStream_t stream_of(nb::handle stream, int torch_device) {
   if (stream.is_none()) {
     if (torch_device < 0) return nullptr;
@@ -184,13 +198,13 @@ cudaStream_t stream_of(nb::handle stream, int torch_device) {
     // Kept for the life of the process (a static nb::object would be released
     // after the interpreter is gone).
     static PyObject* current = nb::object(nb::module_::import_("torch._C").attr("_cuda_getCurrentRawStream")).release().ptr();
-    return reinterpret_cast<cudaStream_t>(nb::cast<uintptr_t>(nb::handle(current)(torch_device)));
+    return named_stream(nb::cast<uintptr_t>(nb::handle(current)(torch_device)));
   }
   // A handle is an address: 0 .. 2**64-1 (stream=-1 or 2**64 was a std::bad_cast).
   if (PyLong_Check(stream.ptr()) && !PyBool_Check(stream.ptr()))
-    return reinterpret_cast<cudaStream_t>(int_arg<uintptr_t>(stream, "stream"));
+    return named_stream(int_arg<uintptr_t>(stream, "stream"));
   if (nb::hasattr(stream, "cuda_stream"))
-    return reinterpret_cast<cudaStream_t>(int_arg<uintptr_t>(stream.attr("cuda_stream"), "stream.cuda_stream"));
+    return named_stream(int_arg<uintptr_t>(stream.attr("cuda_stream"), "stream.cuda_stream"));
   throw InvalidArgument(std::string("stream must be an int handle or a torch.cuda.Stream, not ") + python_type_name(stream));
 }
 

@@ -65,6 +65,21 @@ def _count_calls(monkeypatch):
     return calls
 
 
+def test_to_host_non_blocking_is_done_once_the_current_stream_is(gpu):
+    """The copy runs on the tensor's current stream (torch's default stream here,
+    handle 0), so synchronizing that stream waits for it, as after Tensor.to(
+    non_blocking=True). A long kernel queued first keeps the copy in flight when
+    the stream would be idle without it: a copy on a stream of its own (2026-11-28:
+    ferry's per-direction stream) was still writing when the test read."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    t = torch.randint(0, 256, (256 << 20,), dtype=torch.uint8, device="cuda", generator=g)
+    expected = t.cpu()
+    torch.cuda._sleep(20_000_000)  # tens of ms of GPU time on the current stream
+    back = ft.to_host({"t": t}, non_blocking=True)
+    torch.cuda.current_stream().synchronize()
+    assert torch.equal(back["t"], expected)
+
+
 @pytest.mark.parametrize("non_blocking", [False, True])
 def test_to_host_from_two_gpus_is_one_call_per_gpu(gpu, monkeypatch, non_blocking):
     if torch.cuda.device_count() < 2:

@@ -163,7 +163,7 @@ def measure_case(count: int, size: int, layout: str, directions, regions, privat
         def ferry_calls(strategy, engine=None):
             if engine is None:
                 return [lambda w=ways[k]: copy_many_async(w[0], w[1], size, strategy=strategy) for k in legs]
-            return [lambda w=ways[k]: engine.copy_many_async(w[0], w[1], sizes, 0, strategy) for k in legs]
+            return [lambda w=ways[k]: engine.copy_many_async(w[0], w[1], sizes, None, strategy) for k in legs]
 
         def run(calls):
             wall, sub = (_timed(calls[0], repeats) if len(calls) == 1 else _timed_both(calls, repeats))
@@ -246,13 +246,19 @@ def gemm_slowdown(regions, size: int, total: int, sms: int | None, repeats: int)
     stop = threading.Event()
     moved = [0, 0]
 
+    failed = []
+
     def copier(k, w):
-        while not stop.is_set():
-            if engine is None:
-                copy_many_async(w[0], w[1], size).wait()
-            else:
-                engine.copy_many_async(w[0], w[1], sizes, 0, "sm").wait()
-            moved[k] += total
+        try:
+            while not stop.is_set():
+                if engine is None:
+                    copy_many_async(w[0], w[1], size).wait()
+                else:
+                    engine.copy_many_async(w[0], w[1], sizes, None, "sm").wait()
+                moved[k] += total
+        except BaseException as e:  # raised in the main thread below, not printed by the thread
+            failed.append(e)
+            stop.set()
 
     threads = [threading.Thread(target=copier, args=(k, ways[d])) for k, d in enumerate(("h2d", "d2h"))]
     for t in threads:
@@ -264,6 +270,8 @@ def gemm_slowdown(regions, size: int, total: int, sms: int | None, repeats: int)
     stop.set()
     for t in threads:
         t.join()
+    if failed:
+        raise failed[0]
     alone = median(alone + [gemms() for _ in range(repeats)])  # before and after: the clocks drift
     return {"block_bytes": size, "sms": sms or 0, "gemm_alone_ms": alone / 1e6 / GEMMS,
             "gemm_beside_ms": beside / 1e6 / GEMMS, "slowdown_pct": (beside / alone - 1) * 100,

@@ -223,8 +223,13 @@ void CopyEngine::copy_many(std::span<const CopyOp> ops, cudaStream_t stream, Str
 
 namespace {
 
-// The handles that mean "no stream": the legacy default stream.
-bool no_stream(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy; }
+// "No stream": the engine picks one (its stream for the call's direction).
+// cudaStreamLegacy, the legacy default stream named, is a stream like any
+// other: the copy runs on it, so later work there waits for the copy.
+bool no_stream(cudaStream_t s) { return s == nullptr; }
+
+// Streams cudaMemcpyBatchAsync refuses: one cudaMemcpyAsync per item there.
+bool default_stream(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread; }
 
 }  // namespace
 
@@ -300,7 +305,7 @@ Completion CopyEngine::impl_copy_many(std::span<const CopyOp> ops, cudaStream_t 
   }
   auto st = begin_copy(p.main, p.total);
   if (!p.dsts.empty()) {
-    if (stream == cudaStreamPerThread) {  // the batch API refuses the default streams: one call each
+    if (default_stream(stream)) {  // the batch API refuses the default streams: one call each
       for (size_t i = 0; i < p.dsts.size(); ++i)
         check(cudaMemcpyAsync(p.dsts[i], p.srcs[i], p.sizes[i], cudaMemcpyDefault, stream), "cudaMemcpyAsync (batch)");
     } else {

@@ -164,10 +164,12 @@ class CopyEngine {
   // sources are staged; device->host items of an async call take the
   // stream-ordered pipeline, one copy each. Errors name the item's index.
   // Pinned<->device items are checked by allocation range and merged where
-  // both sides continue the previous item (many_plan.h). stream == nullptr
-  // (or cudaStreamLegacy): the engine's stream for the call's direction,
-  // after the work queued on the legacy stream before the call; nothing
-  // later waits for it but the Completion (see impl_copy_many).
+  // both sides continue the previous item (many_plan.h). stream == nullptr:
+  // the engine's stream for the call's direction, after the work queued on
+  // the legacy stream before the call; nothing later waits for it but the
+  // Completion (see impl_copy_many). cudaStreamLegacy is the legacy stream
+  // itself (later work there waits for the copy): Python passes it where a
+  // stream was named, torch's default stream included.
   Completion copy_many_async(std::span<const CopyOp> ops, cudaStream_t stream,
                              Strategy strategy = Strategy::automatic);
   void copy_many(std::span<const CopyOp> ops, cudaStream_t stream = nullptr,
