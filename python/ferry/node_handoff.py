@@ -126,6 +126,12 @@ def _addresses(items, sizes, writable: bool, what: str):
         if known is None or any(n is None for n in known):
             raise InvalidArgumentError(f"{what}: addresses given as ints need sizes")
         lengths = np.array(known, np.int64)
+    elif isinstance(sizes, np.ndarray) and sizes.ndim == 1 and sizes.dtype.kind in "iu":
+        lengths = sizes.astype(np.int64)  # an array of sizes (numpy arrays also have __index__)
+        if len(lengths) != len(addrs):
+            raise InvalidArgumentError(f"sizes: {len(lengths)} sizes for {len(addrs)} items of {what}")
+        if len(lengths) and int(lengths.min()) < 0:
+            raise InvalidArgumentError(f"sizes: {int(lengths.min())} is negative")
     elif hasattr(type(sizes), "__index__") and not isinstance(sizes, bool):
         lengths = np.full(len(addrs), _args.size(sizes, "sizes"), np.int64)
     else:

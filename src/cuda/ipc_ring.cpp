@@ -53,13 +53,22 @@ class EngineMover : public node::HandoffMover {
     }
   }
   uint64_t start(void* const* d, const void* const* s, const size_t* n, size_t k) override {
-    std::vector<CopyOp> ops(k);
-    for (size_t i = 0; i < k; ++i) ops[i] = {d[i], s[i], n[i]};
-    cudaStream_t st;
-    {
-      ScopedDevice on(engine_.options().device);
-      st = stream_.get();
+    // Host memory on both sides (a consumer whose destinations are an offload
+    // tier in host memory, reading a host slot) is a memcpy here: the copy
+    // engine moves bytes between host and device only.
+    ScopedDevice on(engine_.options().device);  // the lookups and the stream need the context
+    std::vector<CopyOp> ops;
+    ops.reserve(k);
+    PointerLookup lookup;  // one driver query per allocation
+    for (size_t i = 0; i < k; ++i) {
+      if (n[i] == 0) continue;
+      if (lookup.classify(d[i], n[i]) != Memory::device && lookup.classify(s[i], n[i]) != Memory::device)
+        std::memcpy(d[i], s[i], n[i]);
+      else
+        ops.push_back({d[i], s[i], n[i]});
     }
+    k = ops.size();
+    cudaStream_t st = stream_.get();
     Completion& slot = done_[next_ % kSlots];
     if (slot.valid()) slot.wait();  // the protocol waited for it already: a no-op
     slot = k ? engine_.copy_many_async(ops, st) : Completion();

@@ -242,8 +242,11 @@ static void bad_arguments_are_refused(void) {
   st.struct_size = 3; /* not set properly */
   CHECK(ferry_handoff_get_stats(h, &st) == FERRY_ERROR_INVALID_ARGUMENT);
   CHECK(ferry_handoff_destroy(h) == FERRY_SUCCESS);
-  /* a GPU side: opens where there is a device, else says there is none */
-  const ferry_status_t s = ferry_handoff_open(pool, "gpu", NULL, 0, &h);
+  /* a GPU side: opens where there is a device, else says there is none (small
+   * slots: the defaults, 4 x 64 MiB, do not fit this 4 MiB pool) */
+  o.slots = 2;
+  o.slot_bytes = 64 << 10;
+  const ferry_status_t s = ferry_handoff_open(pool, "gpu", &o, 0, &h);
   CHECK(s == FERRY_SUCCESS || s == FERRY_ERROR_NO_DEVICE);
   if (s == FERRY_SUCCESS) CHECK(ferry_handoff_destroy(h) == FERRY_SUCCESS);
   CHECK(ferry_node_pool_destroy(pool) == FERRY_SUCCESS);

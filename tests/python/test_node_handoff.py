@@ -95,7 +95,11 @@ def test_blocks_cross_between_processes_bit_exact_over_many_rounds(slots):
         for r in range(rounds):
             expected = _round_items(seed, r)
             out = [np.full(a.nbytes + 3, 0xEE, np.uint8) for a in expected]  # 3 guard bytes each
-            got = h.recv([a.ctypes.data for a in out], [a.nbytes for a in expected])
+            sizes = [a.nbytes for a in expected]
+            if r % 2:  # as ferry bench node passes them: int64 arrays of addresses and of sizes
+                got = h.recv(np.array([a.ctypes.data for a in out], np.int64), np.array(sizes, np.int64))
+            else:
+                got = h.recv([a.ctypes.data for a in out], sizes)
             assert got == plan([a.nbytes for a in expected], h.slot_bytes)[0]
             for i, (a, b) in enumerate(zip(expected, out)):
                 assert np.array_equal(a, b[: a.nbytes]), f"round {r} item {i} ({a.nbytes} bytes) differs"
@@ -268,6 +272,12 @@ def test_sizes_must_match_the_items():
         h.send([bytearray(8)], [4, 4])
     with pytest.raises(InvalidArgumentError, match=r"sizes\[0\]=9: srcs\[0\] holds only 8 bytes"):
         h.send([bytearray(8)], [9])
+    buf = np.zeros(64, np.uint8)
+    addrs = np.array([buf.ctypes.data, buf.ctypes.data + 32], np.int64)
+    with pytest.raises(InvalidArgumentError, match="3 sizes for 2 items"):
+        h.send(addrs, np.array([4, 4, 4], np.int64))
+    with pytest.raises(InvalidArgumentError, match="-4 is negative"):
+        h.send(addrs, np.array([4, -4], np.int64))
     h.close()
 
 
