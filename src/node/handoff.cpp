@@ -322,6 +322,18 @@ uint64_t Handoff::send(const void* const* srcs, const uint64_t* sizes, size_t n)
   std::vector<const void*> s;
   std::vector<size_t> len;
   stats_.last_pool_slots = stats_.last_peer_slots = 0;
+  // Under auto, small blocks take the pool: GPU to GPU they move as one DMA
+  // descriptor each, slower than through host memory (2x H100, 2026-11-28:
+  // 64 KiB blocks 13.2 GB/s peer, 39.9 pool; 600 blocks of 64 KiB-2 MiB,
+  // 107 peer, 42.3 pool; 2 MiB 273 peer, 44 pool).
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += sizes[i];
+  const bool small_blocks =
+      options_.route == HandoffRoute::automatic && n > 0 && total / n < options_.peer_min_mean_bytes;
+  if (small_blocks && device_)
+    refused_why_ = "blocks of this send average " + std::to_string(total / n) + " bytes, below " +
+                   std::to_string(options_.peer_min_mean_bytes) +
+                   ": GPU to GPU they move slower than through the pool";
   try {
     for (size_t c = 0; c < plan.chunk_count(); ++c) {
       const uint64_t b = sent_;
@@ -333,7 +345,7 @@ uint64_t Handoff::send(const void* const* srcs, const uint64_t* sizes, size_t n)
         land(plan.stream_bytes, n, call);
       wait(drained_word(slot), round, false,
            "drain slot " + std::to_string(slot) + " (batch " + std::to_string(b) + ")", options_.timeout_s, -1);
-      const HandoffRoute route = producer_route(slot);  // on peer: RING_BEGIN bumped
+      const HandoffRoute route = small_blocks ? HandoffRoute::pool : producer_route(slot);  // peer: RING_BEGIN bumped
       char* base = route == HandoffRoute::peer ? mapped_ + uint64_t{slot} * options_.slot_bytes : host_slot(slot);
       d.clear(), s.clear(), len.clear();
       for (size_t i = plan.chunks[c]; i < plan.chunks[c + 1]; ++i) {

@@ -111,6 +111,8 @@ constexpr uint32_t kHandoffHeaderWords = 64;
 constexpr uint32_t kHandoffMetaWords = 8;
 constexpr size_t kHandoffExportBytes = 64;  // RING_HANDLE
 constexpr size_t kHandoffBusIdBytes = 16;   // RING_BUS
+// HandoffOptions::peer_min_mean_bytes's default
+constexpr uint64_t kHandoffPeerMinMeanBytes = uint64_t{256} << 10;
 
 // Header words (see the protocol above).
 enum HandoffWord : uint32_t {
@@ -237,6 +239,10 @@ struct HandoffOptions {
   double timeout_s = 60;               // a wait's limit (kForever: none; negative or NaN refused)
   double poll_s = 0.25;                // how often a wait checks the peer (> 0, finite)
   HandoffRoute route = HandoffRoute::automatic;
+  // route automatic: a send whose blocks average fewer bytes goes through the
+  // pool even where the device ring is there (GPU to GPU, small blocks move
+  // one DMA descriptor each, slower than through host memory; see send()).
+  uint64_t peer_min_mean_bytes = kHandoffPeerMinMeanBytes;
 };
 
 struct HandoffStats {

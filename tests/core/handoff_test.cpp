@@ -108,6 +108,7 @@ HandoffOptions options(uint32_t slots, uint64_t slot_bytes, double timeout = 30,
   o.timeout_s = timeout;
   o.poll_s = 0.05;
   o.route = route;
+  o.peer_min_mean_bytes = 0;  // these tests follow the protocol; the policy has its own test
   return o;
 }
 
@@ -184,6 +185,9 @@ class Peer {
   pid_t pid_ = -1;
 };
 
+// producer-policy's peer_min_mean_bytes: round_sizes' means fall on both sides of it.
+constexpr uint64_t kPolicyMeanBytes = 4500;
+
 std::string args_of(const std::string& role, const std::string& name, uint32_t slots, uint64_t slot_bytes, int rounds,
                     uint64_t seed) {
   return role + " " + name + " " + std::to_string(slots) + " " + std::to_string(slot_bytes) + " " +
@@ -206,6 +210,7 @@ bool wait_go(NodePool& pool, double timeout_s) {
 //   producer         sends `rounds` rounds, drains, closes
 //   producer-peer    the same with a HostRing device: 3 rounds, then waits for "go", then the rest
 //   producer-ring    the same with a HostRing device, no wait
+//   producer-policy  producer-ring with peer_min_mean_bytes = kPolicyMeanBytes
 //   consumer-exit    receives `rounds` rounds, then _exit(0) without closing anything
 //   consumer-stall   receives `rounds` rounds, then sleeps
 TEST(HandoffPeer, DISABLED_Run) {
@@ -218,12 +223,14 @@ TEST(HandoffPeer, DISABLED_Run) {
   int rounds;
   in >> role >> name >> slots >> slot_bytes >> rounds >> seed;
   auto pool = open_pool(name, role.c_str());
-  if (role == "producer" || role == "producer-peer" || role == "producer-ring") {
+  if (role == "producer" || role == "producer-peer" || role == "producer-ring" || role == "producer-policy") {
     const bool peer = role != "producer";
     const bool hold = role == "producer-peer";
     auto ring = peer ? std::make_unique<HostRing>(pool) : nullptr;
     HostRing* r = ring.get();
-    Handoff h(pool, "kv", options(slots, slot_bytes), host_copy_many, std::move(ring));
+    HandoffOptions o = options(slots, slot_bytes);
+    if (role == "producer-policy") o.peer_min_mean_bytes = kPolicyMeanBytes;
+    Handoff h(pool, "kv", o, host_copy_many, std::move(ring));
     for (int i = 0; i < rounds; ++i) {
       if (hold && i == 3) {
         ASSERT_TRUE(wait_go(*pool, 60));
@@ -292,6 +299,36 @@ TEST(Handoff, AMixedRunReadsEachSlotFromWhereItWentPoolFirstThenTheDeviceRing) {
   EXPECT_EQ(producer.finish(), 0);
   h.close();
   EXPECT_TRUE(r->freed);  // the producer unmapped (drain) and left: the ring was freed
+}
+
+// route auto: a send whose blocks average below peer_min_mean_bytes goes through
+// the pool although the ring is published, a larger one through the ring; each
+// slot is read from where it went. (Rounds sent before the first recv published
+// the ring took the pool whatever their sizes: the first `slots` are not judged.)
+TEST(Handoff, UnderAutoSmallBlocksTakeThePoolAndLargeOnesTheRing) {
+  const std::string name = unique_name("ho-policy");
+  const uint64_t seed = test_seed();
+  const uint32_t slots = 2;
+  const int rounds = 40;
+  auto pool = open_pool(name, "consumer (test)");
+  Handoff h(pool, "kv", options(slots, 512 << 10), host_copy_many, std::make_unique<HostRing>(pool));
+  Peer producer(args_of("producer-policy", name, slots, 512 << 10, rounds, seed));  // a round fits one slot
+  int small = 0, large = 0;
+  for (int r = 0; r < rounds; ++r) {
+    ASSERT_EQ(recv_round(h, seed, r), "") << "seed " << seed;
+    const auto sizes = round_sizes(seed, r);
+    uint64_t total = 0;
+    for (uint64_t n : sizes) total += n;
+    if (r < static_cast<int>(slots)) continue;
+    const bool below = total / sizes.size() < kPolicyMeanBytes;
+    (below ? small : large) += 1;
+    EXPECT_EQ(h.stats().last_peer_slots, below ? 0u : 1u) << "round " << r << ", mean " << total / sizes.size()
+                                                          << ", seed " << seed;
+    EXPECT_EQ(h.stats().last_pool_slots, below ? 1u : 0u) << "round " << r << ", seed " << seed;
+  }
+  EXPECT_EQ(producer.finish(), 0);
+  EXPECT_GT(small, 0) << "seed " << seed;  // both sides of the threshold were seen
+  EXPECT_GT(large, 0) << "seed " << seed;
 }
 
 // The device ring with 1 and 2 slots: a send lands its batch in flight before a

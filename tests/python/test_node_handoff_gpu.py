@@ -48,9 +48,12 @@ def _two_gpus_reaching(gpu) -> tuple[int, int]:
     return 0, 1
 
 
-def _sizes(seed: int, r: int, big: bool) -> list[int]:
+def _sizes(seed: int, r: int, big: bool | str) -> list[int]:
     """Round r: KV-like blocks (64 KiB, 2 MiB) and odd sizes, zeros now and then."""
     rng = np.random.default_rng(seed * 31 + r)
+    if big == "kv":  # blocks averaging >= 256 KiB (auto sends smaller ones by the pool); a round in 8 MiB
+        kinds = [256 << 10, 1 << 20, 300_001]
+        return [kinds[k] for k in rng.integers(0, len(kinds), int(rng.integers(2, 7)))]
     kinds = [64 << 10, 2 << 20, 65535, 1, 0] if big else [4096, 65536, 777, 1, 0]
     odd = int(rng.integers(1, 3 << 20 if big else 100_000))
     sizes = [kinds[k] if k < len(kinds) else odd for k in rng.integers(0, len(kinds) + 1, int(rng.integers(5, 40)))]
@@ -204,12 +207,23 @@ def test_a_mixed_run_sends_the_first_slots_by_the_pool_then_gpu_to_gpu(gpu):
     GPU. Each slot is read from where it went."""
     seed = _seed()
     devices = (0, 1) if len(gpu["devices"]) >= 2 and _reach(0, 1) else (0, 0)
-    opts = {"slots": 4, "slot_bytes": 8 << 20, "big": False, "hold": 3}  # a round fits one slot
+    opts = {"slots": 4, "slot_bytes": 8 << 20, "big": "kv", "hold": 3}  # a round fits one slot
     rounds = 12
     out = _run(devices, ("auto", "auto"), rounds, opts, seed)
     st = out["consumer"]["stats"]
     assert st["pool_slots"] == 3 and st["peer_slots"] == rounds - 3, (devices, st)
     assert out["consumer"]["routes"][:3] == ["pool"] * 3 and out["consumer"]["routes"][3:] == ["peer"] * (rounds - 3)
+
+
+def test_small_blocks_take_the_pool_under_auto_even_with_the_ring_published(gpu):
+    """Blocks averaging below 256 KiB go through the pool under route="auto": GPU to
+    GPU they move one DMA descriptor each, slower than through host memory (2x H100:
+    64 KiB blocks 13.2 GB/s peer, 39.9 pool)."""
+    seed = _seed()
+    devices = (0, 1) if len(gpu["devices"]) >= 2 and _reach(0, 1) else (0, 0)
+    out = _run(devices, ("auto", "auto"), 4, dict(OPTS, big=False), seed)
+    st = out["consumer"]["stats"]
+    assert st["peer_slots"] == 0 and st["pool_slots"] == st["received"] > 0, st
 
 
 def test_host_destinations_take_the_pool_under_auto(gpu):
