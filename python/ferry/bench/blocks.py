@@ -306,6 +306,8 @@ def measure(cases, layouts, directions, repeats: int, sm_counts=(), gemm=True, t
         if gemm and have_torch:
             total = min(largest, 256 * MiB)
             for size, sms in [(4 * KiB, None), *[(4 * KiB, n) for n in sm_counts], (2 * MiB, None)]:
+                if total < size:  # no whole block in the largest case's regions (a small --blocks)
+                    continue
                 g = gemm_slowdown(regions, size, total, sms, repeats)
                 out["gemm"].append(g)
                 progress(f"GEMM beside {size // KiB} KiB copies (sms {g['sms'] or 'default'}): "
