@@ -136,18 +136,12 @@ int send_with_fd(int fd, const void* data, size_t bytes, int passed) noexcept {
 }
 
 int receive_with_fd(int fd, void* data, size_t bytes, size_t* got, int* passed_out) noexcept {
-  FdMessage m(data, bytes);
-  msghdr& msg = m.msg;
-  ssize_t n;
-  do n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-  while (n < 0 && errno == EINTR);
-  if (n < 0) return errno;
+  size_t n = 0;
   int passed = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
-      std::memcpy(&passed, CMSG_DATA(c), sizeof(int));
+  bool truncated = false;
+  if (const int e = receive_message(fd, data, bytes, &n, &passed, &truncated)) return e;
   if (passed < 0) return n == 0 ? ECONNRESET : EPROTO;
-  *got = static_cast<size_t>(n);
+  *got = n;
   *passed_out = passed;
   return 0;
 }

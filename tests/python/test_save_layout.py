@@ -27,19 +27,7 @@ import ferry.torch as ft  # noqa: E402
 from ferry import _ferry  # noqa: E402
 from ferry.torch import save as save_mod  # noqa: E402
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int16,
-          torch.int32, torch.int64, torch.bool, torch.complex64]
-DTYPES += [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")
-           if hasattr(torch, n)]
-
-
-def rand(shape, dtype, g, device="cpu"):
-    n = 1
-    for s in shape:
-        n *= s
-    k = torch.empty((), dtype=dtype).element_size()
-    raw = torch.randint(0, 2 if dtype == torch.bool else 256, (n * k,), dtype=torch.uint8, generator=g)
-    return (raw.view(dtype).view(shape) if n else torch.empty(shape, dtype=dtype)).to(device)
+from random_tensors import DTYPES, rand  # noqa: E402
 
 
 def random_sd(g, count, device="cpu"):
