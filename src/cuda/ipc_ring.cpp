@@ -97,22 +97,6 @@ std::unique_ptr<node::HandoffMover> engine_handoff_mover(CopyEngine& engine) {
   return std::make_unique<EngineMover>(engine);
 }
 
-node::HandoffCopy engine_handoff_copy(CopyEngine& engine) {
-  const int device = engine.options().device;
-  auto stream = std::make_shared<OwnStream>(device);
-  return [&engine, stream, device](void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) {
-    if (n == 0) return;
-    std::vector<CopyOp> ops(n);
-    for (size_t i = 0; i < n; ++i) ops[i] = {dsts[i], srcs[i], sizes[i]};
-    cudaStream_t s;
-    {
-      ScopedDevice on(device);
-      s = stream->get();
-    }
-    engine.copy_many(ops, s);  // returns when the bytes are in place
-  };
-}
-
 bool devices_reach(int from, int to) {
   if (from == to) return true;
   int can = 0;

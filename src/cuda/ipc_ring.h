@@ -39,13 +39,10 @@ namespace ferry::cuda {
 
 class CopyEngine;
 
-// The pool route's copy function for a side with a GPU: the copy engine's
-// copy_many (pinned pool slots <-> device, any host memory too) on a
-// non-blocking stream of its own on the engine's device, waited for. The
-// stream lives as long as the function (copies of it share it).
-node::HandoffCopy engine_handoff_copy(CopyEngine& engine);
-// The same as a mover: start() is the engine's copy_many_async on that stream
-// (pinned items: one DMA batch), wait() waits for its Completion.
+// The pool route's mover for a side with a GPU: start() is the copy engine's
+// copy_many_async (pinned pool slots <-> device; host memory on both sides is
+// a memcpy) on a non-blocking stream of its own on the engine's device,
+// wait() waits for its Completion.
 std::unique_ptr<node::HandoffMover> engine_handoff_mover(CopyEngine& engine);
 
 // Whether memory of GPU `to` can be written from GPU `from` (the same GPU, or

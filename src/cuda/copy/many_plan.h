@@ -19,10 +19,10 @@
 #include "cuda/copy/copy_engine.h"
 #include "cuda/copy/eager_copy.h"
 #include "cuda/copy/pointer_checks.h"
+#include "cuda/pointer_lookup.h"  // split_at_registrations calls into it
 
 namespace ferry::cuda {
 
-class PointerLookup;
 
 // Calls emit(dst, src, n) for the pieces of one DMA copy, cut where either
 // side's pinned registration ends (PointerLookup::pinned_bytes_after).
