@@ -77,7 +77,9 @@ class HostRing : public HandoffDevice {
 
 uint64_t test_seed() {
   static const uint64_t seed = [] {
-    const uint64_t s = std::random_device{}() & 0xFFFF;
+    // FERRYTEST_SEED replays a printed seed.
+    const char* replay = std::getenv("FERRYTEST_SEED");
+    const uint64_t s = replay ? std::strtoull(replay, nullptr, 10) : std::random_device{}() & 0xFFFF;
     std::printf("handoff_test seed %llu\n", static_cast<unsigned long long>(s));
     return s;
   }();

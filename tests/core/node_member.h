@@ -36,6 +36,7 @@ inline void fill(char* p, size_t bytes, uint64_t seed) {
   }
 }
 inline bool holds(const char* p, size_t bytes, uint64_t seed) {
+  if (bytes == 0) return true;  // memcmp's pointers must not be null, even for 0 bytes
   std::vector<char> want(bytes);
   fill(want.data(), bytes, seed);
   return std::memcmp(p, want.data(), bytes) == 0;
