@@ -1,7 +1,7 @@
 """ferry's exceptions: every error ferry raises is one of these classes.
 
 One class per ferry_status_t of the C API (the exception translator in
-src/python/module.cpp maps each status to its class), one base for every timeout, and the classes of the Python layers (node Handoff,
+src/python/error_bindings.cpp maps each status to its class), one base for every timeout, and the classes of the Python layers (node Handoff,
 node loads, NIXL, the DataLoader, the allocators). docs/errors.md lists each
 with what raises it.
 

@@ -606,6 +606,8 @@ void bind_processes(nb::module_& m) {
 }  // namespace
 
 void bind_os(nb::module_& m) {
+  // O_DIRECT's alignment, one fact for the C++ loader and Python's writers.
+  m.attr("DIRECT_IO_ALIGNMENT") = os::kDirectIoAlignment;
   bind_files(m);
   bind_memory(m);
   bind_span(m);

@@ -176,10 +176,10 @@ def _status_enum() -> list[str]:
 def test_every_c_status_has_its_class_in_the_translator():
     statuses = _status_enum()
     assert "FERRY_ERROR_INTERNAL" in statuses and len(statuses) >= 7
-    source = (ROOT / "src" / "python" / "module.cpp").read_text()
+    source = (ROOT / "src" / "python" / "error_bindings.cpp").read_text()
     mapped = dict(re.findall(r'case (FERRY_ERROR_\w+): return "(\w+)";', source))
     missing = [s for s in statuses if s not in mapped]
-    assert not missing, f"statuses without a class in src/python/module.cpp's error_class(): {missing}"
+    assert not missing, f"statuses without a class in src/python/error_bindings.cpp's error_class(): {missing}"
     for status, cls in mapped.items():
         assert isinstance(getattr(fe, cls, None), type), f"{status} -> {cls}, not in ferry.errors"
     assert mapped["FERRY_ERROR_INTERNAL"] == "InternalError"
