@@ -19,6 +19,7 @@ void bind_managed(nanobind::module_& m);         // PyTorch allocators: managed_
 void bind_load(nanobind::module_& m);            // checkpoint loader, safetensors: load_bindings.cpp
 void bind_node(nanobind::module_& m);            // the node pool: node_bindings.cpp
 void bind_handoff(nanobind::module_& m);         // the node handoff: handoff_bindings.cpp
+void bind_node_file(nanobind::module_& m);       // the node load's file protocol: node_file_bindings.cpp
 void bind_write_pipeline(nanobind::module_& m);  // load/write_pipeline.h: write_pipeline_bindings.cpp
 void bind_os(nanobind::module_& m);              // src/os for python/ferry: os_bindings.cpp
 
