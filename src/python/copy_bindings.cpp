@@ -303,9 +303,24 @@ std::vector<cuda::CopyOp> int_ops(const std::vector<uintptr_t>& dsts, const std:
   return ops;
 }
 
-}  // namespace
+// Addresses as ints (benchmarks, private engines); every argument is checked
+// by args.h (a wrong type is an InvalidArgumentError naming it).
+void* int_address(nb::handle h, const char* name) { return ptr(int_arg<uintptr_t>(h, name)); }
+cudaStream_t int_stream(nb::handle h) { return reinterpret_cast<cudaStream_t>(int_arg<uintptr_t>(h, "stream")); }
 
-void bind_copy(nb::module_& m) {
+nb::dict engine_stats(const cuda::CopyEngine& e) {
+  nb::dict d = stats_dict(e.stats());  // refuses in a forked child
+  // Placement, fixed at creation: the host NUMA node the engine serves its
+  // device from (-1: none) and its crew (threads counting the caller; the
+  // CPUs they are bound to, [] when not bound).
+  d["numa_node"] = e.numa_node();
+  d["crew_threads"] = e.crew().threads() + 1;
+  d["crew_cpus"] = e.crew().cpus();
+  return d;
+}
+
+// What a copy argument resolves to (copy_args.h), and the huge-page hint.
+void bind_copy_args(nb::module_& m) {
   m.def("buffer_address",
         [](nb::handle obj, bool writable) {
           const CopyArg a = resolve_copy_arg(obj, writable, "obj");
@@ -320,7 +335,20 @@ void bind_copy(nb::module_& m) {
         },
         "obj"_a.none(), "writable"_a = false,
         "(address, nbytes or None, cuda device or None) of a copy argument.");
+  m.def("advise_huge",
+        [](uintptr_t address, size_t nbytes) {
+          // The whole 2 MiB pages inside [address, address + nbytes).
+          const uintptr_t huge = uintptr_t{2} << 20;
+          const uintptr_t begin = (address + huge - 1) & ~(huge - 1), end = (address + nbytes) & ~(huge - 1);
+          return end > begin && os::advise_huge(ptr(begin), end - begin) == 0;
+        },
+        "address"_a, "nbytes"_a,
+        "Ask for transparent huge pages in the whole 2 MiB pages of a range not yet touched (advice: "
+        "False where the kernel refuses). First touch of fresh memory is 3x faster with them in a VM.");
+}
 
+// The Copy a copy_async returns (cuda::Completion).
+void bind_completion(nb::module_& m) {
   nb::class_<cuda::Completion>(m, "Copy")
       .def("wait",
            [](cuda::Completion& c) {
@@ -332,8 +360,10 @@ void bind_copy(nb::module_& m) {
       .def_prop_ro("event", [](const cuda::Completion& c) { return reinterpret_cast<uintptr_t>(c.event()); })
       .def_prop_ro("nbytes", &cuda::Completion::bytes)
       .def_prop_ro("seconds", &cuda::Completion::seconds);
+}
 
-  // Object-level calls (python/ferry/copy.py).
+// Object-level calls (python/ferry/copy.py) on the process's engines.
+void bind_copy_calls(nb::module_& m) {
   m.def("copy",
         [](nb::handle dst, nb::handle src, nb::handle nbytes, nb::handle stream, nb::handle strategy,
            nb::handle device) {
@@ -371,24 +401,14 @@ void bind_copy(nb::module_& m) {
         "src_block_stride"_a.none() = nb::none(), "dst_layer_stride"_a.none() = nb::none(),
         "src_layer_stride"_a.none() = nb::none(), "stream"_a.none() = nb::none(), "strategy"_a.none() = nb::none(),
         "device"_a.none() = nb::none(), "wait"_a = true);
-  m.def("advise_huge",
-        [](uintptr_t address, size_t nbytes) {
-          // The whole 2 MiB pages inside [address, address + nbytes).
-          const uintptr_t huge = uintptr_t{2} << 20;
-          const uintptr_t begin = (address + huge - 1) & ~(huge - 1), end = (address + nbytes) & ~(huge - 1);
-          return end > begin && os::advise_huge(ptr(begin), end - begin) == 0;
-        },
-        "address"_a, "nbytes"_a,
-        "Ask for transparent huge pages in the whole 2 MiB pages of a range not yet touched (advice: "
-        "False where the kernel refuses). First touch of fresh memory is 3x faster with them in a VM.");
   m.def("engine", [](nb::handle device) -> cuda::CopyEngine& { return engine_for(int_arg<int>(device, "device", 0, kMaxDevices - 1)); },
         "device"_a.none() = 0, nb::rv_policy::reference,
         "The process's copy engine for `device` (made on first use).");
+}
 
-  // Addresses as ints (benchmarks, private engines); every argument is checked
-  // by args.h (a wrong type is an InvalidArgumentError naming it).
-  auto address = [](nb::handle h, const char* name) { return ptr(int_arg<uintptr_t>(h, name)); };
-  auto stream_handle = [](nb::handle h) { return reinterpret_cast<cudaStream_t>(int_arg<uintptr_t>(h, "stream")); };
+// The Engine class: addresses as ints (int_address), for benchmarks and
+// private engines with their own machine profile.
+void bind_engine_class(nb::module_& m) {
   nb::class_<cuda::CopyEngine>(m, "Engine")
       .def("__init__",
            [](cuda::CopyEngine* e, nb::handle device, nb::handle profile) {
@@ -401,41 +421,41 @@ void bind_copy(nb::module_& m) {
            },
            "device"_a.none() = 0, "profile"_a.none() = nb::none())
       .def("copy",
-           [=](cuda::CopyEngine& e, nb::handle dst, nb::handle src, nb::handle n, nb::handle stream,
+           [](cuda::CopyEngine& e, nb::handle dst, nb::handle src, nb::handle n, nb::handle stream,
                nb::handle strategy) {
-             void *d = address(dst, "dst"), *s = address(src, "src");
+             void *d = int_address(dst, "dst"), *s = int_address(src, "src");
              const size_t bytes = size_arg(n, "nbytes");
-             const cudaStream_t st = stream_handle(stream);
+             const cudaStream_t st = int_stream(stream);
              Strategy how = strategy_of(strategy);
              ferry::python::GilRelease unlocked;
              e.copy(d, s, bytes, st, how);
            },
            "dst"_a.none(), "src"_a.none(), "nbytes"_a.none(), "stream"_a.none() = 0, "strategy"_a.none() = nb::none())
       .def("copy_async",
-           [=](cuda::CopyEngine& e, nb::handle dst, nb::handle src, nb::handle n, nb::handle stream,
+           [](cuda::CopyEngine& e, nb::handle dst, nb::handle src, nb::handle n, nb::handle stream,
                nb::handle strategy) {
-             void *d = address(dst, "dst"), *s = address(src, "src");
+             void *d = int_address(dst, "dst"), *s = int_address(src, "src");
              const size_t bytes = size_arg(n, "nbytes");
-             const cudaStream_t st = stream_handle(stream);
+             const cudaStream_t st = int_stream(stream);
              Strategy how = strategy_of(strategy);
              ferry::python::GilRelease unlocked;
              return e.copy_async(d, s, bytes, st, how);
            },
            "dst"_a.none(), "src"_a.none(), "nbytes"_a.none(), "stream"_a.none() = 0, "strategy"_a.none() = nb::none())
       .def("copy_many_async",
-           [=](cuda::CopyEngine& e, nb::handle dsts, nb::handle srcs, nb::handle sizes, nb::handle stream,
+           [](cuda::CopyEngine& e, nb::handle dsts, nb::handle srcs, nb::handle sizes, nb::handle stream,
                nb::handle strategy) {
              auto ops = int_ops(addresses(dsts, "dsts"), addresses(srcs, "srcs"), addresses(sizes, "sizes"));
-             const cudaStream_t st = stream_handle(stream);
+             const cudaStream_t st = int_stream(stream);
              Strategy how = strategy_of(strategy);
              ferry::python::GilRelease unlocked;
              return e.copy_many_async(ops, st, how);
            },
            "dsts"_a.none(), "srcs"_a.none(), "sizes"_a.none(), "stream"_a.none() = 0, "strategy"_a.none() = nb::none())
       .def("plan",
-           [=](cuda::CopyEngine& e, nb::handle dst, nb::handle src, nb::handle n, nb::handle strategy) {
-             return std::string(strategy_name(
-                 e.plan(address(dst, "dst"), address(src, "src"), size_arg(n, "nbytes"), strategy_of(strategy))));
+           [](cuda::CopyEngine& e, nb::handle dst, nb::handle src, nb::handle n, nb::handle strategy) {
+             return std::string(strategy_name(e.plan(int_address(dst, "dst"), int_address(src, "src"),
+                                                     size_arg(n, "nbytes"), strategy_of(strategy))));
            },
            "dst"_a.none(), "src"_a.none(), "nbytes"_a.none(), "strategy"_a.none() = nb::none())
       .def("warm_up",
@@ -443,21 +463,13 @@ void bind_copy(nb::module_& m) {
              ferry::python::GilRelease unlocked;
              e.warm_up();
            })
-      .def("stats",
-           [](const cuda::CopyEngine& e) {
-             nb::dict d = stats_dict(e.stats());  // refuses in a forked child
-             // Placement, fixed at creation: the host NUMA node the engine serves its
-             // device from (-1: none) and its crew (threads counting the caller; the
-             // CPUs they are bound to, [] when not bound).
-             d["numa_node"] = e.numa_node();
-             d["crew_threads"] = e.crew().threads() + 1;
-             d["crew_cpus"] = e.crew().cpus();
-             return d;
-           })
+      .def("stats", &engine_stats)
       .def_prop_ro("device", [](const cuda::CopyEngine& e) { return e.options().device; });
+}
 
-  // A fixed block list launched many times (cuda/copy/block_plan.h): the SM
-  // kernel's graph-capturable form. Addresses as copy_many takes them.
+// A fixed block list launched many times (cuda/copy/block_plan.h): the SM
+// kernel's graph-capturable form. Addresses as copy_many takes them.
+void bind_block_plan(nb::module_& m) {
   nb::class_<cuda::BlockPlan>(m, "BlockPlan")
       .def("__init__",
            [](cuda::BlockPlan* plan, nb::handle dsts, nb::handle srcs, nb::handle sizes, nb::handle device,
@@ -480,7 +492,10 @@ void bind_copy(nb::module_& m) {
       .def_prop_ro("items", &cuda::BlockPlan::items)
       .def_prop_ro("pieces", &cuda::BlockPlan::pieces)
       .def_prop_ro("nbytes", &cuda::BlockPlan::bytes);
+}
 
+// Host memory pinned for a device (cuda/registration.h).
+void bind_registration(nb::module_& m) {
   nb::class_<cuda::Registration>(m, "Registration")
       .def("__init__",
            [](cuda::Registration* r, nb::handle p, nb::handle n, nb::handle device) {
@@ -493,6 +508,17 @@ void bind_copy(nb::module_& m) {
            "ptr"_a.none(), "nbytes"_a.none(), "device"_a.none() = 0)
       .def_prop_ro("base", [](const cuda::Registration& r) { return reinterpret_cast<uintptr_t>(r.base()); })
       .def_prop_ro("registered_bytes", &cuda::Registration::registered_bytes);
+}
+
+}  // namespace
+
+void bind_copy(nb::module_& m) {
+  bind_copy_args(m);
+  bind_completion(m);
+  bind_copy_calls(m);
+  bind_engine_class(m);
+  bind_block_plan(m);
+  bind_registration(m);
 }
 
 }  // namespace ferry::python

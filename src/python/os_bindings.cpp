@@ -126,7 +126,113 @@ size_t read_into(int fd, const std::string& name, nb::handle offset_arg, nb::han
   return got;
 }
 
-void bind_files(nb::module_& m) {
+// read_range for a ferry File, a descriptor of a regular file, or a path.
+size_t read_range_of(nb::handle file, nb::handle offset, nb::handle address, nb::handle nbytes, nb::handle threads,
+                     nb::handle allow_short) {
+  const bool short_ok = bool_arg(allow_short, "allow_short");
+  if (nb::isinstance<File>(file)) {
+    const File& f = nb::cast<const File&>(file);
+    return read_into(f.live(), f.name, offset, address, nbytes, threads, short_ok);
+  }
+  if (PyLong_Check(file.ptr()) && !PyBool_Check(file.ptr())) {
+    const int fd = int_arg<int>(file, "file", 0, INT_MAX);
+    const std::string name = "descriptor " + std::to_string(fd);
+    os::FileIdentity id;
+    check(os::file_identity(fd, &id), "fstat of " + name);
+    if (!S_ISREG(id.mode)) throw InvalidArgument(name + ": " + kind_of(id.mode) + ", not a regular file");
+    return read_into(fd, name, offset, address, nbytes, threads, short_ok);
+  }
+  File f(path_arg(file, "file"), display_name(file), false);
+  return read_into(f.fd, f.name, offset, address, nbytes, threads, short_ok);
+}
+
+nb::tuple path_identity(nb::handle path) {
+  const std::string p = path_arg(path, "path");
+  os::FileIdentity id;
+  int err;
+  {
+    GilRelease unlocked;
+    err = os::path_identity(p.c_str(), &id);
+  }
+  check(err, "stat of " + display_name(path));
+  return identity_tuple(id);
+}
+
+// read_regular_file's body: (bytes, '', False) or (None, why, missing).
+nb::tuple read_regular_file(nb::handle path, nb::handle limit_arg) {
+  const std::string p = path_arg(path, "path");
+  const size_t limit = size_arg(limit_arg, "limit");
+  int fd = -1;
+  int err;
+  {
+    GilRelease unlocked;
+    err = os::open_for_reading(p.c_str(), false, &fd);
+  }
+  if (err)
+    return nb::make_tuple(nb::none(), std::string("cannot open it: ") + std::strerror(err),
+                          err == ENOENT || err == ENOTDIR);
+  struct Closer {
+    int fd;
+    ~Closer() { os::close_fd(fd); }
+  } closer{fd};
+  os::FileIdentity id;
+  if ((err = os::file_identity(fd, &id)))
+    return nb::make_tuple(nb::none(), std::string("cannot read it: ") + std::strerror(err), false);
+  if (!S_ISREG(id.mode)) {
+    const std::string kind = kind_of(id.mode);
+    return nb::make_tuple(nb::none(), kind == "not a regular file" ? kind : kind + ", not a regular file", false);
+  }
+  if (id.size > limit)
+    return nb::make_tuple(nb::none(), std::to_string(id.size) + " bytes, more than " + std::to_string(limit), false);
+  if (limit == SIZE_MAX) throw InvalidArgument("limit: expected a byte count below the largest one");
+  // The size fstat saw and one byte more (a file that grew shows), then
+  // 1 MiB at a time up to limit + 1.
+  std::string data;
+  size_t have = 0, got = 0;
+  size_t step = static_cast<size_t>(std::min<uint64_t>(id.size, limit) + 1);
+  {
+    GilRelease unlocked;
+    for (;;) {
+      try {
+        data.resize(have + step);
+      } catch (const std::bad_alloc&) {
+        err = ENOMEM;
+        break;
+      }
+      if ((err = os::read_at(fd, data.data() + have, step, have, &got))) break;
+      have += got;
+      if (got < step || have > limit) break;
+      step = std::min<size_t>(size_t{1} << 20, limit + 1 - have);
+    }
+  }
+  got = have;
+  if (err) return nb::make_tuple(nb::none(), std::string("cannot read it: ") + std::strerror(err), false);
+  if (got > limit) return nb::make_tuple(nb::none(), "more than " + std::to_string(limit) + " bytes", false);
+  return nb::make_tuple(nb::bytes(data.data(), got), "", false);
+}
+
+void write_stream(nb::handle path, nb::bytes data) {
+  const std::string p = path_arg(path, "path");
+  const std::string name = display_name(path);
+  int fd = -1;
+  int err;
+  {
+    GilRelease unlocked;
+    err = os::open_stream_for_writing(p.c_str(), &fd);
+  }
+  if (err == ENXIO) throw OsError(name + " is a FIFO with no reader: open", err);
+  if (err == EINVAL) throw OsError(name + " is not a character device or a FIFO: open", err);
+  check(err, "open of " + name);
+  size_t done = 0;
+  {
+    GilRelease unlocked;
+    err = os::write_all(fd, data.c_str(), data.size(), &done);
+    os::close_fd(fd);
+  }
+  check(err, "write to " + name + " after " + std::to_string(done) + " bytes");
+}
+
+void bind_file_class(nb::module_& m) {
   nb::class_<File>(m, "File",
                    "A regular file open for reading (FIFOs, devices and directories refused at once, "
                    "without waiting).")
@@ -160,126 +266,24 @@ void bind_files(nb::module_& m) {
       .def("close", &File::close)
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__exit__", [](File& f, nb::args) { f.close(); });
+}
 
-  m.def("read_range",
-        [](nb::handle file, nb::handle offset, nb::handle address, nb::handle nbytes, nb::handle threads,
-           nb::handle allow_short) -> size_t {
-          const bool short_ok = bool_arg(allow_short, "allow_short");
-          if (nb::isinstance<File>(file)) {
-            const File& f = nb::cast<const File&>(file);
-            return read_into(f.live(), f.name, offset, address, nbytes, threads, short_ok);
-          }
-          if (PyLong_Check(file.ptr()) && !PyBool_Check(file.ptr())) {
-            const int fd = int_arg<int>(file, "file", 0, INT_MAX);
-            const std::string name = "descriptor " + std::to_string(fd);
-            os::FileIdentity id;
-            check(os::file_identity(fd, &id), "fstat of " + name);
-            if (!S_ISREG(id.mode)) throw InvalidArgument(name + ": " + kind_of(id.mode) + ", not a regular file");
-            return read_into(fd, name, offset, address, nbytes, threads, short_ok);
-          }
-          File f(path_arg(file, "file"), display_name(file), false);
-          return read_into(f.fd, f.name, offset, address, nbytes, threads, short_ok);
-        },
-        "file"_a, "offset"_a.none(), "address"_a.none(), "nbytes"_a.none(), "threads"_a.none() = 1,
-        "allow_short"_a.none() = false,
+// Reads by range, file identities, whole small files, writes to a stream.
+void bind_files(nb::module_& m) {
+  bind_file_class(m);
+  m.def("read_range", &read_range_of, "file"_a, "offset"_a.none(), "address"_a.none(), "nbytes"_a.none(),
+        "threads"_a.none() = 1, "allow_short"_a.none() = false,
         "File.read_range for `file`: a ferry File, a descriptor of a regular file, or a path (opened, read, "
         "closed).");
 
-  m.def("path_identity",
-        [](nb::handle path) {
-          const std::string p = path_arg(path, "path");
-          os::FileIdentity id;
-          int err;
-          {
-            GilRelease unlocked;
-            err = os::path_identity(p.c_str(), &id);
-          }
-          check(err, "stat of " + display_name(path));
-          return identity_tuple(id);
-        },
-        "path"_a, "(device, inode, size, mtime_ns, mode) of the file at `path` (stat: links followed).");
+  m.def("path_identity", &path_identity, "path"_a,
+        "(device, inode, size, mtime_ns, mode) of the file at `path` (stat: links followed).");
 
-  m.def("read_regular_file",
-        [](nb::handle path, nb::handle limit_arg) -> nb::tuple {
-          const std::string p = path_arg(path, "path");
-          const size_t limit = size_arg(limit_arg, "limit");
-          int fd = -1;
-          int err;
-          {
-            GilRelease unlocked;
-            err = os::open_for_reading(p.c_str(), false, &fd);
-          }
-          if (err)
-            return nb::make_tuple(nb::none(), std::string("cannot open it: ") + std::strerror(err),
-                                  err == ENOENT || err == ENOTDIR);
-          struct Closer {
-            int fd;
-            ~Closer() { os::close_fd(fd); }
-          } closer{fd};
-          os::FileIdentity id;
-          if ((err = os::file_identity(fd, &id)))
-            return nb::make_tuple(nb::none(), std::string("cannot read it: ") + std::strerror(err), false);
-          if (!S_ISREG(id.mode)) {
-            const std::string kind = kind_of(id.mode);
-            return nb::make_tuple(nb::none(), kind == "not a regular file" ? kind : kind + ", not a regular file",
-                                  false);
-          }
-          if (id.size > limit)
-            return nb::make_tuple(nb::none(), std::to_string(id.size) + " bytes, more than " + std::to_string(limit),
-                                  false);
-          if (limit == SIZE_MAX) throw InvalidArgument("limit: expected a byte count below the largest one");
-          // The size fstat saw and one byte more (a file that grew shows), then
-          // 1 MiB at a time up to limit + 1.
-          std::string data;
-          size_t have = 0, got = 0;
-          size_t step = static_cast<size_t>(std::min<uint64_t>(id.size, limit) + 1);
-          {
-            GilRelease unlocked;
-            for (;;) {
-              try {
-                data.resize(have + step);
-              } catch (const std::bad_alloc&) {
-                err = ENOMEM;
-                break;
-              }
-              if ((err = os::read_at(fd, data.data() + have, step, have, &got))) break;
-              have += got;
-              if (got < step || have > limit) break;
-              step = std::min<size_t>(size_t{1} << 20, limit + 1 - have);
-            }
-          }
-          got = have;
-          if (err) return nb::make_tuple(nb::none(), std::string("cannot read it: ") + std::strerror(err), false);
-          if (got > limit)
-            return nb::make_tuple(nb::none(), "more than " + std::to_string(limit) + " bytes", false);
-          return nb::make_tuple(nb::bytes(data.data(), got), "", false);
-        },
-        "path"_a, "limit"_a,
+  m.def("read_regular_file", &read_regular_file, "path"_a, "limit"_a,
         "(bytes, '', False) of the regular file at `path` when it holds at most `limit` bytes; else "
         "(None, why, missing): why a short phrase, missing True when nothing is there (ENOENT, ENOTDIR).");
 
-  m.def("write_stream",
-        [](nb::handle path, nb::bytes data) {
-          const std::string p = path_arg(path, "path");
-          const std::string name = display_name(path);
-          int fd = -1;
-          int err;
-          {
-            GilRelease unlocked;
-            err = os::open_stream_for_writing(p.c_str(), &fd);
-          }
-          if (err == ENXIO) throw OsError(name + " is a FIFO with no reader: open", err);
-          if (err == EINVAL) throw OsError(name + " is not a character device or a FIFO: open", err);
-          check(err, "open of " + name);
-          size_t done = 0;
-          {
-            GilRelease unlocked;
-            err = os::write_all(fd, data.c_str(), data.size(), &done);
-            os::close_fd(fd);
-          }
-          check(err, "write to " + name + " after " + std::to_string(done) + " bytes");
-        },
-        "path"_a, "data"_a,
+  m.def("write_stream", &write_stream, "path"_a, "data"_a,
         "Writes data into the character device or FIFO at path (never replacing it): a FIFO without a reader "
         "is OSLayerError ENXIO at once, not a wait; anything else is EINVAL.");
 
