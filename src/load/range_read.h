@@ -1,6 +1,6 @@
 // range_read.h — one range of a file read into memory by several threads:
-// the reader of Python's node loads (python/ferry/torch/node_load.py reads
-// its share of a file piece by piece through it), on the OS layer's pread
+// the reader of node loads (node/node_file.h reads
+// each rank's share of a file piece by piece through it), on the OS layer's pread
 // loop (os/file.h: EINTR retried, partial reads continued).
 //
 // The range is cut into chunks (at least 1 MiB, at most 32 MiB, about one per
