@@ -142,114 +142,138 @@ void Arena::unmap(const Mapping& m, size_t bytes) const noexcept {
 
 MappedChunk Arena::map_chunk(size_t bytes, PageKind kind) {
   const std::vector<Backing> wanted = choices(bytes, kind);
-  const std::string size_text = format_bytes(bytes);
   std::string hugetlb_refusals;  // why hugetlb failed, for the hugetlb policy's error
-  auto next_name = [&](size_t i) {
-    return i + 1 < wanted.size() ? choice_name(wanted[i + 1]) : "nothing";
-  };
-  // A refused choice: the hugetlb policy has no fallback and reports all
-  // reasons at the end; otherwise note it and go on with the next choice.
-  auto refuse = [&](size_t i, Feature f, const std::string& reason, bool remember) {
+  Attempt got;
+  for (size_t i = 0; i < wanted.size() && !got.mapped; ++i) {
+    got = try_backing(wanted[i], bytes, kind);
+    if (!got.refusal) continue;
+    // A refused choice: the hugetlb policy has no fallback and reports all
+    // reasons at the end; otherwise note it and go on with the next choice.
+    const Refusal& r = *got.refusal;
     if (policy_ == HugePolicy::hugetlb) {
-      hugetlb_refusals += (hugetlb_refusals.empty() ? "" : "; ") + reason;
-      return;
+      hugetlb_refusals += (hugetlb_refusals.empty() ? "" : "; ") + r.reason;
+      continue;
     }
-    fall_back(f, reason + "; using " + next_name(i), remember);
-  };
-
-  Mapping m;
-  Backing backing = Backing::small_pages;
-  bool mapped = false;
-  for (size_t i = 0; i < wanted.size() && !mapped; ++i) {
-    const Backing choice = wanted[i];
-    const char* call = "mmap";
-    if (choice == Backing::hugetlb_1g || choice == Backing::hugetlb_2m) {
-      const Feature f = choice == Backing::hugetlb_1g ? kHugetlb1G : kHugetlb2M;
-      if (policy_ != HugePolicy::hugetlb && refused(f)) continue;
-      const size_t page = page_bytes(choice);
-      const std::string what = choice_name(choice);
-      uint64_t free_pages = 0;
-      if (int err = os::read_free_hugepages(page, &free_pages)) {
-        refuse(i, f, what + ": no pool in " + os::hugepages_dir(page) + " (" + std::strerror(err) + ")", true);
-        continue;
-      }
-      if (free_pages < bytes / page) {
-        refuse(i, f,
-               free_pages == 0 ? what + ": 0 free pages"
-                               : what + ": " + std::to_string(free_pages) + " free pages, too few for a " +
-                                     size_text + " chunk",
-               free_pages == 0);
-        continue;
-      }
-      if (int err = map(bytes, page, &m, &call)) {
-        refuse(i, f, what + ": " + call + " of a " + size_text + " chunk refused (" + std::strerror(err) + ")",
-               true);
-        continue;
-      }
-      backing = choice;
-      mapped = true;
-    } else if (choice == Backing::thp) {
-      if (refused(kThp)) continue;
-      if (std::string why = thp_unusable(); !why.empty()) {
-        refuse(i, kThp, why, true);
-        continue;
-      }
-      if (int err = map(bytes, 0, &m, &call))
-        throw OsError(std::string(call) + " of a " + size_text + " pool chunk", err);
-      mapped = true;
-      if (int err = os::advise_huge(reinterpret_cast<void*>(m.base), bytes)) {
-        if (transient(err))
-          fall_back(kThp,
-                    "THP: madvise(MADV_HUGEPAGE) failed for a " + size_text + " chunk (" + errno_text(err) +
-                        "); that chunk uses small pages, the next one tries THP again",
-                    false);
-        else
-          refuse(i, kThp, std::string("THP: madvise(MADV_HUGEPAGE) refused (") + std::strerror(err) + ")", true);
-        backing = Backing::small_pages;
-      } else {
-        backing = Backing::thp;
-      }
-    } else {
-      if (int err = map(bytes, 0, &m, &call))
-        throw OsError(std::string(call) + " of a " + size_text + " pool chunk", err);
-      mapped = true;
-      backing = Backing::small_pages;
-      if (kind == PageKind::small && !refused(kNoHugeAdvice)) {
-        if (int err = os::advise_no_huge(reinterpret_cast<void*>(m.base), bytes))
-          fall_back(kNoHugeAdvice,
-                    transient(err) ? "madvise(MADV_NOHUGEPAGE) failed for a " + size_text + " chunk (" +
-                                         errno_text(err) + "); that chunk has no advice, the next one tries again"
-                                   : std::string("madvise(MADV_NOHUGEPAGE) refused (") + std::strerror(err) +
-                                         "); small chunks get no advice",
-                    !transient(err));
-      }
-    }
+    const std::string next = i + 1 < wanted.size() ? choice_name(wanted[i + 1]) : "nothing";
+    fall_back(r.feature, r.reason + "; using " + next, r.remember);
   }
-  if (!mapped) {
+  if (!got.mapped) {
     const size_t pages_2m = bytes / os::kHugePage2MBytes;
-    throw NotSupported("ferry pool: huge_pages=hugetlb, but no hugetlb pages for a " + size_text +
+    throw NotSupported("ferry pool: huge_pages=hugetlb, but no hugetlb pages for a " + format_bytes(bytes) +
                        " chunk: " + hugetlb_refusals + ". Reserve some (e.g. echo " +
                        std::to_string(pages_2m) + " > " + os::hugepages_dir(os::kHugePage2MBytes) +
                        "/nr_hugepages) or use FERRY_HUGE_PAGES=auto");
   }
-
-  if (numa_node_ >= 0 && !refused(kNumaBinding)) {
-    if (int err = os::bind_to_node(reinterpret_cast<void*>(m.base), bytes, numa_node_))
-      fall_back(kNumaBinding,
-                "NUMA: mbind to node " + std::to_string(numa_node_) + " refused (" + std::strerror(err) +
-                    "); chunks are not bound",
-                true);
-  }
-
-  hide_from_fork(m, bytes);
+  bind_to_numa_node(got.mapping, bytes);
+  hide_from_fork(got.mapping, bytes);
 
   MappedChunk chunk;
-  chunk.base = m.base;
+  chunk.base = got.mapping.base;
   chunk.bytes = bytes;
   chunk.kind = kind;
-  chunk.backing = backing;
-  chunk.fd = m.fd;
+  chunk.backing = got.backing;
+  chunk.fd = got.mapping.fd;
   return chunk;
+}
+
+Arena::Attempt Arena::try_backing(Backing choice, size_t bytes, PageKind kind) {
+  if (choice == Backing::hugetlb_1g || choice == Backing::hugetlb_2m) return map_hugetlb(choice, bytes);
+  if (choice == Backing::thp) return map_thp(bytes);
+  return map_small_pages(bytes, kind);
+}
+
+// Refused when the page size has no pool, too few free pages or mmap fails;
+// a feature refused before is skipped unless the policy is hugetlb.
+Arena::Attempt Arena::map_hugetlb(Backing choice, size_t bytes) {
+  Attempt a;
+  const Feature f = choice == Backing::hugetlb_1g ? kHugetlb1G : kHugetlb2M;
+  if (policy_ != HugePolicy::hugetlb && refused(f)) return a;
+  const size_t page = page_bytes(choice);
+  const std::string what = choice_name(choice);
+  const std::string size_text = format_bytes(bytes);
+  uint64_t free_pages = 0;
+  if (int err = os::read_free_hugepages(page, &free_pages)) {
+    a.refusal = Refusal{f, what + ": no pool in " + os::hugepages_dir(page) + " (" + std::strerror(err) + ")", true};
+    return a;
+  }
+  if (free_pages < bytes / page) {
+    a.refusal = Refusal{f,
+                        free_pages == 0 ? what + ": 0 free pages"
+                                        : what + ": " + std::to_string(free_pages) + " free pages, too few for a " +
+                                              size_text + " chunk",
+                        free_pages == 0};
+    return a;
+  }
+  const char* call = "mmap";
+  if (int err = map(bytes, page, &a.mapping, &call)) {
+    a.refusal = Refusal{f, what + ": " + call + " of a " + size_text + " chunk refused (" + std::strerror(err) + ")",
+                        true};
+    return a;
+  }
+  a.mapped = true;
+  a.backing = choice;
+  return a;
+}
+
+// Refused (unmapped) when sysfs disables THP; a chunk whose MADV_HUGEPAGE
+// fails stays mapped with small pages (a refusal only when not transient).
+Arena::Attempt Arena::map_thp(size_t bytes) {
+  Attempt a;
+  if (refused(kThp)) return a;
+  if (std::string why = thp_unusable(); !why.empty()) {
+    a.refusal = Refusal{kThp, why, true};
+    return a;
+  }
+  a.mapping = map_or_throw(bytes);
+  a.mapped = true;
+  if (int err = os::advise_huge(reinterpret_cast<void*>(a.mapping.base), bytes)) {
+    if (transient(err))
+      fall_back(kThp,
+                "THP: madvise(MADV_HUGEPAGE) failed for a " + format_bytes(bytes) + " chunk (" + errno_text(err) +
+                    "); that chunk uses small pages, the next one tries THP again",
+                false);
+    else
+      a.refusal = Refusal{kThp, std::string("THP: madvise(MADV_HUGEPAGE) refused (") + std::strerror(err) + ")", true};
+    a.backing = Backing::small_pages;
+  } else {
+    a.backing = Backing::thp;
+  }
+  return a;
+}
+
+// The last choice: never refused; a small chunk asks for MADV_NOHUGEPAGE.
+Arena::Attempt Arena::map_small_pages(size_t bytes, PageKind kind) {
+  Attempt a;
+  a.mapping = map_or_throw(bytes);
+  a.mapped = true;
+  a.backing = Backing::small_pages;
+  if (kind == PageKind::small && !refused(kNoHugeAdvice)) {
+    if (int err = os::advise_no_huge(reinterpret_cast<void*>(a.mapping.base), bytes))
+      fall_back(kNoHugeAdvice,
+                transient(err) ? "madvise(MADV_NOHUGEPAGE) failed for a " + format_bytes(bytes) + " chunk (" +
+                                     errno_text(err) + "); that chunk has no advice, the next one tries again"
+                               : std::string("madvise(MADV_NOHUGEPAGE) refused (") + std::strerror(err) +
+                                     "); small chunks get no advice",
+                !transient(err));
+  }
+  return a;
+}
+
+Arena::Mapping Arena::map_or_throw(size_t bytes) const {
+  Mapping m;
+  const char* call = "mmap";
+  if (int err = map(bytes, 0, &m, &call))
+    throw OsError(std::string(call) + " of a " + format_bytes(bytes) + " pool chunk", err);
+  return m;
+}
+
+void Arena::bind_to_numa_node(const Mapping& m, size_t bytes) {
+  if (numa_node_ < 0 || refused(kNumaBinding)) return;
+  if (int err = os::bind_to_node(reinterpret_cast<void*>(m.base), bytes, numa_node_))
+    fall_back(kNumaBinding,
+              "NUMA: mbind to node " + std::to_string(numa_node_) + " refused (" + std::strerror(err) +
+                  "); chunks are not bound",
+              true);
 }
 
 void Arena::hide_from_fork(const Mapping& m, size_t bytes) {

@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,7 +99,33 @@ class Arena {
     int fd = -1;
   };
 
+  // A backing choice refused for a chunk: the feature, why, and whether
+  // later chunks skip it.
+  struct Refusal {
+    Feature feature;
+    std::string reason;
+    bool remember;
+  };
+  // One try of a backing choice: mapped (with the backing it got) or not,
+  // and the refusal to note; a mapped chunk may carry one too (THP advice).
+  struct Attempt {
+    bool mapped = false;
+    Mapping mapping;
+    Backing backing = Backing::small_pages;
+    std::optional<Refusal> refusal;
+  };
+
   std::vector<Backing> choices(size_t bytes, PageKind kind) const;
+  // map_chunk's steps: one choice of backing, by kind of backing; each throws
+  // OsError where map_chunk does (a failed mmap of small or THP pages).
+  Attempt try_backing(Backing choice, size_t bytes, PageKind kind);
+  Attempt map_hugetlb(Backing choice, size_t bytes);
+  Attempt map_thp(size_t bytes);
+  Attempt map_small_pages(size_t bytes, PageKind kind);
+  // map() of small pages, or OsError.
+  Mapping map_or_throw(size_t bytes) const;
+  // mbind to the arena's NUMA node, if it has one (a refusal is remembered).
+  void bind_to_numa_node(const Mapping& m, size_t bytes);
   bool refused(Feature f) const;
   // Records a fallback: counts it, adds the note once, remembers the refusal
   // when `remember`.
