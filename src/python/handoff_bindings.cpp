@@ -77,9 +77,38 @@ void check_lengths(const Int64s& addrs, const Int64s& sizes) {
                           std::to_string(sizes.shape(0)) + " sizes");
 }
 
-}  // namespace
+void handoff_init(Handoff* h, std::shared_ptr<node::NodePool> pool, const std::string& key, uint32_t slots,
+                  uint64_t slot_bytes, double timeout_s, double poll_s, const std::string& route,
+                  const std::string& copy_mode, nb::object copy, int device) {
+  node::HandoffOptions o;
+  o.slots = slots;
+  o.slot_bytes = slot_bytes;
+  o.timeout_s = timeout_s;
+  o.poll_s = poll_s;
+  o.route = node::parse_handoff_route(route);
+  std::unique_ptr<node::HandoffMover> mover = pool_mover(copy_mode, std::move(copy), device);
+  std::unique_ptr<node::HandoffDevice> ring;
+  if (device >= 0 && o.route != node::HandoffRoute::pool) ring = std::make_unique<cuda::IpcRing>(device);
+  GilRelease unlocked;  // the open may wait for the block's maker
+  new (h) Handoff(std::move(pool), key, o, std::move(mover), std::move(ring));
+}
 
-void bind_handoff(nb::module_& m) {
+nb::dict handoff_stats(const Handoff& h) {
+  const node::HandoffStats s = h.stats();
+  nb::dict d;
+  d["sent"] = s.sent;
+  d["received"] = s.received;
+  d["pool_slots"] = s.pool_slots;
+  d["peer_slots"] = s.peer_slots;
+  d["last_pool_slots"] = s.last_pool_slots;
+  d["last_peer_slots"] = s.last_peer_slots;
+  d["route_note"] = h.route_note();
+  return d;
+}
+
+// The protocol's constants and pure parts: the block header, the plan of a
+// send, and the host copy.
+void bind_handoff_protocol(nb::module_& m) {
   m.attr("HANDOFF_MAGIC") = node::kHandoffMagic;
   m.attr("HANDOFF_ALIGN") = node::kHandoffAlign;
   m.attr("HANDOFF_SLOT_ALIGN") = node::kHandoffSlotAlign;
@@ -113,24 +142,11 @@ void bind_handoff(nb::module_& m) {
         node::host_copy_many(d.data(), s.data(), n.data(), n.size());
       },
       "dsts"_a, "srcs"_a, "sizes"_a, "memmove of each item: host memory to host memory.");
+}
 
+void bind_handoff_class(nb::module_& m) {
   nb::class_<Handoff>(m, "Handoff")
-      .def("__init__",
-           [](Handoff* h, std::shared_ptr<node::NodePool> pool, const std::string& key, uint32_t slots,
-              uint64_t slot_bytes, double timeout_s, double poll_s, const std::string& route,
-              const std::string& copy_mode, nb::object copy, int device) {
-             node::HandoffOptions o;
-             o.slots = slots;
-             o.slot_bytes = slot_bytes;
-             o.timeout_s = timeout_s;
-             o.poll_s = poll_s;
-             o.route = node::parse_handoff_route(route);
-             std::unique_ptr<node::HandoffMover> mover = pool_mover(copy_mode, std::move(copy), device);
-             std::unique_ptr<node::HandoffDevice> ring;
-             if (device >= 0 && o.route != node::HandoffRoute::pool) ring = std::make_unique<cuda::IpcRing>(device);
-             GilRelease unlocked;  // the open may wait for the block's maker
-             new (h) Handoff(std::move(pool), key, o, std::move(mover), std::move(ring));
-           },
+      .def("__init__", &handoff_init,
            "pool"_a, "key"_a, "slots"_a, "slot_bytes"_a, "timeout_s"_a, "poll_s"_a, "route"_a, "copy_mode"_a,
            "copy"_a.none(), "device"_a)
       .def("send",
@@ -160,23 +176,18 @@ void bind_handoff(nb::module_& m) {
       .def_prop_ro("block", [](const Handoff& h) { return nb::make_tuple(h.block().offset, h.block().bytes, h.created()); })
       .def_prop_ro("sent", &Handoff::sent)
       .def_prop_ro("received", &Handoff::received)
-      .def("stats",
-           [](const Handoff& h) {
-             const node::HandoffStats s = h.stats();
-             nb::dict d;
-             d["sent"] = s.sent;
-             d["received"] = s.received;
-             d["pool_slots"] = s.pool_slots;
-             d["peer_slots"] = s.peer_slots;
-             d["last_pool_slots"] = s.last_pool_slots;
-             d["last_peer_slots"] = s.last_peer_slots;
-             d["route_note"] = h.route_note();
-             return d;
-           })
+      .def("stats", &handoff_stats)
       .def("close", [](Handoff& h) {
         GilRelease unlocked;  // a consumer's close may wait for the producer to let go of its ring
         h.close();
       });
+}
+
+}  // namespace
+
+void bind_handoff(nb::module_& m) {
+  bind_handoff_protocol(m);
+  bind_handoff_class(m);
 }
 
 }  // namespace ferry::python

@@ -90,18 +90,109 @@ std::vector<uint8_t> bytes_arg(nb::handle value, const char* name) {
   return out;
 }
 
-}  // namespace
+// A list of paths, any a path the OS takes (str, bytes, os.PathLike): files[i]
+// named in the error of a bad one.
+std::vector<std::string> paths_arg(nb::handle files_arg) {
+  nb::list file_items = items_arg(files_arg, "files", "a list of paths");
+  std::vector<std::string> files;
+  for (size_t i = 0; i < file_items.size(); ++i)
+    files.push_back(path_arg(file_items[i], ("files[" + std::to_string(i) + "]").c_str()));
+  return files;
+}
 
-void bind_load(nb::module_& m) {
-  // Arguments are nb::handle, checked by args.h: a wrong type is an
-  // InvalidArgumentError naming the argument; paths are taken as os.fsencode()
-  // spells them, so names that are not UTF-8 work.
+// The catalog as columns: a few lists whatever the number of tensors.
+nb::dict catalog_dict(const load::Catalog& c) {
+  nb::list names, dtypes, shapes;
+  nb::str dtype_names[static_cast<size_t>(load::Dtype::count_)];
+  for (size_t d = 0; d < static_cast<size_t>(load::Dtype::count_); ++d)
+    dtype_names[d] = nb::str(load::dtype_name(static_cast<load::Dtype>(d)));
+  for (size_t i = 0; i < c.size(); ++i) {
+    names.append(fs_str(c.names[i]));
+    dtypes.append(dtype_names[static_cast<size_t>(c.dtype[i])]);
+    nb::tuple shape = nb::steal<nb::tuple>(PyTuple_New(c.shape_at[i + 1] - c.shape_at[i]));
+    for (uint32_t k = c.shape_at[i]; k < c.shape_at[i + 1]; ++k)
+      PyTuple_SET_ITEM(shape.ptr(), k - c.shape_at[i], PyLong_FromUnsignedLongLong(c.shape[k]));
+    shapes.append(shape);
+  }
+  nb::dict d;
+  d["names"] = names;
+  d["file"] = c.file;
+  d["dtype"] = dtypes;
+  d["shape"] = shapes;
+  d["offset"] = c.offset;
+  d["nbytes"] = c.bytes;
+  return d;
+}
+
+nb::dict catalog_columns(nb::handle files_arg, nb::handle index_tensors_arg, nb::handle index_files_arg) {
+  const std::vector<std::string> files = paths_arg(files_arg);
+  nb::list tensor_items = items_arg(index_tensors_arg, "index_tensors", "a list of tensor names");
+  std::vector<std::string> index_tensors;
+  for (size_t i = 0; i < tensor_items.size(); ++i)
+    index_tensors.push_back(text_arg(tensor_items[i], ("index_tensors[" + std::to_string(i) + "]").c_str()));
+  std::vector<uint32_t> index_files;
+  for (uintptr_t f : addresses(index_files_arg, "index_files")) {
+    if (f >= files.size())
+      throw InvalidArgument("read_catalog: index_files names file " + std::to_string(f) + " of " +
+                            std::to_string(files.size()));
+    index_files.push_back(static_cast<uint32_t>(f));
+  }
+  load::Catalog c;
+  {
+    GilRelease unlocked;
+    c = load::read_catalog(files, index_tensors, index_files);
+  }
+  return catalog_dict(c);
+}
+
+void loader_init(cuda::Loader* l, nb::handle device, nb::handle staging_bytes, nb::handle slot_bytes,
+                 nb::handle threads, nb::handle direct_io, nb::handle progress) {
+  cuda::LoaderOptions o = cuda::LoaderOptions::from_environment(int_arg<int>(device, "device", 0, INT32_MAX));
+  if (!staging_bytes.is_none()) o.staging_bytes = size_arg(staging_bytes, "staging_bytes");
+  if (!slot_bytes.is_none()) o.slot_bytes = size_arg(slot_bytes, "slot_bytes");
+  if (!threads.is_none()) o.threads = int_arg<int>(threads, "threads", 0, static_cast<int>(kMaxThreads));
+  if (!direct_io.is_none()) o.direct_io = load::parse_direct_io(str_arg(direct_io, "direct_io"));
+  o.progress = progress_of(progress);
+  GilRelease unlocked;
+  new (l) cuda::Loader(o);
+}
+
+// Loader.load: ranges as parallel lists of ints (file_index, offsets, sizes, dsts).
+nb::dict loader_load(cuda::Loader& l, nb::handle files_arg, nb::handle file_index_arg, nb::handle offsets_arg,
+                     nb::handle sizes_arg, nb::handle dsts_arg, nb::handle stream_arg) {
+  const std::vector<std::string> files = paths_arg(files_arg);
+  const std::vector<uintptr_t> file_index = addresses(file_index_arg, "file_index"),
+                               offsets = addresses(offsets_arg, "offsets"), sizes = addresses(sizes_arg, "sizes"),
+                               dsts = addresses(dsts_arg, "dsts");
+  const uintptr_t stream = int_arg<uintptr_t>(stream_arg, "stream");
+  if (file_index.size() != offsets.size() || offsets.size() != sizes.size() || sizes.size() != dsts.size())
+    throw InvalidArgument("load: file_index, offsets, sizes and dsts must have the same length");
+  std::vector<load::FileRange> ranges(sizes.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (file_index[i] >= files.size())
+      throw InvalidArgument("file_index[" + std::to_string(i) + "]=" + std::to_string(file_index[i]) +
+                            ": there are " + std::to_string(files.size()) + " files");
+    ranges[i] = {static_cast<uint32_t>(file_index[i]), offsets[i], sizes[i], dsts[i]};
+  }
+  cuda::LoadStats st;
+  {
+    GilRelease unlocked;
+    st = l.load(files, ranges, reinterpret_cast<cudaStream_t>(stream));
+  }
+  return stats_dict(st);
+}
+
+// The safetensors header and the shard index (model.safetensors.index.json).
+// Arguments here and below are nb::handle, checked by args.h: a wrong type is
+// an InvalidArgumentError naming the argument; paths are taken as
+// os.fsencode() spells them, so names that are not UTF-8 work.
+void bind_safetensors(nb::module_& m) {
   m.def("read_safetensors_header",
         [](nb::handle path_arg_) {
           const std::string path = path_arg(path_arg_, "path");
           load::SafetensorsHeader h;
           {
-            ferry::python::GilRelease unlocked;
+            GilRelease unlocked;
             h = load::read_safetensors_header(path);
           }
           return header_dict(h);
@@ -134,15 +225,17 @@ void bind_load(nb::module_& m) {
         },
         "text"_a.none(), "name"_a.none(),
         "(shards, tensors, shard_of): tensors[k] is in shards[shard_of[k]], shards in first-seen order.");
+}
+
+// What the loader asks of a set of files before it reads: page cache shares,
+// every tensor's place.
+void bind_catalog(nb::module_& m) {
   m.def("page_cache_shares",
         [](nb::handle files_arg) {
-          nb::list file_items = items_arg(files_arg, "files", "a list of paths");
-          std::vector<std::string> files;
-          for (size_t i = 0; i < file_items.size(); ++i)
-            files.push_back(path_arg(file_items[i], ("files[" + std::to_string(i) + "]").c_str()));
+          const std::vector<std::string> files = paths_arg(files_arg);
           std::vector<double> shares;
           {
-            ferry::python::GilRelease unlocked;
+            GilRelease unlocked;
             shares = load::page_cache_shares(files);
           }
           return shares;
@@ -150,102 +243,35 @@ void bind_load(nb::module_& m) {
         "files"_a,
         "The share (0..1) of each file in the page cache (the loader's probe: 64 one-byte RWF_NOWAIT reads); "
         "-1 where the file system cannot say.");
-  m.def("read_catalog",
-        [](nb::handle files_arg, nb::handle index_tensors_arg, nb::handle index_files_arg) {
-          nb::list file_items = items_arg(files_arg, "files", "a list of paths");
-          std::vector<std::string> files;  // any path the OS takes (str, bytes, os.PathLike)
-          for (size_t i = 0; i < file_items.size(); ++i)
-            files.push_back(path_arg(file_items[i], ("files[" + std::to_string(i) + "]").c_str()));
-          nb::list tensor_items = items_arg(index_tensors_arg, "index_tensors", "a list of tensor names");
-          std::vector<std::string> index_tensors;
-          for (size_t i = 0; i < tensor_items.size(); ++i)
-            index_tensors.push_back(text_arg(tensor_items[i], ("index_tensors[" + std::to_string(i) + "]").c_str()));
-          std::vector<uint32_t> index_files;
-          for (uintptr_t f : addresses(index_files_arg, "index_files")) {
-            if (f >= files.size())
-              throw InvalidArgument("read_catalog: index_files names file " + std::to_string(f) + " of " +
-                                    std::to_string(files.size()));
-            index_files.push_back(static_cast<uint32_t>(f));
-          }
-          load::Catalog c;
-          {
-            ferry::python::GilRelease unlocked;
-            c = load::read_catalog(files, index_tensors, index_files);
-          }
-          nb::list names, dtypes, shapes;
-          nb::str dtype_names[static_cast<size_t>(load::Dtype::count_)];
-          for (size_t d = 0; d < static_cast<size_t>(load::Dtype::count_); ++d)
-            dtype_names[d] = nb::str(load::dtype_name(static_cast<load::Dtype>(d)));
-          for (size_t i = 0; i < c.size(); ++i) {
-            names.append(fs_str(c.names[i]));
-            dtypes.append(dtype_names[static_cast<size_t>(c.dtype[i])]);
-            nb::tuple shape = nb::steal<nb::tuple>(PyTuple_New(c.shape_at[i + 1] - c.shape_at[i]));
-            for (uint32_t k = c.shape_at[i]; k < c.shape_at[i + 1]; ++k)
-              PyTuple_SET_ITEM(shape.ptr(), k - c.shape_at[i], PyLong_FromUnsignedLongLong(c.shape[k]));
-            shapes.append(shape);
-          }
-          nb::dict d;
-          d["names"] = names;
-          d["file"] = c.file;
-          d["dtype"] = dtypes;
-          d["shape"] = shapes;
-          d["offset"] = c.offset;
-          d["nbytes"] = c.bytes;
-          return d;
-        },
+  m.def("read_catalog", &catalog_columns,
         "files"_a.none(), "index_tensors"_a.none(), "index_files"_a.none(),
         "Every tensor of the files as columns {names, file, dtype, shape, offset (from the file's start), nbytes}, "
         "checked: headers, unique names, the index (index_tensors[k] in files[index_files[k]]).");
+}
 
+// The checkpoint loader (cuda/load/file_loader.h).
+void bind_loader_class(nb::module_& m) {
   nb::class_<cuda::Loader>(m, "Loader")
-      .def("__init__",
-           [](cuda::Loader* l, nb::handle device, nb::handle staging_bytes, nb::handle slot_bytes, nb::handle threads,
-              nb::handle direct_io, nb::handle progress) {
-             cuda::LoaderOptions o = cuda::LoaderOptions::from_environment(int_arg<int>(device, "device", 0, INT32_MAX));
-             if (!staging_bytes.is_none()) o.staging_bytes = size_arg(staging_bytes, "staging_bytes");
-             if (!slot_bytes.is_none()) o.slot_bytes = size_arg(slot_bytes, "slot_bytes");
-             if (!threads.is_none()) o.threads = int_arg<int>(threads, "threads", 0, static_cast<int>(kMaxThreads));
-             if (!direct_io.is_none()) o.direct_io = load::parse_direct_io(str_arg(direct_io, "direct_io"));
-             o.progress = progress_of(progress);
-             ferry::python::GilRelease unlocked;
-             new (l) cuda::Loader(o);
-           },
+      .def("__init__", &loader_init,
            "device"_a.none() = 0, "staging_bytes"_a.none() = nb::none(), "slot_bytes"_a.none() = nb::none(),
            "threads"_a.none() = nb::none(), "direct_io"_a.none() = nb::none(), "progress"_a.none() = nb::none())
-      .def("load",
-           [](cuda::Loader& l, nb::handle files_arg, nb::handle file_index_arg, nb::handle offsets_arg,
-              nb::handle sizes_arg, nb::handle dsts_arg, nb::handle stream_arg) {
-             nb::list file_items = items_arg(files_arg, "files", "a list of paths");
-             std::vector<std::string> files;
-             for (size_t i = 0; i < file_items.size(); ++i)
-               files.push_back(path_arg(file_items[i], ("files[" + std::to_string(i) + "]").c_str()));
-             const std::vector<uintptr_t> file_index = addresses(file_index_arg, "file_index"),
-                                          offsets = addresses(offsets_arg, "offsets"),
-                                          sizes = addresses(sizes_arg, "sizes"), dsts = addresses(dsts_arg, "dsts");
-             const uintptr_t stream = int_arg<uintptr_t>(stream_arg, "stream");
-             if (file_index.size() != offsets.size() || offsets.size() != sizes.size() || sizes.size() != dsts.size())
-               throw InvalidArgument("load: file_index, offsets, sizes and dsts must have the same length");
-             std::vector<load::FileRange> ranges(sizes.size());
-             for (size_t i = 0; i < ranges.size(); ++i) {
-               if (file_index[i] >= files.size())
-                 throw InvalidArgument("file_index[" + std::to_string(i) + "]=" + std::to_string(file_index[i]) +
-                                       ": there are " + std::to_string(files.size()) + " files");
-               ranges[i] = {static_cast<uint32_t>(file_index[i]), offsets[i], sizes[i], dsts[i]};
-             }
-             cuda::LoadStats st;
-             {
-               ferry::python::GilRelease unlocked;
-               st = l.load(files, ranges, reinterpret_cast<cudaStream_t>(stream));
-             }
-             return stats_dict(st);
-           },
+      .def("load", &loader_load,
            "files"_a.none(), "file_index"_a.none(), "offsets"_a.none(), "sizes"_a.none(), "dsts"_a.none(),
            "stream"_a.none() = 0)
       .def_prop_ro("device", [](const cuda::Loader& l) { return l.options().device; })
       .def_prop_ro("staging_bytes", [](const cuda::Loader& l) { return l.options().staging_bytes; })
       .def_prop_ro("slot_bytes", [](const cuda::Loader& l) { return l.options().slot_bytes; })
       .def_prop_ro("threads", [](const cuda::Loader& l) { return l.options().threads; })
-      .def_prop_ro("direct_io", [](const cuda::Loader& l) { return std::string(load::direct_io_name(l.options().direct_io)); });
+      .def_prop_ro("direct_io",
+                   [](const cuda::Loader& l) { return std::string(load::direct_io_name(l.options().direct_io)); });
+}
+
+}  // namespace
+
+void bind_load(nb::module_& m) {
+  bind_safetensors(m);
+  bind_catalog(m);
+  bind_loader_class(m);
 }
 
 }  // namespace ferry::python

@@ -45,23 +45,48 @@ std::optional<std::tuple<uint64_t, uint64_t>> find_named(NodePool& p, const std:
   return found;
 }
 
-}  // namespace
+std::shared_ptr<NodePool> open_pool(const std::string& name, uint64_t capacity, uint64_t granule,
+                                    const std::string& label, double timeout_s, const std::string& huge_pages) {
+  node::NodePoolOptions o;
+  o.huge_pages = parse_huge_policy(huge_pages.empty() ? options().text("FERRY_HUGE_PAGES") : huge_pages);
+  o.capacity = capacity;
+  o.granule = granule;
+  o.label = label;
+  o.attach_timeout_s = timeout_s;
+  GilRelease unlocked;
+  return NodePool::open(name, o);
+}
 
-void bind_node(nb::module_& m) {
+nb::dict pool_stats(NodePool& p) {
+  const node::NodePoolStats s = p.stats();
+  nb::list members;
+  for (const node::HolderInfo& h : s.members) {
+    nb::dict d;
+    d["slot"] = h.slot;
+    d["pid"] = h.pid;
+    d["label"] = h.label;
+    d["bytes"] = h.bytes;
+    d["blocks"] = h.blocks;
+    d["named"] = h.named;
+    d["this_process"] = h.slot == s.slot;
+    members.append(d);
+  }
+  nb::dict d;
+  d["capacity"] = s.capacity;
+  d["granule"] = s.granule;
+  d["used"] = s.used;
+  d["free"] = s.capacity - s.used;
+  d["largest_free"] = s.largest_free;
+  d["repairs"] = s.repairs;
+  d["page_bytes"] = s.page_bytes;
+  d["created_here"] = s.created;
+  d["members"] = members;
+  return d;
+}
+
+void bind_node_pool(nb::module_& m) {
   nb::class_<NodePool>(m, "NodePool")
-      .def_static(
-          "open",
-          [](const std::string& name, uint64_t capacity, uint64_t granule, const std::string& label,
-             double timeout_s, const std::string& huge_pages) {
-            node::NodePoolOptions o;
-            o.huge_pages = parse_huge_policy(huge_pages.empty() ? options().text("FERRY_HUGE_PAGES") : huge_pages);
-            o.capacity = capacity;
-            o.granule = granule;
-            o.label = label;
-            o.attach_timeout_s = timeout_s;
-            GilRelease unlocked;
-            return NodePool::open(name, o);
-          },
+      .def_static("open", &open_pool,
           "name"_a, "capacity"_a, "granule"_a, "label"_a, "timeout_s"_a, "huge_pages"_a = "")
       .def_prop_ro("name", &NodePool::name)
       .def_prop_ro("address", [](const NodePool& p) { return reinterpret_cast<uintptr_t>(p.data()); })
@@ -85,40 +110,16 @@ void bind_node(nb::module_& m) {
       .def("take", &NodePool::take)
       .def("reclaim_dead", &NodePool::reclaim_dead)
       .def("describe_holders", &NodePool::describe_holders)
-      .def("stats",
-           [](NodePool& p) {
-             const node::NodePoolStats s = p.stats();
-             nb::list members;
-             for (const node::HolderInfo& h : s.members) {
-               nb::dict d;
-               d["slot"] = h.slot;
-               d["pid"] = h.pid;
-               d["label"] = h.label;
-               d["bytes"] = h.bytes;
-               d["blocks"] = h.blocks;
-               d["named"] = h.named;
-               d["this_process"] = h.slot == s.slot;
-               members.append(d);
-             }
-             nb::dict d;
-             d["capacity"] = s.capacity;
-             d["granule"] = s.granule;
-             d["used"] = s.used;
-             d["free"] = s.capacity - s.used;
-             d["largest_free"] = s.largest_free;
-             d["repairs"] = s.repairs;
-             d["page_bytes"] = s.page_bytes;
-             d["created_here"] = s.created;
-             d["members"] = members;
-             return d;
-           })
+      .def("stats", &pool_stats)
       .def("add", &NodePool::add)
       .def("load", &NodePool::load)
       .def("wait_at_least", [](const NodePool& p, uint64_t offset, uint32_t value, double timeout_s) {
         GilRelease unlocked;
         return p.wait_at_least(offset, value, timeout_s);
       });
+}
 
+void bind_node_registration(nb::module_& m) {
   nb::class_<cuda::NodeRegistration>(m, "NodeRegistration")
       .def("__init__",
            [](cuda::NodeRegistration* r, std::shared_ptr<NodePool> pool, int device) {
@@ -135,6 +136,13 @@ void bind_node(nb::module_& m) {
            })
       .def("registered_bytes", &cuda::NodeRegistration::registered_bytes)
       .def("close", [](cuda::NodeRegistration&) {});
+}
+
+}  // namespace
+
+void bind_node(nb::module_& m) {
+  bind_node_pool(m);
+  bind_node_registration(m);
 }
 
 }  // namespace ferry::python

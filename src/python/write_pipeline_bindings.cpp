@@ -149,9 +149,8 @@ void acquire(LockHandle& h, nb::handle timeout) {
   }
 }
 
-}  // namespace
-
-void bind_write_pipeline(nb::module_& m) {
+// AtomicFile: a file written whole or not at all, and save() into it.
+void bind_atomic_file(nb::module_& m) {
   nb::class_<FileHandle>(m, "AtomicFile",
                          "A file written whole or not at all (load/atomic_file.h): a temporary file that finish() "
                          "cuts, gives the replaced file's mode and owner and fsyncs, and publish() renames over path.")
@@ -213,7 +212,9 @@ void bind_write_pipeline(nb::module_& m) {
       .def_prop_ro("durable", [](FileHandle& h) { return h.file->durable(); })
       .def_prop_ro("fd", [](FileHandle& h) { return h.file->fd(); })
       .def_prop_ro("notes", [](FileHandle& h) { return h.file->notes(); });
+}
 
+void bind_path_lock(nb::module_& m) {
   nb::class_<LockHandle>(m, "PathLock", "The publish lock of a checkpoint path (load/path_lock.h).")
       .def(
           "__init__",
@@ -226,7 +227,11 @@ void bind_write_pipeline(nb::module_& m) {
            "Waits up to timeout seconds for the lock (OSLayerError ETIMEDOUT naming the holder after that).")
       .def("release", [](LockHandle& h) { h.lock->release(); })
       .def_prop_ro("held", [](LockHandle& h) { return h.lock->held(); });
+}
 
+// Calls on paths that a save makes around its files: fsyncs, unlink, the mode
+// a replacing file gets.
+void bind_path_calls(nb::module_& m) {
   m.def(
       "sync_directory",
       [](nb::handle directory) {
@@ -264,6 +269,14 @@ void bind_write_pipeline(nb::module_& m) {
                               r.gid < 0 ? nb::none() : nb::cast(r.gid));
       },
       "like"_a, "(permission bits, uid, gid) a file replacing the first regular file of like gets (uid None: new).");
+}
+
+}  // namespace
+
+void bind_write_pipeline(nb::module_& m) {
+  bind_atomic_file(m);
+  bind_path_lock(m);
+  bind_path_calls(m);
 }
 
 }  // namespace ferry::python
