@@ -29,6 +29,7 @@ NB_MODULE(_ferry, m) {
   ferry::python::bind_load(m);            // checkpoint loader
   ferry::python::bind_node(m);            // node pool
   ferry::python::bind_handoff(m);         // node handoff
+  ferry::python::bind_node_file(m);       // node load's shared file reads
   ferry::python::bind_write_pipeline(m);  // save's writers
   ferry::python::bind_os(m);              // the OS layer python/ferry uses
 }
