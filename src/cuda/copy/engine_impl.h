@@ -11,6 +11,7 @@
 // set at creation (placement, pools) or guarded by its own class.
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -97,6 +98,11 @@ struct CopyEngine::Impl {
   // Pin-in-place (pinned_share 1) or hybrid.
   void run_pin_in_place(const std::shared_ptr<CopyState>& st, Direction dir, void* dst, const void* src,
                         size_t n, double pinned_share, cudaStream_t caller);
+  // Its steps: the parts that go through the pipeline, in chunks (*staged_bytes
+  // their sum); one body piece pinned, copied and queued for unpinning.
+  std::vector<Piece> staged_chunks_of(PinPlan& plan, double pinned_share, size_t n, size_t* staged_bytes) const;
+  bool pin_piece(const std::shared_ptr<CopyState>& st, Direction dir, char* h, char* d, size_t bytes,
+                 cudaStream_t caller, const std::shared_ptr<TaskGroup>& unpinned, std::exception_ptr* error);
 };
 
 }  // namespace ferry::cuda

@@ -22,17 +22,8 @@ void CopyEngine::Impl::run_pin_in_place(const std::shared_ptr<CopyState>& st, Di
                                         const void* src, size_t n, double pinned_share, cudaStream_t caller) {
   const void* host = dir == Direction::h2d ? src : dst;
   PinPlan plan = plan_pin_in_place(reinterpret_cast<uintptr_t>(host), n, options.profile.pin_piece_bytes);
-  std::vector<Piece> staged;
-  if (plan.head.bytes) staged.push_back(plan.head);
-  split_hybrid(plan, pinned_share, staged);
-  if (plan.tail.bytes) staged.push_back(plan.tail);
-  std::vector<Piece> staged_chunks;
   size_t staged_bytes = 0;
-  for (const Piece& p : staged) {
-    staged_bytes += p.bytes;
-    for (const Piece& c : split_even(p.bytes, staged_chunk_bytes(n)))
-      staged_chunks.push_back({p.offset + c.offset, c.bytes});
-  }
+  const std::vector<Piece> staged_chunks = staged_chunks_of(plan, pinned_share, n, &staged_bytes);
   if (plan.body.empty()) {
     run_streamed(st, dir, dst, src, staged_chunks, caller);
     return;
@@ -51,43 +42,8 @@ void CopyEngine::Impl::run_pin_in_place(const std::shared_ptr<CopyState>& st, Di
     char* h = const_cast<char*>(static_cast<const char*>(host)) + piece.offset;
     char* d = dir == Direction::h2d ? static_cast<char*>(dst) + piece.offset
                                     : const_cast<char*>(static_cast<const char*>(src)) + piece.offset;
-    try {
-      if (fault_injected(FaultPoint::register_host))
-        throw CudaError("cudaHostRegister (pin in place) failed: injected fault (FERRY_FAULT_INJECT)",
-                        cudaErrorMemoryAllocation);
-      check(cudaHostRegister(h, piece.bytes, cudaHostRegisterDefault), "cudaHostRegister (pin in place)");
-    } catch (...) {
-      error = std::current_exception();
-      break;
-    }
+    if (!pin_piece(st, dir, h, d, piece.bytes, caller, unpinned, &error)) break;
     ++pieces;
-    cudaEvent_t dma_done = nullptr;
-    cudaError_t err = cudaEventCreateWithFlags(&dma_done, cudaEventDisableTiming);
-    if (err == cudaSuccess)
-      err = dir == Direction::h2d ? cudaMemcpyAsync(d, h, piece.bytes, cudaMemcpyDefault, caller)
-                                  : cudaMemcpyAsync(h, d, piece.bytes, cudaMemcpyDefault, caller);
-    if (err == cudaSuccess) err = cudaEventRecord(dma_done, caller);
-    if (err != cudaSuccess) {
-      try {
-        check(err, "cudaMemcpyAsync (pinned in place)");
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    // Unpin behind the DMA, on the pinner thread.
-    unpinned->add(1);
-    st->host_tasks.add(1);
-    pinner->submit([device = options.device, st, h, dma_done, unpinned] {
-      cudaSetDevice(device);  // the pinner thread's own device: it serves this engine only
-      if (dma_done) {
-        cudaEventSynchronize(dma_done);
-        cudaEventDestroy(dma_done);
-      }
-      cudaHostUnregister(h);
-      cudaGetLastError();
-      st->host_tasks.done();
-      unpinned->done();
-    });
     if (error) break;
   }
   {
@@ -108,6 +64,69 @@ void CopyEngine::Impl::run_pin_in_place(const std::shared_ptr<CopyState>& st, Di
     st->fail(error);
     std::rethrow_exception(error);
   }
+}
+
+// Head, the share of the body the hybrid leaves unpinned (moved out of
+// plan.body) and tail, each cut into the stream-ordered pipeline's chunks.
+std::vector<Piece> CopyEngine::Impl::staged_chunks_of(PinPlan& plan, double pinned_share, size_t n,
+                                                      size_t* staged_bytes) const {
+  std::vector<Piece> staged;
+  if (plan.head.bytes) staged.push_back(plan.head);
+  split_hybrid(plan, pinned_share, staged);
+  if (plan.tail.bytes) staged.push_back(plan.tail);
+  std::vector<Piece> staged_chunks;
+  for (const Piece& p : staged) {
+    *staged_bytes += p.bytes;
+    for (const Piece& c : split_even(p.bytes, staged_chunk_bytes(n)))
+      staged_chunks.push_back({p.offset + c.offset, c.bytes});
+  }
+  return staged_chunks;
+}
+
+// One body piece: registered, its DMA enqueued on the caller's stream, its
+// unregister queued on the pinner thread behind the DMA. False when the
+// registration failed (nothing enqueued); *error holds the failure, also a
+// failed DMA enqueue after which the piece is still unregistered.
+bool CopyEngine::Impl::pin_piece(const std::shared_ptr<CopyState>& st, Direction dir, char* h, char* d,
+                                 size_t bytes, cudaStream_t caller, const std::shared_ptr<TaskGroup>& unpinned,
+                                 std::exception_ptr* error) {
+  try {
+    if (fault_injected(FaultPoint::register_host))
+      throw CudaError("cudaHostRegister (pin in place) failed: injected fault (FERRY_FAULT_INJECT)",
+                      cudaErrorMemoryAllocation);
+    check(cudaHostRegister(h, bytes, cudaHostRegisterDefault), "cudaHostRegister (pin in place)");
+  } catch (...) {
+    *error = std::current_exception();
+    return false;
+  }
+  cudaEvent_t dma_done = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&dma_done, cudaEventDisableTiming);
+  if (err == cudaSuccess)
+    err = dir == Direction::h2d ? cudaMemcpyAsync(d, h, bytes, cudaMemcpyDefault, caller)
+                                : cudaMemcpyAsync(h, d, bytes, cudaMemcpyDefault, caller);
+  if (err == cudaSuccess) err = cudaEventRecord(dma_done, caller);
+  if (err != cudaSuccess) {
+    try {
+      check(err, "cudaMemcpyAsync (pinned in place)");
+    } catch (...) {
+      *error = std::current_exception();
+    }
+  }
+  // Unpin behind the DMA, on the pinner thread.
+  unpinned->add(1);
+  st->host_tasks.add(1);
+  pinner->submit([device = options.device, st, h, dma_done, unpinned] {
+    cudaSetDevice(device);  // the pinner thread's own device: it serves this engine only
+    if (dma_done) {
+      cudaEventSynchronize(dma_done);
+      cudaEventDestroy(dma_done);
+    }
+    cudaHostUnregister(h);
+    cudaGetLastError();
+    st->host_tasks.done();
+    unpinned->done();
+  });
+  return true;
 }
 
 }  // namespace ferry::cuda
