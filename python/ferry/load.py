@@ -21,6 +21,7 @@ import os
 import threading
 
 from . import _args, _device, _ferry
+from ._per_device import PerDevice
 from .bounded_read import Unreadable, read_regular_file
 from .errors import InvalidArgumentError
 
@@ -84,38 +85,20 @@ class Loader:
     direct_io = property(lambda self: self._native.direct_io)
 
 
-_default_loaders: dict[int, Loader] = {}
-_default_lock = threading.Lock()
+_default_loaders: PerDevice[Loader] = PerDevice(Loader)  # forgotten in a forked child (_per_device.py)
 
 
 def default_loader(device: int | None = None) -> Loader:
     """The process's Loader for `device` with the FERRY_LOAD_* defaults
     (created on first use; it keeps its pinned staging until
     release_default_loaders()). None: the current CUDA device (docs/api.md)."""
-    device = _device.index(device)
-    with _default_lock:
-        loader = _default_loaders.get(device)
-        if loader is None:
-            loader = _default_loaders[device] = Loader(device)
-        return loader
-
-
-def _forget_after_fork() -> None:
-    """In a forked child the parent's loaders (their threads, pinned ring and
-    CUDA state) are not usable: forget them, so a load there makes its own."""
-    global _default_lock
-    _default_lock = threading.Lock()
-    _default_loaders.clear()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
+    return _default_loaders.get(_device.index(device))
 
 
 def release_default_loaders() -> None:
     """Drop the default loaders: their pinned staging goes back to the OS
     (once no load is running); the next load creates a new one."""
-    with _default_lock:
-        _default_loaders.clear()
+    _default_loaders.clear()
 
 
 def read_safetensors_header(path) -> dict:

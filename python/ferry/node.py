@@ -74,6 +74,7 @@ def _forked() -> None:
     _fork_generation += 1
 
 
+# Not a ferry._per_device cache: nothing is forgotten, each open pool checks this count on use.
 os.register_at_fork(after_in_child=_forked)
 
 

@@ -57,23 +57,30 @@ def test_child_forgets_the_parents_process_wide_pools_and_loaders_even_mid_lock(
     code, out, err = run("""
         import threading, ferry
         from ferry import load
-        from ferry.torch import pinned
-        pinned._default_pools[0] = ferry.Pool()   # stands in for a pinned pool (no GPU here)
-        load._default_loaders[0] = object()
+        from ferry.torch import pinned, save
+        caches = (pinned._default_pools, load._default_loaders, save._pageable_pool)
+        pinned._default_pools._made[0] = ferry.Pool()   # stands in for a pinned pool (no GPU here)
+        load._default_loaders._made[0] = object()
+        save.pageable_pool()                             # a real one (pageable)
         held, release = threading.Event(), threading.Event()
         def hold():
-            with pinned._lock, load._default_lock:
+            with pinned._default_pools._lock, load._default_loaders._lock, save._pageable_pool._lock:
                 held.set(); release.wait()
         t = threading.Thread(target=hold); t.start(); held.wait()
         pid = os.fork()
         if pid == 0:
-            ok = not pinned._default_pools and not load._default_loaders
-            ok = ok and pinned._lock.acquire(timeout=5) and load._default_lock.acquire(timeout=5)
+            ok = not any(c._made for c in caches)
+            ok = ok and all(c._lock.acquire(timeout=5) and (c._lock.release() or True) for c in caches)
+            ok = ok and save.pageable_pool() is not None   # the child makes its own
             os._exit(0 if ok else 3)
-        status = os.waitpid(pid, 0)[1]
+        deadline = time.monotonic() + 60
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if done[0] == 0:
+            os.kill(pid, 9); os.waitpid(pid, 0)
         release.set(); t.join()
-        assert status == 0, status
-        assert 0 in pinned._default_pools and 0 in load._default_loaders, "the parent's were dropped"
+        assert done[0] and done[1] == 0, done
+        assert all(c.peek(k) is not None for c, k in zip(caches, (0, 0, None))), "the parent's were dropped"
         print("parent ok")
     """)
     assert code == 0 and "parent ok" in out, err

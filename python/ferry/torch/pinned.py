@@ -15,42 +15,28 @@ its final dtype and shape (``_ferry.pool_tensor``): about the cost of
 
 from __future__ import annotations
 
-import os
-import threading
-
 from .. import _args, _device, _ferry
+from .._per_device import PerDevice
 from ..pool import PinnedPool
 from . import _torch_private
 from ._torch import torch_module as _torch
 
-_lock = threading.Lock()
-_default_pools: dict[int, PinnedPool] = {}
 _dlpack_dtypes: dict = {}  # torch dtype -> (DLPack type code, bits); filled on first use
 _from_capsule = None  # torch's DLPack capsule -> tensor
+
+
+def _new_pool(device: int) -> PinnedPool:
+    return PinnedPool(device=device)
+
+
+_default_pools: PerDevice[PinnedPool] = PerDevice(_new_pool)  # forgotten in a forked child (_per_device.py)
 
 
 def default_pinned_pool(device: int | None = None) -> PinnedPool:
     """The process-wide pinned pool for `device` (None: the current CUDA device,
     docs/api.md), created on first use (recycled memory uninitialized, unless
     FERRY_ZERO_RECYCLED=1)."""
-    device = _device.index(device)
-    with _lock:
-        pool = _default_pools.get(device)
-        if pool is None:
-            pool = _default_pools[device] = PinnedPool(device=device)
-        return pool
-
-
-def _forget_after_fork() -> None:
-    """In a forked child: the parent's pools are not the child's (their memory
-    is not mapped here: core/fork.h, os/dont_fork.h), so the next use makes a
-    new one, and the lock a parent's thread may have held is replaced."""
-    global _lock
-    _lock = threading.Lock()
-    _default_pools.clear()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
+    return _default_pools.get(_device.index(device))
 
 
 def _fill_dlpack_table(torch) -> None:
@@ -79,7 +65,7 @@ def empty_pinned(shape, dtype=None, pool: PinnedPool | None = None, *, zero: boo
     if code_bits is None:
         return _empty_pinned_other(shape, dtype, pool, zero)
     if pool is None:
-        pool = _default_pools.get(0)
+        pool = _default_pools.peek(0)
         if pool is None:  # the first call: a bad shape is refused before a device is touched
             _args.shape(shape)
             pool = default_pinned_pool(0)  # GPU 0's pool, not the device=None rule's: docs/api.md

@@ -97,6 +97,7 @@ def _forget_in_child() -> None:
     _published_lock = threading.Lock()
 
 
+# Not a ferry._per_device cache: the child keeps _published (the parent's publications stay true), only the lock is new.
 os.register_at_fork(after_in_child=_forget_in_child)
 
 

@@ -34,17 +34,17 @@ What goes in the file (items, header, order, shards, ties):
 ``ferry.torch.file_layout``; how the files replace the earlier checkpoint
 whole: ``ferry.torch.publish``.
 
-Locking: ``_lock`` guards ``_pageable_pool`` (made once per process: a forked
-child drops the parent's reference and makes its own). Each save's slots
+Locking: ``_pageable_pool`` is made once per process under its own lock (a
+forked child forgets the parent's and makes its own: ferry._per_device). Each save's slots
 belong to that save (C++); no CUDA call is made under a lock.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 
 from .. import _ferry, temp_names
+from .._per_device import PerDevice
 from ..atomic_file import AtomicFile
 from ..pool import Pool
 from . import publish as _publish
@@ -59,28 +59,13 @@ SLOTS = 8
 WRITERS = 4
 RESERVE = True  # fallocate each file's blocks before writing it (src/load/atomic_file.h: AtomicFile::reserve)
 
-_lock = threading.Lock()
-_pageable_pool: Pool | None = None  # guarded by _lock; the ring for CPU-only saves
-
-
-def _forget_pool_in_child() -> None:
-    """After fork(), in the child: the parent's pool (and a lock another thread may
-    have held) stay with the parent; the child makes its own on first use."""
-    global _lock, _pageable_pool
-    _lock = threading.Lock()
-    _pageable_pool = None
-
-
-os.register_at_fork(after_in_child=_forget_pool_in_child)
+# The ring for CPU-only saves: one pageable pool per process (key None), forgotten in a forked child.
+_pageable_pool: PerDevice[Pool] = PerDevice(lambda _: Pool())
 
 
 def pageable_pool() -> Pool:
     """The process's pageable ferry pool for CPU-only saves and snapshots (made on first use)."""
-    global _pageable_pool
-    with _lock:
-        if _pageable_pool is None:
-            _pageable_pool = Pool()
-        return _pageable_pool
+    return _pageable_pool.get(None)
 
 
 def host_pool(items: list[Item]) -> Pool:

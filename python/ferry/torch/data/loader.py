@@ -72,6 +72,7 @@ def _new_locks_after_fork() -> None:
     _SLOT_POOL_LOCK, _WORKER_START_LOCK = threading.Lock(), threading.Lock()
 
 
+# Not a ferry._per_device cache: two module locks, no object per device, to remake in the child.
 os.register_at_fork(after_in_child=_new_locks_after_fork)
 
 
