@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "python/args.h"
+#include "python/torch_adapter.h"
 
 namespace nb = nanobind;
 
@@ -195,10 +196,7 @@ cudaStream_t stream_of(nb::handle stream, int torch_device) {
   if (stream.is_none()) {
     if (torch_device < 0) return nullptr;
     // torch's current stream on that device, without making a Stream object.
-    // Kept for the life of the process (a static nb::object would be released
-    // after the interpreter is gone).
-    static PyObject* current = nb::object(nb::module_::import_("torch._C").attr("_cuda_getCurrentRawStream")).release().ptr();
-    return named_stream(nb::cast<uintptr_t>(nb::handle(current)(torch_device)));
+    return named_stream(torch_current_stream(torch_device));
   }
   // A handle is an address: 0 .. 2**64-1 (stream=-1 or 2**64 was a std::bad_cast).
   if (PyLong_Check(stream.ptr()) && !PyBool_Check(stream.ptr()))

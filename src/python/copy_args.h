@@ -38,7 +38,8 @@ std::vector<uintptr_t> addresses(nanobind::handle obj, const char* role);
 std::vector<int64_t> block_ids(nanobind::handle obj, const char* role);
 
 // None -> torch's current stream on `device` when a torch CUDA tensor is
-// involved (torch_device >= 0), else 0 (the legacy default stream); an int;
+// involved (torch_device >= 0; asked through torch_adapter.h), else 0 (the
+// legacy default stream); an int;
 // or anything with a `cuda_stream` attribute (torch.cuda.Stream).
 cudaStream_t stream_of(nanobind::handle stream, int torch_device);
 

@@ -5,6 +5,7 @@ but `python -m ferry`."""
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -242,3 +243,24 @@ def test_private_torch_names_only_in_the_adapter():
                       for hit in private_torch_names(path.read_text(), tensor_private)]
     assert not found, ("private PyTorch names outside ferry/torch/_torch_private.py (add a function there, "
                        "with the versions it was checked against):\n  " + "\n  ".join(found))
+
+
+def test_bindings_reach_pytorch_only_through_the_adapter():
+    """No file of src/python imports a PyTorch module but torch_adapter.cpp, and
+    that one only asks ferry/torch/_torch_private.py (where the private names and
+    their checked versions are) for the callables it keeps."""
+    src = pathlib.Path(__file__).resolve().parents[2] / "src" / "python"
+    if not src.is_dir():
+        import pytest
+
+        pytest.skip("no source tree beside the tests")
+    found = [f"{p.name}:{n}: {line.strip()}" for p in sorted(src.iterdir()) if p.suffix in (".cpp", ".h")
+             and p.name != "torch_adapter.cpp"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r'import_\("torch', line)]
+    assert not found, "PyTorch imported outside src/python/torch_adapter.cpp:\n  " + "\n  ".join(found)
+    adapter = (src / "torch_adapter.cpp").read_text()
+    assert re.findall(r'import_\("([\w.]+)"\)', adapter) == ["ferry.torch._torch_private"]
+    from ferry.torch import _torch_private
+
+    asked = re.findall(r'adapter_callable\(&\w+, "(\w+)"\)', adapter)
+    assert asked and all(callable(getattr(_torch_private, name, None)) for name in asked), asked

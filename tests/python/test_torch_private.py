@@ -41,6 +41,18 @@ def test_cuda_state_calls():
     assert pt.empty_host_cache() in (True, False)
 
 
+def test_current_raw_stream_getter_is_the_current_stream():
+    get = pt.current_raw_stream_getter()
+    assert callable(get)
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the stream handles cannot be compared")
+    for device in range(torch.cuda.device_count()):
+        assert get(device) == torch.cuda.current_stream(device).cuda_stream
+        side = torch.cuda.Stream(device)
+        with torch.cuda.stream(side):
+            assert get(device) == side.cuda_stream != 0
+
+
 def test_the_iterator_methods_ferry_overrides_exist_in_pytorch():
     single, multi = pt.iterator_classes()
     assert issubclass(loader._FerryMultiProcessIter, multi) and issubclass(loader._FerrySingleProcessIter, single)

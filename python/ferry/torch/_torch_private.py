@@ -58,6 +58,21 @@ def in_bad_fork() -> bool:
     return torch_module().cuda._is_in_bad_fork()
 
 
+def current_raw_stream_getter():
+    """The function ``device -> int``: the handle of the calling thread's current
+    CUDA stream on `device`, without making a Stream object (the copy calls' stream
+    when none is named: src/python/torch_adapter.cpp asks for this function once and
+    calls it per copy). ``torch._C._cuda_getCurrentRawStream`` (what Triton and
+    Inductor call), else ``torch.cuda.current_stream(device).cuda_stream`` (slower:
+    it makes a Stream; for a release that drops the private call). Checked 2.6-2.11
+    (both have it)."""
+    torch = torch_module()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda device: torch.cuda.current_stream(device).cuda_stream
+
+
 def empty_host_cache() -> bool:
     """Releases PyTorch's cached pinned host blocks (``torch._C._host_emptyCache``);
     False where this PyTorch has no such call. Checked 2.6-2.11 (both have it)."""
