@@ -249,14 +249,21 @@ Arena::Attempt Arena::map_small_pages(size_t bytes, PageKind kind) {
   a.backing = Backing::small_pages;
   if (kind == PageKind::small && !refused(kNoHugeAdvice)) {
     if (int err = os::advise_no_huge(reinterpret_cast<void*>(a.mapping.base), bytes))
-      fall_back(kNoHugeAdvice,
-                transient(err) ? "madvise(MADV_NOHUGEPAGE) failed for a " + format_bytes(bytes) + " chunk (" +
-                                     errno_text(err) + "); that chunk has no advice, the next one tries again"
-                               : std::string("madvise(MADV_NOHUGEPAGE) refused (") + std::strerror(err) +
-                                     "); small chunks get no advice",
-                !transient(err));
+      advice_failed(kNoHugeAdvice, "MADV_NOHUGEPAGE", err, bytes, "that chunk has no advice",
+                    "small chunks get no advice");
   }
   return a;
+}
+
+void Arena::advice_failed(Feature f, const char* advice, int err, size_t bytes, const char* this_chunk,
+                          const char* from_now_on) {
+  if (transient(err))
+    fall_back(f,
+              std::string("madvise(") + advice + ") failed for a " + format_bytes(bytes) + " chunk (" +
+                  errno_text(err) + "); " + this_chunk + ", the next one tries again",
+              false);
+  else
+    fall_back(f, std::string("madvise(") + advice + ") refused (" + std::strerror(err) + "); " + from_now_on, true);
 }
 
 Arena::Mapping Arena::map_or_throw(size_t bytes) const {
@@ -279,12 +286,8 @@ void Arena::bind_to_numa_node(const Mapping& m, size_t bytes) {
 void Arena::hide_from_fork(const Mapping& m, size_t bytes) {
   if (!pinned_ || m.fd >= 0 || refused(kDontFork)) return;
   if (int err = os::hide_from_fork(reinterpret_cast<void*>(m.base), bytes))
-    fall_back(kDontFork,
-              transient(err) ? "madvise(MADV_DONTFORK) failed for a " + format_bytes(bytes) + " chunk (" +
-                                   errno_text(err) + "); a fork copies that chunk, the next one tries again"
-                             : std::string("madvise(MADV_DONTFORK) refused (") + std::strerror(err) +
-                                   "); every fork copies the pinned chunks into the child (use memfd=True)",
-              !transient(err));
+    advice_failed(kDontFork, "MADV_DONTFORK", err, bytes, "a fork copies that chunk",
+                  "every fork copies the pinned chunks into the child (use memfd=True)");
 }
 
 MappedChunk Arena::reserve(size_t bytes, PageKind kind) {

@@ -126,6 +126,11 @@ class Arena {
   Mapping map_or_throw(size_t bytes) const;
   // mbind to the arena's NUMA node, if it has one (a refusal is remembered).
   void bind_to_numa_node(const Mapping& m, size_t bytes);
+  // A madvise that failed: a transient error (EAGAIN, ENOMEM) noted for this
+  // chunk only ("<this_chunk>, the next one tries again"), any other
+  // remembered ("<from_now_on>").
+  void advice_failed(Feature f, const char* advice, int err, size_t bytes, const char* this_chunk,
+                     const char* from_now_on);
   bool refused(Feature f) const;
   // Records a fallback: counts it, adds the note once, remembers the refusal
   // when `remember`.
