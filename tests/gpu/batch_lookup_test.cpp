@@ -15,23 +15,13 @@
 #include "core/error.h"
 #include "cuda/copy/copy_engine.h"
 #include "cuda/pointer_lookup.h"
+#include "test_buffers.h"
+#include "test_engine.h"
 
 namespace ferry::cuda {
 namespace {
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-constexpr size_t KiB = 1u << 10, MiB = 1u << 20;
-
-void fill_random(unsigned char* p, size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(rng());
-}
-
-CopyEngine& engine() {
-  static CopyEngine e(CopyEngineOptions::from_environment(0));
-  return e;
-}
+using namespace ferry::cuda::testing;
 
 TEST(PointerLookup, KindsRangesAndOneQueryPerAllocation) {
   const size_t n = 3 * MiB + 5;

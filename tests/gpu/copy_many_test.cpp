@@ -17,16 +17,12 @@
 #include "core/fault.h"
 #include "cuda/copy/copy_engine.h"
 #include "test_buffers.h"
+#include "test_engine.h"
 
 namespace ferry::cuda {
 namespace {
 
 using namespace ferry::cuda::testing;
-
-CopyEngine& engine() {
-  static CopyEngine e(CopyEngineOptions::from_environment(0));
-  return e;
-}
 
 enum class HostKind { pageable, registered, pinned };
 

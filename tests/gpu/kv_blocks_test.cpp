@@ -24,16 +24,12 @@
 #include "cuda/copy/block_plan.h"
 #include "cuda/copy/copy_engine.h"
 #include "test_buffers.h"
+#include "test_engine.h"
 
 namespace ferry::cuda {
 namespace {
 
 using namespace ferry::cuda::testing;
-
-CopyEngine& engine() {
-  static CopyEngine e(CopyEngineOptions::from_environment(0));
-  return e;
-}
 
 uint64_t test_seed() {
   static const uint64_t seed = [] {
