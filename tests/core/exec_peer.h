@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -19,8 +20,11 @@ namespace ferry::testing {
 
 class ExecPeer {
  public:
-  // test: the gtest name to run ("Suite.DISABLED_Name"); env_name=args in its environment.
-  ExecPeer(const std::string& test, const char* env_name, const std::string& args) {
+  // test: the gtest name to run ("Suite.DISABLED_Name"); env_name=args in its
+  // environment; in_child, if given, runs in the child just before the exec
+  // (redirections, credentials: node_member.h's MemberProcess; it may _exit).
+  ExecPeer(const std::string& test, const char* env_name, const std::string& args,
+           const std::function<void()>& in_child = {}) {
     char exe[4096];
     const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
     exe[n > 0 ? n : 0] = '\0';
@@ -30,6 +34,7 @@ class ExecPeer {
     if (pid_ == 0) {
       ::setenv(env_name, args.c_str(), 1);
       ::unsetenv("GTEST_OUTPUT");
+      if (in_child) in_child();
       ::execl(exe, exe, filter.c_str(), "--gtest_also_run_disabled_tests", static_cast<char*>(nullptr));
       ::_exit(127);
     }

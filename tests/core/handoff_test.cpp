@@ -148,43 +148,11 @@ std::string recv_round(Handoff& h, uint64_t seed, int r) {
   return "";
 }
 
-// The other process: this binary, running HandoffPeer.DISABLED_Run with `args`.
-class Peer {
+// The other process: this binary, running HandoffPeer.DISABLED_Run with `args`
+// (exec_peer.h; finish() gives its exit code, -1 when killed after its timeout).
+class Peer : public ferry::testing::ExecPeer {
  public:
-  explicit Peer(const std::string& args) {
-    char exe[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[n > 0 ? n : 0] = '\0';
-    std::fflush(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setenv("FERRYTEST_HANDOFF", args.c_str(), 1);
-      ::unsetenv("GTEST_OUTPUT");
-      ::execl(exe, exe, "--gtest_filter=HandoffPeer.DISABLED_Run", "--gtest_also_run_disabled_tests",
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  ~Peer() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  int finish(double timeout_s = 60) {  // its exit code (-1: killed after timeout_s)
-    const auto t0 = std::chrono::steady_clock::now();
-    int status = 0;
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
-      if (seconds_since(t0) > timeout_s) return -1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
+  explicit Peer(const std::string& args) : ExecPeer("HandoffPeer.DISABLED_Run", "FERRYTEST_HANDOFF", args) {}
 };
 
 // producer-policy's peer_min_mean_bytes: round_sizes' means fall on both sides of it.

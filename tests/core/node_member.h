@@ -17,9 +17,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "exec_peer.h"
 
 namespace ferry::node {
 
@@ -62,35 +65,22 @@ class MemberProcess {
   explicit MemberProcess(uid_t uid = ::geteuid(), const std::string& node_dir = "") {
     int in[2], out[2];
     if (::pipe(in) != 0 || ::pipe(out) != 0) std::abort();
-    char exe[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[n > 0 ? n : 0] = '\0';
-    std::fflush(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
+    peer_.emplace("NodePoolMember.DISABLED_Serve", "FERRYTEST_NODE_MEMBER", "1", [&] {
       ::dup2(in[0], 0);
       ::dup2(out[1], 1);
       for (int fd : {in[0], in[1], out[0], out[1]}) ::close(fd);
-      ::setenv("FERRYTEST_NODE_MEMBER", "1", 1);
-      ::unsetenv("GTEST_OUTPUT");
       if (!node_dir.empty()) ::setenv("FERRY_NODE_DIR", node_dir.c_str(), 1);
       if (uid != ::geteuid() &&
           (::setgroups(0, nullptr) != 0 || ::setresgid(uid, uid, uid) != 0 || ::setresuid(uid, uid, uid) != 0))
         ::_exit(126);
-      ::execl(exe, exe, "--gtest_filter=NodePoolMember.DISABLED_Serve", "--gtest_also_run_disabled_tests",
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
+    });
     ::close(in[0]);
     ::close(out[1]);
     to_ = ::fdopen(in[1], "w");
     from_ = ::fdopen(out[0], "r");
   }
   ~MemberProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
+    peer_->kill9();
     if (to_) std::fclose(to_);
     if (from_) std::fclose(from_);
   }
@@ -109,22 +99,15 @@ class MemberProcess {
     }
     return "EOF";
   }
-  void kill9() {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  int finish() {  // "exit" and the exit code
+  void kill9() { peer_->kill9(); }
+  int finish() {  // "exit" and the exit code (-1: killed after 60 s)
     ask("exit");
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return peer_->finish();
   }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return peer_->pid(); }
 
  private:
-  pid_t pid_ = -1;
+  std::optional<ferry::testing::ExecPeer> peer_;  // this binary, exec'd again
   FILE* to_ = nullptr;
   FILE* from_ = nullptr;
 };
