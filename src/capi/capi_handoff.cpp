@@ -18,7 +18,6 @@
 
 using ferry::capi::guarded;
 using ferry::capi::live;
-using ferry::capi::read_struct;
 using ferry::capi::require;
 
 namespace ferry::capi {
@@ -55,6 +54,18 @@ ferry::node::HandoffRoute route_of(uint32_t r) {
                                ": expected FERRY_HANDOFF_ROUTE_AUTO (0), _POOL (1) or _PEER (2)");
 }
 
+// The caller's options over the defaults (NULL: the defaults).
+ferry::node::HandoffOptions to_cpp(const ferry_handoff_options_t* given) {
+  const ferry_handoff_options_t c = ferry::capi::options_or(given, defaults());
+  ferry::node::HandoffOptions o;
+  o.slots = c.slots;
+  o.slot_bytes = c.slot_bytes;
+  o.timeout_s = c.timeout_s;
+  o.poll_s = c.poll_s;
+  o.route = route_of(c.route);
+  return o;
+}
+
 void require_items(const void* items, const uint64_t* sizes, size_t count, const char* what) {
   if (count == 0) return;
   require(items, what);
@@ -78,13 +89,7 @@ ferry_status_t ferry_handoff_open(ferry_node_pool_t pool, const char* key, const
     std::shared_ptr<ferry::node::NodePool> p = ferry::capi::node_pool_of(pool);
     require(key, "key");
     require(out, "out");
-    const ferry_handoff_options_t c = options ? read_struct(options, defaults(), "options") : defaults();
-    ferry::node::HandoffOptions o;
-    o.slots = c.slots;
-    o.slot_bytes = c.slot_bytes;
-    o.timeout_s = c.timeout_s;
-    o.poll_s = c.poll_s;
-    o.route = route_of(c.route);
+    const ferry::node::HandoffOptions o = to_cpp(options);
     if (device < -1) throw ferry::InvalidArgument("device=" + std::to_string(device) + ": expected a GPU, or -1");
     auto h = std::make_unique<ferry_handoff>();
     std::unique_ptr<ferry::node::HandoffMover> mover;

@@ -16,7 +16,6 @@
 
 using ferry::capi::guarded;
 using ferry::capi::live;
-using ferry::capi::read_struct;
 using ferry::capi::require;
 
 struct ferry_node_pool : ferry::capi::HandleOf<ferry::capi::kNodePoolMagic> {
@@ -35,6 +34,19 @@ ferry_node_pool_options_t defaults() {
   o.granule = d.granule;
   o.label = nullptr;
   o.attach_timeout_s = d.attach_timeout_s;
+  return o;
+}
+
+// The caller's options over the defaults (NULL: the defaults); huge pages as
+// FERRY_HUGE_PAGES says (the creator's choice).
+ferry::node::NodePoolOptions to_cpp(const ferry_node_pool_options_t* given) {
+  const ferry_node_pool_options_t c = ferry::capi::options_or(given, defaults());
+  ferry::node::NodePoolOptions o;
+  o.capacity = c.capacity;
+  o.granule = c.granule;
+  o.label = c.label ? c.label : "";
+  o.attach_timeout_s = c.attach_timeout_s;
+  o.huge_pages = ferry::parse_huge_policy(ferry::options().text("FERRY_HUGE_PAGES"));
   return o;
 }
 
@@ -59,15 +71,8 @@ ferry_status_t ferry_node_pool_open(const char* name, const ferry_node_pool_opti
   return guarded([&] {
     require(name, "name");
     require(out, "out");
-    const ferry_node_pool_options_t c = options ? read_struct(options, defaults(), "options") : defaults();
-    ferry::node::NodePoolOptions o;
-    o.capacity = c.capacity;
-    o.granule = c.granule;
-    o.label = c.label ? c.label : "";
-    o.attach_timeout_s = c.attach_timeout_s;
-    o.huge_pages = ferry::parse_huge_policy(ferry::options().text("FERRY_HUGE_PAGES"));  // the creator's
     auto h = std::make_unique<ferry_node_pool>();
-    h->pool = ferry::node::NodePool::open(name, o);
+    h->pool = ferry::node::NodePool::open(name, to_cpp(options));
     *out = h.release();
   });
 }

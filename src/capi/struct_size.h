@@ -37,6 +37,13 @@ T read_struct(const T* in, T defaults, const char* what) {
   return defaults;
 }
 
+// A create or open call's options: the caller's laid over `defaults` as
+// read_struct does, or `defaults` when the caller passed none (NULL).
+template <class T>
+T options_or(const T* given, T defaults) {
+  return given ? read_struct(given, defaults, "options") : defaults;
+}
+
 // An output struct: the members of `value` that fit the caller's struct_size;
 // struct_size becomes the number of bytes written.
 template <class T>
