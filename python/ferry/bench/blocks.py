@@ -204,13 +204,14 @@ class _DeviceBlock:
 
 def _view(address: int, nbytes: int, device: bool):
     """A uint8 torch tensor over `nbytes` at `address` (device, or ferry's pinned host memory)."""
-    import ctypes
-
     import torch
+
+    from .. import _ferry
 
     if device:
         return torch.as_tensor(_DeviceBlock(address, nbytes), device="cuda")
-    return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+    # No owner: the bench's regions (measure_case's caller) outlive every view of them.
+    return torch.frombuffer(_ferry.MemorySpan(address, nbytes, None), dtype=torch.uint8)
 
 
 def gemm_slowdown(regions, size: int, total: int, sms: int | None, repeats: int) -> dict:
