@@ -342,7 +342,7 @@ def test_device_batches_equal_pytorchs(num_workers):
 
 
 def _to_cuda(batch):
-    from ferry.torch.data.batch_layout import map_leaves
+    from ferry.torch.containers import map_leaves
 
     return map_leaves(batch, lambda t: t.cuda(), lambda x: isinstance(x, torch.Tensor))
 
@@ -408,7 +408,7 @@ def test_device_batch_is_one_ferry_copy(monkeypatch):
 
 
 def _tensors(batch):
-    from ferry.torch.data.batch_layout import map_leaves
+    from ferry.torch.containers import map_leaves
 
     found = []
     map_leaves(batch, found.append, lambda x: isinstance(x, torch.Tensor))

@@ -13,10 +13,10 @@ returned as they are.
 
 from __future__ import annotations
 
-import copy
 import threading
 
 from ._torch import torch_module as _torch
+from .containers import leaves_of, map_leaves
 from .devices import cuda_device, with_index
 
 _pending_lock = threading.Lock()
@@ -38,52 +38,29 @@ def _keep_until_done(c) -> None:
         _pending.append(c)
 
 
+class _Slot:
+    """A tensor's place in the template: its index in the leaves."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
 def _flatten(obj, torch, leaves: list):
-    """A template of obj: each tensor replaced by its index in `leaves`,
-    containers kept with their templated items."""
-    if isinstance(obj, torch.Tensor):
-        leaves.append(obj)
-        return _Leaf(len(leaves) - 1)
-    if isinstance(obj, dict):
-        return _Node(obj, [(k, _flatten(v, torch, leaves)) for k, v in obj.items()])
-    if isinstance(obj, (list, tuple)):
-        return _Node(obj, [_flatten(v, torch, leaves) for v in obj])
-    return _Leaf(None, obj)
+    """A template of obj: each tensor replaced by its _Slot in `leaves` (appended
+    in order), containers (dict, list, tuple: ferry.torch.containers) kept."""
 
+    def take(t):
+        leaves.append(t)
+        return _Slot(len(leaves) - 1)
 
-class _Leaf:
-    __slots__ = ("index", "value")
-
-    def __init__(self, index, value=None):
-        self.index, self.value = index, value
-
-
-class _Node:
-    __slots__ = ("container", "items")
-
-    def __init__(self, container, items):
-        self.container, self.items = container, items
+    return map_leaves(obj, take, lambda x: isinstance(x, torch.Tensor), any_container=False)
 
 
 def _build(template, out: list):
-    if isinstance(template, _Leaf):
-        return out[template.index] if template.index is not None else template.value
-    c = template.container
-    if isinstance(c, dict):
-        # A shallow copy keeps the dict's type and attributes (a state_dict's
-        # _metadata, a defaultdict's factory); its values are replaced.
-        d = copy.copy(c)
-        for k, v in template.items:
-            d[k] = _build(v, out)
-        return d
-    values = [_build(v, out) for v in template.items]
-    if isinstance(c, list):
-        lst = copy.copy(c)
-        lst[:] = values
-        return lst
-    if hasattr(c, "_fields"):  # a named tuple
-        return type(c)(*values)
-    return type(c)(values)
+    """The template with each _Slot replaced by out[index]."""
+    return map_leaves(template, lambda slot: out[slot.index], lambda x: isinstance(x, _Slot), any_container=False)
 
 
 def copy_per_device(dsts, srcs, *, stream=None, wait: bool = True) -> list:
@@ -200,8 +177,7 @@ def to_host(obj, out=None, non_blocking: bool = False):
         raise InvalidArgumentError(f"to_host: out must be a tensor, a dict, list or tuple of them, or a "
                                    f"ferry.torch.Snapshot, not {type(out).__name__}")
     if out is not None:
-        out_leaves: list = []
-        _flatten(out, torch, out_leaves)
+        out_leaves = leaves_of(out, lambda x: isinstance(x, torch.Tensor), any_container=False)
         if len(out_leaves) != len(leaves):
             raise InvalidArgumentError(f"to_host: out holds {len(out_leaves)} tensors, obj {len(leaves)}")
         for i, (t, o) in enumerate(zip(leaves, out_leaves)):

@@ -11,15 +11,13 @@ a batch larger than the ones before) travels as bytes in its leaf instead
 (``TensorLeaf.data``): correct, slower, and the main process sizes later slots
 from ``Batch.needed_bytes``.
 
-Structures are walked the way PyTorch's ``pin_memory`` walks them: mappings,
-named tuples, tuples, sequences; anything else is a leaf that is passed as it
-is (and pickled by PyTorch's own rules).
+Structures are walked the way PyTorch's ``pin_memory`` walks them
+(``ferry.torch.containers.map_leaves``): mappings, named tuples, tuples,
+sequences; anything else is a leaf that is passed as it is (and pickled by
+PyTorch's own rules).
 """
 
 from __future__ import annotations
-
-import collections.abc
-import copy
 
 # Each tensor starts on this boundary in its slot: any dtype's view is aligned,
 # and no two tensors share a cache line.
@@ -114,37 +112,3 @@ class SlotWriter:
             return False
         p = tensor.data_ptr()
         return self.base <= p and p + tensor.numel() * tensor.element_size() <= self.base + self.capacity
-
-
-def map_leaves(data, fn, is_leaf):
-    """data with each x for which is_leaf(x) replaced by fn(x), containers
-    rebuilt as PyTorch's pin_memory rebuilds them."""
-    if is_leaf(data):
-        return fn(data)
-    if isinstance(data, (str, bytes)):
-        return data
-    if isinstance(data, collections.abc.Mapping):
-        try:
-            if isinstance(data, collections.abc.MutableMapping):
-                # The mapping type may carry attributes: clone it, then update.
-                clone = copy.copy(data)
-                clone.update({k: map_leaves(v, fn, is_leaf) for k, v in data.items()})
-                return clone
-            return type(data)({k: map_leaves(v, fn, is_leaf) for k, v in data.items()})
-        except TypeError:
-            return {k: map_leaves(v, fn, is_leaf) for k, v in data.items()}
-    if isinstance(data, tuple):
-        if hasattr(data, "_fields"):  # a named tuple
-            return type(data)(*(map_leaves(v, fn, is_leaf) for v in data))
-        return type(data)(map_leaves(v, fn, is_leaf) for v in data)
-    if isinstance(data, collections.abc.Sequence):
-        try:
-            if isinstance(data, collections.abc.MutableSequence):
-                clone = copy.copy(data)
-                for i, v in enumerate(data):
-                    clone[i] = map_leaves(v, fn, is_leaf)
-                return clone
-            return type(data)([map_leaves(v, fn, is_leaf) for v in data])
-        except TypeError:
-            return [map_leaves(v, fn, is_leaf) for v in data]
-    return data

@@ -23,7 +23,8 @@ import weakref
 import torch
 
 from ..transfer import copy_per_device
-from .batch_layout import Batch, SlotWriter, TensorLeaf, map_leaves
+from ..containers import map_leaves
+from .batch_layout import Batch, SlotWriter, TensorLeaf
 from .slot_collate import leaf_nbytes, leaf_view
 from .slots import Slot, SlotPool
 

@@ -23,7 +23,8 @@ import torch
 from torch.utils.data import default_collate
 
 from .. import _torch_private as pt
-from .batch_layout import SlotWriter, TensorLeaf, map_leaves
+from ..containers import map_leaves
+from .batch_layout import SlotWriter, TensorLeaf
 
 
 def _tensor_bytes(t) -> bytes:
