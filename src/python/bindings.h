@@ -22,5 +22,6 @@ void bind_handoff(nanobind::module_& m);         // the node handoff: handoff_bi
 void bind_node_file(nanobind::module_& m);       // the node load's file protocol: node_file_bindings.cpp
 void bind_write_pipeline(nanobind::module_& m);  // load/write_pipeline.h: write_pipeline_bindings.cpp
 void bind_os(nanobind::module_& m);              // src/os for python/ferry: os_bindings.cpp
+void bind_sysfs(nanobind::module_& m);           // cpulist, THP setting parsers: sysfs_bindings.cpp
 
 }  // namespace ferry::python

@@ -32,4 +32,5 @@ NB_MODULE(_ferry, m) {
   ferry::python::bind_node_file(m);       // node load's shared file reads
   ferry::python::bind_write_pipeline(m);  // save's writers
   ferry::python::bind_os(m);              // the OS layer python/ferry uses
+  ferry::python::bind_sysfs(m);           // the cpulist and THP parsers facts/ uses
 }
