@@ -39,9 +39,14 @@ void bind_sysfs(nb::module_& m) {
       "A Linux cpulist (b\"0-3,8\", the stride form b\"0-31:2/4\") as sorted distinct ids; blank is []; "
       "None for anything else, an id above MAX_CPU_ID or more than 2**17 ids (src/os/sysfs.h).");
   m.def(
-      "parse_thp_setting", [](nb::bytes text) { return os::parse_thp_setting(view_of(text)); }, "text"_a,
-      "The selected value of a THP setting (b\"always [madvise] never\" -> \"madvise\"; one bare word is "
-      "that word); \"\" when blank or garbled (src/os/sysfs.h).");
+      "parse_thp_setting",
+      [](nb::bytes text) {
+        const std::string value = os::parse_thp_setting(view_of(text));
+        return nb::bytes(value.data(), value.size());  // bytes back: the caller decodes as it encoded
+      },
+      "text"_a,
+      "The selected value of a THP setting (b\"always [madvise] never\" -> b\"madvise\"; one bare word is "
+      "that word); b\"\" when blank or garbled (src/os/sysfs.h).");
 }
 
 }  // namespace ferry::python

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
+from ... import _ferry
+
 # --- /proc/cpuinfo --------------------------------------------------------------------
 
 
@@ -42,48 +44,31 @@ def parse_cpuinfo_flags(text: str | None) -> list[str] | None:
 
 # --- cpulists ----------------------------------------------------------------------
 
+# The grammar is the library's (src/os/sysfs.h: parse_cpulist, bound as
+# ferry._ferry.parse_cpulist): one parser for ferry's threads and the doctor.
 # Largest CPU (or node) id a cpulist may name: the kernel's NR_CPUS is at most
 # 8192 today; the bound keeps "0-20000000" from expanding 20 million ids.
-MAX_CPU_ID = (1 << 16) - 1
-# Most ids all ranges of one cpulist may expand to, counting repeats.
+MAX_CPU_ID = _ferry.MAX_CPU_ID
+# Most ids all ranges of one cpulist may expand to, counting repeats (sysfs.cpp's kMaxIds).
 _MAX_CPULIST_IDS = 1 << 17
-
-# "N", "N-M" or the kernel's stride form "N-M:used/group" (every group of
-# `group` ids starting at N, the first `used` of them).
-_CPULIST_ITEM = re.compile(r"^([0-9]{1,10})(?:-([0-9]{1,10})(?::([0-9]{1,10})/([0-9]{1,10}))?)?$")
 
 
 def cpulist_ids(text: str) -> set[int]:
-    """A Linux cpulist ("0-3,8,10-11", "0-31:2/4") as a set of ids, strictly.
+    """A Linux cpulist ("0-3,8,10-11", "0-31:2/4": in each group of 4 ids
+    from 0, the first 2) as a set of ids, strictly.
 
     Blank text is the empty set (a node with no CPUs writes "\\n"). Raises
     ValueError quoting the text for anything else, for an id above MAX_CPU_ID and
     for ranges that add up to more than 2**17 ids; TypeError for a non-string."""
     if not isinstance(text, str):
         raise TypeError(f"cpulist must be a string, got {type(text).__name__} {text!r}")
-    stripped = text.strip()
-    if not stripped:
-        return set()
-    ids: set[int] = set()
-    budget = _MAX_CPULIST_IDS
-    for item in stripped.split(","):
-        match = _CPULIST_ITEM.match(item.strip())
-        if not match:
-            raise ValueError(f"bad cpulist {text!r} (at {item!r})")
-        first, last, used, group = match.groups()
-        lo = int(first)
-        hi = int(last) if last is not None else lo
-        used_n, group_n = (int(used), int(group)) if group is not None else (1, 1)
-        if hi < lo or used_n < 1 or group_n < used_n:
-            raise ValueError(f"bad cpulist {text!r} (at {item!r})")
-        if hi > MAX_CPU_ID:
-            raise ValueError(f"bad cpulist {text!r} (at {item!r}: ids are at most {MAX_CPU_ID})")
-        budget -= hi - lo + 1
-        if budget < 0:
-            raise ValueError(f"bad cpulist {text!r}: its ranges name more than {_MAX_CPULIST_IDS} ids")
-        for base in range(lo, hi + 1, group_n):
-            ids.update(range(base, min(base + used_n, hi + 1)))
-    return ids
+    # White space around the text and its items as Python reads it (str.strip), the rest by the library.
+    items = ",".join(item.strip() for item in text.split(",")) if text.strip() else ""
+    ids = _ferry.parse_cpulist(items.encode("utf-8", "surrogatepass"))
+    if ids is None:
+        raise ValueError(f"bad cpulist {text!r}: expected items N, N-M or N-M:used/group joined by commas, "
+                         f"ids at most {MAX_CPU_ID}, ranges naming at most {_MAX_CPULIST_IDS} ids in all")
+    return set(ids)
 
 
 def parse_cpulist(text: str | None) -> list[int] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from ... import _ferry
 from .integers import MAX_DIGITS
 
 # --- transparent huge pages ----------------------------------------------------------
@@ -14,23 +15,17 @@ def thp_setting(text: str) -> str | None:
     """The selected value of a THP setting, strictly: "always [madvise] never" ->
     "madvise"; a file holding one bare word is that word; blank text is None
     (unknown). Raises ValueError quoting the text for anything else: several
-    selections, several words with none selected, a stray bracket. The same rule
-    as the library's parse_thp_setting (src/os/sysfs.cpp)."""
-    words = text.split()
+    selections, several words with none selected, a stray bracket. The rule is
+    the library's (src/os/sysfs.h: parse_thp_setting, bound as
+    ferry._ferry.parse_thp_setting): one parser for the pools and the doctor."""
+    words = text.split()  # white space as Python reads it; the words' grammar is the library's
     if not words:
         return None
-    selected = []
-    for word in words:
-        inner = word[1:-1]
-        if len(word) >= 2 and word[0] == "[" and word[-1] == "]" and inner and "[" not in inner and "]" not in inner:
-            selected.append(inner)
-        elif "[" in word or "]" in word:
-            raise ValueError(f"THP setting {text!r}: stray bracket in {word!r}")
-    if len(selected) == 1:
-        return selected[0]
-    if not selected and len(words) == 1:
-        return words[0]
-    raise ValueError(f"THP setting {text!r}: expected one selected value such as 'always [madvise] never'")
+    value = _ferry.parse_thp_setting(" ".join(words).encode("utf-8", "surrogatepass"))
+    if not value:
+        raise ValueError(f"THP setting {text!r}: expected one selected value such as 'always [madvise] never' "
+                         f"or one bare word, without stray brackets")
+    return value.decode("utf-8", "surrogatepass")
 
 
 def parse_thp_setting(text: str | None) -> str | None:
