@@ -56,8 +56,8 @@ constexpr int kMaxCpuId = (1 << 16) - 1;
 
 // A Linux cpulist ("0-3,8,10-11", the stride form "0-31:2/4": in each group of
 // 4 ids from 0, the first 2) as sorted distinct ids; blank text is the empty
-// list (a node without CPUs). The grammar of cpulist_ids() in
-// python/ferry/facts/parsers.py; false for anything else, an id above
+// list (a node without CPUs). Also python/ferry's one cpulist parser
+// (src/python/sysfs_bindings.cpp); false for anything else, an id above
 // kMaxCpuId or ranges that add up to more than 2^17 ids.
 bool parse_cpulist(std::string_view text, std::vector<int>* out);
 
