@@ -203,7 +203,13 @@ class _FerrySingleProcessIter(_TorchSingleProcessIter):
 class _FerryMultiProcessIter(_TorchMultiProcessIter):
     """PyTorch's multi-process iterator with ferry's workers and slots."""
 
-    def __init__(self, loader):  # PyTorch's __init__, with ferry's worker loop and no pin thread
+    def __init__(self, loader):
+        """A copy: torch/utils/data/dataloader.py, _MultiProcessingDataLoaderIter.__init__,
+        as read in PyTorch 2.11.0 (its workers' target and arguments are not a hook, so
+        the worker start is copied). Differs: ferry's worker_loop and its socket end; no
+        pin_memory thread, so no atexit cleanup (2.11.0 registers one only with it);
+        no pickle-error warning around w.start(). ``test_torch_private`` fails when a
+        PyTorch release sets an attribute here that this copy does not."""
         pt.init_base_iterator(self, loader)
         self._pin_memory = False  # the slots are pinned already: no pin_memory thread
         self._prefetch_factor = loader.prefetch_factor
@@ -227,6 +233,7 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
         self._later: list[tuple[int, int, int]] = []
         self._next_token = 0
 
+        # Copied from PyTorch 2.11.0 from here to the end (the worker start), ferry's lines marked "ferry:".
         ctx = loader.multiprocessing_context or torch.multiprocessing
         self._worker_init_fn = loader.worker_init_fn
         if isinstance(self._dataset, (_data.IterDataPipe, _data.MapDataPipe)):
@@ -240,7 +247,7 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
         for i in range(self._num_workers):
             index_queue = ctx.Queue()
             index_queue.cancel_join_thread()
-            with _WORKER_START_LOCK:
+            with _WORKER_START_LOCK:  # ferry: one start at a time, each worker with its socket pair
                 ours, theirs = socket_pair()
                 self._chunk_senders.append(ChunkSender(ours, i))
                 w = ctx.Process(
@@ -299,6 +306,10 @@ class _FerryMultiProcessIter(_TorchMultiProcessIter):
             self._in_use.release()
 
     def _try_put_index(self):
+        # A copy of _MultiProcessingDataLoaderIter._try_put_index (PyTorch 2.11.0): the same worker
+        # choice; ferry: the task gets its slot (or waits for one) and the index queue carries it,
+        # the per-worker count is ours (_worker_tasks; 2.6 has none) and 2.11.0's assertion on the
+        # outstanding tasks is not kept.
         try:
             index = self._next_index()
         except StopIteration:

@@ -8,6 +8,17 @@ seeds (``random``, ``torch`` and numpy from the base seed and the worker id),
 end, ``_ResumeIteration`` for persistent workers, the watchdog that ends the
 worker when the main process is gone, and errors wrapped with the worker's
 traceback.
+
+``worker_loop`` is a copy: it mirrors torch/utils/data/_utils/worker.py,
+``_worker_loop``, as read in PyTorch 2.11.0 (the version on this machine and on
+the GPU machine; 2.6, the oldest supported, was not re-read for this note).
+PyTorch's loop has no hook between fetching the samples and sending the result
+(collate_fn's result is what crosses the queue), so the whole loop is ours; what
+differs from 2.11.0's, block by block, is marked "ferry:" below. Each private
+PyTorch name it uses goes through ``_torch_private`` (tested there across
+versions). Not taken over: the ``persistent_workers`` argument (2.11.0 passes
+it and does not read it) and the AssertionErrors on a missing IterDataPipe seed
+and on a final signal without done_event or iteration_end.
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ def worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto
     from torch.utils.data.graph_settings import apply_random_seed
 
     try:
+        # PyTorch 2.11.0 _worker_loop: signal handlers, thread name (ferry's), seeds, IterDataPipe seed, worker info.
         pt.worker_signal_handlers()
         pt.set_thread_name("ferry_data_worker")
         torch.set_num_threads(1)
@@ -60,8 +72,9 @@ def worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto
 
         pt.set_worker_info(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
 
-        collator = SlotCollator(collate_fn)
-        mappings = SlotMappings(chunk_socket)
+        collator = SlotCollator(collate_fn)  # ferry: collation into the slot (the fetcher gets _samples)
+        mappings = SlotMappings(chunk_socket)  # ferry: the slots' memory, received once per chunk
+        # PyTorch 2.11.0 _worker_loop: init_fn and the fetcher; an error there is the first task's result.
         init_exception = None
         try:
             if init_fn is not None:
@@ -70,6 +83,7 @@ def worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto
         except Exception:
             init_exception = pt.exception_wrapper(f"in DataLoader worker process {worker_id}")
 
+        # PyTorch 2.11.0 _worker_loop's task loop: resume, final signal, skip after the end, fetch, errors.
         iteration_end = False
         watchdog = pt.manager_watchdog()
         interval = pt.status_check_interval()
@@ -90,13 +104,14 @@ def worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto
                 break  # the final signal
             if done_event.is_set() or iteration_end:
                 continue  # wait for the final signal
-            idx, index, slot_message = r
+            idx, index, slot_message = r  # ferry: each task names its slot (PyTorch: idx, index)
             slot_id = None if slot_message is None or isinstance(slot_message, SlotLater) else slot_message[0]
             if init_exception is not None:
                 data, init_exception = WorkerFailure(idx, slot_id, init_exception), None
             else:
                 try:
                     raw = fetcher.fetch(index)
+                    # ferry: wait for a SlotLater's slot, collate into the slot, send a Batch descriptor.
                     if isinstance(slot_message, SlotLater):  # sent before the slots were sized
                         slot_message = mappings.slot_later(
                             slot_message.token, lambda: done_event.is_set() or not watchdog.is_alive(), interval)
