@@ -243,8 +243,13 @@ def test_cuda_device_without_a_gpu_says_so():
 
 
 def _run(code: str, timeout: float = 120):
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, cwd=HERE)
+    # A child that hangs prints every thread's stack and exits 10 s before the
+    # timeout, so the failure shows where it stood rather than TimeoutExpired alone.
+    watchdog = f"import faulthandler; faulthandler.dump_traceback_later({timeout - 10}, exit=True)\n"
+    r = subprocess.run([sys.executable, "-c", watchdog + textwrap.dedent(code)], capture_output=True, text=True,
+                       timeout=timeout, cwd=HERE)
+    assert "Timeout (" not in r.stderr, f"the child hung; its threads:\n{r.stderr[-6000:]}"
+    return r
 
 
 def test_sigkilled_worker_is_named_not_a_hang():
