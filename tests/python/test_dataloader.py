@@ -248,7 +248,8 @@ def _run(code: str, timeout: float = 120):
     watchdog = f"import faulthandler; faulthandler.dump_traceback_later({timeout - 10}, exit=True)\n"
     r = subprocess.run([sys.executable, "-c", watchdog + textwrap.dedent(code)], capture_output=True, text=True,
                        timeout=timeout, cwd=HERE)
-    assert "Timeout (" not in r.stderr, f"the child hung; its threads:\n{r.stderr[-6000:]}"
+    err = r.stderr if len(r.stderr) <= 6000 else r.stderr[:1500] + "\n[...]\n" + r.stderr[-4500:]
+    assert "Timeout (" not in r.stderr, f"the child hung; its output and threads:\n{err}"
     return r
 
 
@@ -278,9 +279,12 @@ def test_ctrl_c_stops_the_workers_and_frees_every_slot():
             for i, _ in enumerate(it):
                 if i == 5:
                     os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C would
+                    print("SIGINT sent", file=sys.stderr, flush=True)  # what a hang's report shows (_run)
                     time.sleep(5)
+                if i > 5:
+                    print("still iterating at batch", i, file=sys.stderr, flush=True) if i % 1000 == 6 else None
         except KeyboardInterrupt:
-            pass
+            print("KeyboardInterrupt at batch", i, file=sys.stderr, flush=True)
         del it, _
         gc.collect()
         deadline = time.monotonic() + 10
