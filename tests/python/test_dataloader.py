@@ -272,6 +272,10 @@ def test_sigkilled_worker_is_named_not_a_hang():
 def test_ctrl_c_stops_the_workers_and_frees_every_slot():
     code = textwrap.dedent("""
         import gc, os, signal, sys, time, torch, ferry.torch as ft, dataloader_cases as cases
+        # As at a terminal: a job started in the background by a shell without job
+        # control (nohup CMD &, some CI runners) inherits SIGINT ignored, and Python
+        # then installs no KeyboardInterrupt handler (the test iterated to its timeout).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         loader = ft.DataLoader(cases.Frames(10**6, shape=(64, 64)), batch_size=4, num_workers=2)
         it = iter(loader)
         workers = list(it._workers)
