@@ -141,9 +141,8 @@ class NodeFile:
     def __init__(self, pool, native, key):
         from ..node import NodeBlock
 
-        self.pool, self._native, self.size = pool, native, native.size
-        self.block = pool._touched(NodeBlock(pool, native.handle, native.block_bytes, native.stats()["made_block"], key))
-        self.stats = native.stats()
+        self.pool, self._native, self.size, self.stats = pool, native, native.size, native.stats()
+        self.block = pool._touched(NodeBlock(pool, native.handle, native.block_bytes, self.stats["made_block"], key))
 
     @property
     def address(self) -> int:
