@@ -66,7 +66,8 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path, capsys, argv, 
     err = capsys.readouterr()
     assert named in err.err and "ferry bench offload: error: argument" in err.err
     if argv[0] == "--cases":
-        assert "none, save_on_cpu, ferry, ferry-overhead" in err.err
+        assert ("none, save_on_cpu, torchtune, ferry, ferry-overhead-0.03, ferry-overhead-0.1, ferry-overhead-0.25"
+                in err.err)
     assert err.out == "" and not out.exists()  # not even the waiver ran
 
 
@@ -106,49 +107,74 @@ def test_activation_freed_is_the_share_of_the_peak_over_the_model():
     assert offload.activation_freed(2 * GB, 1 * GB, 2 * GB) is None  # no activation memory to free
 
 
-def _case(step, peak, fwd=0.05, bwd=0.1, opt=0.01, offloaded=None, rss=4 * GB, rss_growth=3 * MiB):
+def _case(step, peak, fwd=0.05, bwd=0.1, opt=0.01, offloaded=None, rss=4 * GB, rss_growth=3 * MiB, pinned=0):
     r = {"step_s": step, "forward_s": fwd, "backward_s": bwd, "optimizer_s": opt, "peak_bytes": peak,
-         "rss_before": rss, "rss_growth": rss_growth, "loss": 10.4, "steps_s": [step] * 3}
+         "peak_reserved": peak + 300 * MiB, "rss_before": rss, "rss_growth": rss_growth, "loss": 10.4,
+         "steps_s": [step] * 3}
     if offloaded is not None:
-        r.update(offloaded_bytes=offloaded, pinned_in_use=0, pinned_reserved=offloaded + 7 * MiB, pinned_growth=0)
+        r.update(offloaded_bytes=offloaded, pinned_in_use=pinned, pinned_reserved=offloaded + 7 * MiB,
+                 pinned_growth=0)
     return r
 
 
 MODEL = 3_000_000_003
+D2H = 50 * GB
 
 
-def _run_figures(ferry_step=0.20, soc_step=0.98, ferry_peak=7_700_000_000, over_step=0.16, over_peak=14 * GB,
-                 over_rss_growth=3 * MiB):
+def _run_figures(ferry_step=0.185, soc_step=0.98, ferry_peak=7_700_000_000, over_step=0.16, over_peak=14 * GB,
+                 over_rss_growth=3 * MiB, pinned=0):
     return {"none": _case(0.151, 20_070_000_000, fwd=0.047, bwd=0.095, opt=0.009),
             "save_on_cpu": _case(soc_step, 7_540_000_000),
             "ferry": _case(ferry_step, ferry_peak, offloaded=9_876_543_210),
-            "ferry-overhead": _case(over_step, over_peak, offloaded=2_345_678_901, rss_growth=over_rss_growth)}
+            "ferry-overhead-0.1": _case(over_step, over_peak, offloaded=2_345_678_901, rss_growth=over_rss_growth,
+                                        pinned=pinned),
+            "ferry-overhead-0.25": _case(0.2, 12 * GB, offloaded=4 * GB)}
+
+
+def test_the_bound_is_forward_and_the_overhead_at_the_link_rate():
+    none = _case(0.151, 20_070_000_000, fwd=0.047)
+    # (0.047 + 0.1 x 0.151) s x 50 GB/s = 3.105 GB of 17.07 GB of activations
+    assert offload.bound_share(none, 0.1, D2H, MODEL) == pytest.approx(3.105 / (20.07 - 3.000000003))
+    assert offload.bound_share(none, 0.0, 2 * D2H, MODEL) == pytest.approx(4.7 / (20.07 - 3.000000003))
+    assert offload.bound_share(none, 10.0, D2H, MODEL) == 1.0  # no more than all of them
+    assert offload.bound_share(none, 0.1, D2H, 21 * GB) is None
+    assert [offload.overhead_of(c) for c in offload.CASES] == [None, None, None, None, 0.03, 0.1, 0.25]
 
 
 def test_targets_say_met_or_not_for_each_goal():
     floor = 0.18
-    got = {what: ok for what, _, _, ok in offload.targets(_run_figures(), floor, MODEL)}
-    assert got == {"ferry: step over the link floor": True,  # 0.20 / 0.18 = 1.11
-                   "ferry: faster than save_on_cpu": True,  # 4.9x
+    got = {what: ok for what, _, _, ok in offload.targets(_run_figures(), floor, MODEL, D2H)}
+    assert got == {"ferry: step over the link floor": True,  # 0.185 / 0.18 = 1.03
+                   "ferry: faster than save_on_cpu": True,  # 5.3x
                    "ferry: peak over save_on_cpu's": True,  # +2.1%
-                   "ferry-overhead: step over none": True,  # 1.06x
-                   "ferry-overhead: activation memory freed": True,  # 6.07 / 17.07 = 36%
+                   "ferry-overhead-0.1: step over none": True,  # 1.06x
+                   "ferry-overhead-0.1: freed over its bound": True,  # 35.6% of 18.2%
+                   "ferry-overhead-0.25: freed over its bound": True,
                    "ferry: host RSS growth over the timed steps": True,
-                   "ferry-overhead: host RSS growth over the timed steps": True}
+                   "ferry-overhead-0.1: host RSS growth over the timed steps": True,
+                   "ferry-overhead-0.25: host RSS growth over the timed steps": True,
+                   "ferry: pinned in use between steps": True,
+                   "ferry-overhead-0.1: pinned in use between steps": True,
+                   "ferry-overhead-0.25: pinned in use between steps": True}
     bad = _run_figures(ferry_step=0.21, soc_step=0.35, ferry_peak=7_960_000_000, over_step=0.167,
-                       over_peak=16_000_000_000, over_rss_growth=41 * MiB)
-    got = {what: ok for what, _, _, ok in offload.targets(bad, floor, MODEL)}
+                       over_peak=18_500_000_000, over_rss_growth=41 * MiB, pinned=200 * MiB)
+    got = {what: ok for what, _, _, ok in offload.targets(bad, floor, MODEL, D2H)}
     assert got == {"ferry: step over the link floor": False,  # 1.167x
                    "ferry: faster than save_on_cpu": False,  # 1.67x
                    "ferry: peak over save_on_cpu's": False,  # +5.6%
-                   "ferry-overhead: step over none": False,  # 1.106x
-                   "ferry-overhead: activation memory freed": False,  # 24%
+                   "ferry-overhead-0.1: step over none": False,  # 1.106x
+                   "ferry-overhead-0.1: freed over its bound": False,  # 9.2% of 18.2%: 50%
+                   "ferry-overhead-0.25: freed over its bound": True,
                    "ferry: host RSS growth over the timed steps": True,
-                   "ferry-overhead: host RSS growth over the timed steps": False}  # 1.03%
-    only = {c: r for c, r in _run_figures().items() if c in ("none", "ferry-overhead")}
-    assert [t[0] for t in offload.targets(only, None, MODEL)] == [
-        "ferry-overhead: step over none", "ferry-overhead: activation memory freed",
-        "ferry-overhead: host RSS growth over the timed steps"]
+                   "ferry-overhead-0.1: host RSS growth over the timed steps": False,  # 1.03%
+                   "ferry-overhead-0.25: host RSS growth over the timed steps": True,
+                   "ferry: pinned in use between steps": True,
+                   "ferry-overhead-0.1: pinned in use between steps": False,  # 210 MB of 2.35 GB: 8.9%
+                   "ferry-overhead-0.25: pinned in use between steps": True}
+    only = {c: r for c, r in _run_figures().items() if c in ("none", "ferry-overhead-0.1")}
+    assert [t[0] for t in offload.targets(only, None, MODEL, D2H)] == [
+        "ferry-overhead-0.1: step over none", "ferry-overhead-0.1: freed over its bound",
+        "ferry-overhead-0.1: host RSS growth over the timed steps", "ferry-overhead-0.1: pinned in use between steps"]
 
 
 def test_records_and_tables_from_a_runs_figures(capsys):
@@ -169,23 +195,29 @@ def test_records_and_tables_from_a_runs_figures(capsys):
         return hits[0]
 
     step = one("ferry", "step_time")
-    assert step["value"] == 0.20 and step["baseline"] == 0.151 and step["params"]["baseline_case"] == "none"
+    assert step["value"] == 0.185 and step["baseline"] == 0.151 and step["params"]["baseline_case"] == "none"
     assert one("none", "step_time")["baseline"] is None
     vs = one("ferry", "step_time_vs_save_on_cpu")
-    assert vs["ratio"] == pytest.approx(0.20 / 0.98) and vs["params"]["baseline_case"] == "save_on_cpu"
+    assert vs["ratio"] == pytest.approx(0.185 / 0.98) and vs["params"]["baseline_case"] == "save_on_cpu"
     assert one(offload.FLOOR, "step_time")["value"] == pytest.approx(floor)
     assert one("save_on_cpu", "step_time_vs_floor")["ratio"] == pytest.approx(0.98 / floor)
-    freed = one("ferry-overhead", "activation_memory_freed")
+    freed = one("ferry-overhead-0.1", "activation_memory_freed")
     assert freed["value"] == pytest.approx((20_070_000_000 - 14 * GB) / (20_070_000_000 - MODEL))
     assert one("ferry", "offloaded_per_step")["value"] == 9_876_543_210
     rates = {r["params"]["direction"]: r["value"] for r in items if r["metric"] == "bandwidth"}
     assert rates == {"d2h": pytest.approx(53.1), "h2d": pytest.approx(54.7)}
     assert not [r for r in items if r["case"] in ("none", "save_on_cpu") and r["metric"] == "offloaded_per_step"]
+    bound = one("ferry-overhead-0.1", "activation_memory_bound")
+    assert bound["value"] == pytest.approx(offload.bound_share(n, 0.1, d2h, MODEL))
+    assert bound["params"]["max_overhead"] == 0.1 and bound["params"]["forward_s"] == n["forward_s"]
+    assert one("ferry", "peak_gpu_reserved")["value"] == res["ferry"]["peak_reserved"]
 
     offload._print(res, floor, d2h, h2d, MODEL)
     printed = capsys.readouterr().out
-    for header in ("step s", "peak GPU GB", "offloaded GB/step", "host RSS +MB", "act. freed", "issue 31's targets"):
+    for header in ("step s", "peak GB", "peak rsv GB", "offl. GB", "RSS +MB", "freed", "bound", "of bound",
+                   "issues 31 and 42's targets"):
         assert header in printed
+    assert "bound of a budgeted case F: (fwd 0.047 s + F x step 0.151 s) x d2h 53.1 GB/s" in printed
     assert f"link floor: {floor:.3f} s" in printed and "NO" not in printed
 
 

@@ -58,7 +58,7 @@ from .. import _args
 from ..errors import InvalidArgumentError
 from . import _torch_private
 from ._torch import torch_module as _torch
-from .offload_plan import OUT_BYTES, Calibration
+from .offload_plan import OUT_BYTES, Adaptive, Calibration
 from .pinned import default_pinned_pool, empty_pinned
 
 MIN_BYTES = 1 << 20  # smaller tensors stay: per-tensor costs (~30 us) beat their DMA time
@@ -99,10 +99,16 @@ class _Step:
     """One step's copies, in pack order (for backward's prefetch). Guarded by
     ActivationOffload._lock."""
 
-    __slots__ = ("order", "seen", "cursor", "inflight", "bytes", "packs")
+    __slots__ = ("order", "seen", "cursor", "inflight", "bytes", "packs", "blocks", "adaptive", "eligible", "first")
 
     def __init__(self):
         self.packs = 0  # pack calls so far (the position max_overhead's plan names)
+        # storage address -> (weakref to the storage, offloaded?): every save of one storage
+        # goes the same way (one kept view holds the whole block on the GPU)
+        self.blocks: dict = {}
+        self.adaptive = None  # max_overhead, a shape not planned for: offload_plan.Adaptive
+        self.eligible = 0  # eligible bytes saved so far
+        self.first = 0  # the first eligible pack's bytes (the tokens' scale, for Adaptive)
         self.order: list = []  # weakrefs to _Copy, in pack order
         self.seen: dict = {}  # (address, byte offset, bytes, version) -> weakrefs to (storage, _Copy)
         self.cursor = None  # the next index backward's prefetch looks at
@@ -155,7 +161,9 @@ class ActivationOffload:
         self._retiring: collections.deque = collections.deque()  # (event or None, host tensor)
         self._hooks = None
         self._budget = self.max_bytes
-        self._plan = None  # max_overhead: the pack positions to offload (a set), once timed
+        self._plan = None  # max_overhead: offload_plan.Plan, once timed
+        self._shape: list = []  # the timed step's bytes per pack: a step that differs is planned anew
+        self._overhead_bytes = 0  # what max_overhead's time buys at the link's rate (Adaptive's slack)
         self._timing: Calibration | None = None  # the step being timed (offload_plan.py)
         self._new_step()
 
@@ -177,12 +185,35 @@ class ActivationOffload:
     def __exit__(self, exc_type, exc, tb):
         hooks, self._hooks = self._hooks, None
         hooks.__exit__(exc_type, exc, tb)
-        if exc_type is not None:  # no copy of an abandoned step may run on
-            for lane in list(self._lanes.values()):
-                lane.d2h.synchronize()
-                lane.h2d.synchronize()
+        if exc_type is not None or self._step.bytes:
+            # An abandoned step: no copy of it may run on. A finished one: its pinned
+            # buffers go back to the pool now, not at the next step's first pack (so
+            # host memory in use between steps is what the caller's graph still holds).
+            # This waits for the copy streams only (the last fetch lands before
+            # backward's last layers compute), not for backward.
+            self._sync_lanes()
         self._reap()
         return False
+
+    def close(self) -> None:
+        """Gives every pinned buffer this object holds back to its pool (once the
+        saved tensors that use them are gone: a graph kept alive keeps its own) and
+        the pool's unused pinned memory back to the system. The object may be used
+        again afterwards (a max_overhead plan is kept)."""
+        if self._hooks is not None:
+            raise InvalidArgumentError("offload_activations: close() inside the step's `with`")
+        self._sync_lanes()
+        self._reap()
+        for lane in list(self._lanes.values()):
+            if lane.pool is not None:
+                lane.pool.trim()
+
+    def _sync_lanes(self) -> None:
+        for lane in list(self._lanes.values()):
+            lane.d2h.synchronize()
+            lane.h2d.synchronize()
+            lane.out.clear()
+            lane.out_bytes = 0
 
     def _new_step(self):
         self._step = _Step()  # a step still in backward keeps its own (each _Saved holds it)
@@ -200,18 +231,29 @@ class ActivationOffload:
         return t.numel() * t.element_size() >= self.min_bytes and _dense(t)
 
     def _pack(self, t):
-        nbytes = t.numel() * t.element_size()
-        eligible = self._eligible(t)
         step = self._step
         position, step.packs = step.packs, step.packs + 1
+        out = self._pack_one(t, step, position)
+        if self._plan is not None and step.adaptive is None and position == self._plan.drain:
+            self._drain()
+        return out
+
+    def _pack_one(self, t, step: _Step, position: int):
+        nbytes = t.numel() * t.element_size()
+        eligible = self._eligible(t)
         if self._timing is not None:  # the calibration step offloads nothing
-            self._timing.pack(t.device, nbytes if eligible else 0)
+            plain = t.is_cuda and t.layout == self._torch.strided
+            self._timing.pack(t.device, t if plain else None, nbytes if eligible else 0)
             eligible = False
-        elif eligible and self._plan is not None:
-            eligible = position in self._plan
-        elif eligible and self._budget is not None and step.bytes + nbytes > self._budget:
-            eligible = False
+        elif eligible:
+            eligible = self._chosen(step, position, t, nbytes)
         if not eligible:
+            if self._timing is None and t.is_cuda and t.layout == self._torch.strided and not t.is_leaf:
+                # later saves of its storage stay too
+                storage = t.untyped_storage()
+                entry = step.blocks.get(storage.data_ptr())
+                if entry is None or entry[0]() is not storage:
+                    step.blocks[storage.data_ptr()] = (weakref.ref(storage), False)
             self.stats.kept_tensors += 1
             self.stats.kept_bytes += nbytes if t.is_cuda else 0
             return t
@@ -243,6 +285,40 @@ class ActivationOffload:
         saved.copy, saved.dtype, saved.size, saved.stride = copy, t.dtype, tuple(t.shape), tuple(t.stride())
         saved.conj, saved.neg = t.is_conj(), t.is_neg()
         return saved
+
+    def _chosen(self, step: _Step, position: int, t, nbytes: int) -> bool:
+        """Whether an eligible tensor goes out under the budget. Every save of one
+        storage goes the way its first went: offloading some views of a block while
+        another save keeps the tensor frees nothing (and cost the link its bytes)."""
+        storage = t.untyped_storage()
+        address = storage.data_ptr()
+        entry = step.blocks.get(address)
+        if entry is not None and entry[0]() is storage:
+            return entry[1]
+        step.eligible += nbytes
+        step.first = step.first or nbytes
+        if self._plan is not None:
+            plan = self._plan
+            if step.adaptive is None and (position >= len(self._shape) or self._shape[position] != nbytes):
+                # A shape the timed step did not have: decided pack by pack from its rates.
+                step.adaptive = Adaptive(plan, step.first, self._overhead_bytes)
+                step.adaptive.made = step.eligible - nbytes
+            ok = step.adaptive.decide(nbytes) if step.adaptive is not None else position in plan.positions
+        elif self._budget is not None:
+            ok = step.bytes + nbytes <= self._budget
+        else:
+            ok = True
+        step.blocks[address] = (weakref.ref(storage), ok)
+        return ok
+
+    def _drain(self) -> None:
+        """max_overhead, just before forward's peak: wait for the copies out, so that
+        the GPU memory of every planned tensor is reusable by the peak's allocations
+        (the caching allocator reuses a block only once the CPU sees its copy done)."""
+        for lane in list(self._lanes.values()):
+            lane.d2h.synchronize()
+            lane.out.clear()
+            lane.out_bytes = 0
 
     def _copy_out(self, t, nbytes: int) -> _Copy:
         torch = self._torch
@@ -384,8 +460,11 @@ class ActivationOffload:
         timing, self._timing = self._timing, None
         done = timing.finish(self.max_overhead) if timing is not None else None
         if done is not None:
-            self._plan, self._budget, self.stats.calibration = done
-            self.stats.budget_bytes = self._budget
+            self._plan, self.stats.calibration = done
+            self._shape = timing.sizes
+            c = self.stats.calibration
+            self._overhead_bytes = int(self.max_overhead * (c["forward_s"] + c["backward_s"]) * c["d2h_gbps"] * 1e9)
+            self.stats.budget_bytes = self._plan.bytes
 
 
 def _dense(t) -> bool:

@@ -19,6 +19,35 @@ OUT_BYTES = 512 << 20  # copies out on their way before forward waits for the ol
 OVERLAP = 0.7
 
 
+class Pack(tuple):
+    """One pack of the timed step: (at: seconds into forward or None for another
+    device, nbytes: bytes a copy of it would move, 0 where an earlier pack of this
+    step already moves the same bytes, block: the GPU storage it lives in (an int; one
+    storage saved through several views or by several ops is one block), eligible:
+    whether ferry could offload it at all (a block with any pack not eligible stays:
+    that pack holds the storage on the GPU, so copying the others frees nothing))."""
+
+    __slots__ = ()
+
+    def __new__(cls, at, nbytes, block=None, eligible=True):
+        return tuple.__new__(cls, (at, nbytes, block, eligible))
+
+
+class Plan:
+    """plan_copies' answer: the pack positions to offload, the bytes they move, the
+    bound the same facts allow (bound_bytes), the pack position before the peak
+    where forward waits for the copies out (drain: their GPU memory is reusable
+    before the peak's allocations), and the facts an unplanned shape is judged by
+    (rate: link bytes per eligible byte forward makes; before_peak: eligible bytes
+    made before the peak)."""
+
+    __slots__ = ("positions", "bytes", "bound_bytes", "drain", "rate", "before_peak", "first_bytes")
+
+    def __init__(self, positions, nbytes, bound_bytes, drain, rate, before_peak, first_bytes):
+        self.positions, self.bytes, self.bound_bytes, self.drain = positions, nbytes, bound_bytes, drain
+        self.rate, self.before_peak, self.first_bytes = rate, before_peak, first_bytes
+
+
 class Calibration:
     """The timed step's events (see the module's text). Forward's thread calls pack,
     autograd's thread of that device unpack; nothing else touches it until finish."""
@@ -26,22 +55,50 @@ class Calibration:
     def __init__(self, torch):
         self._torch = torch
         self.device = None
-        self.packs: list = []  # (event or None, eligible bytes) per pack, in order
+        self.packs: list = []  # [event or None, nbytes, block, eligible, allocated] per pack, in order
         self.backward: list = []  # the first and the latest unpack's events
+        self.sizes: list = []  # each pack's bytes (0: not a CUDA tensor of this device): the shape planned for
+        self.peak = (-1, None, None)  # (allocated bytes, event, pack position before it) at the step's peak
+        self._blocks: dict = {}  # storage address -> (weakref to the storage, block id)
+        self._seen: set = set()  # (address, offset, bytes) already counted: a copy moves them once
 
     def _event(self, device):
         e = self._torch.cuda.Event(enable_timing=True)
         e.record(self._torch.cuda.current_stream(device))
         return e
 
-    def pack(self, device, eligible_bytes: int) -> None:
-        """A pack: its time and the bytes it could offload (0: not eligible)."""
-        if self.device is None:
+    def _allocated(self, device) -> int:
+        return self._torch.cuda.memory_allocated(device)
+
+    def pack(self, device, t=None, eligible_bytes: int = 0) -> None:
+        """A pack of t: its time, the bytes it could offload (0: not eligible), its block."""
+        if self.device is None and t is not None:
             self.device = device
-        if device == self.device:
-            self.packs.append((self._event(device), eligible_bytes))
-        else:
-            self.packs.append((None, 0))  # another device's pack: kept, so positions stay aligned
+        if device != self.device or t is None:
+            self.sizes.append(0)
+            self.packs.append([None, 0, None, False, 0])  # kept, so positions stay aligned
+            return
+        import weakref
+
+        storage = t.untyped_storage()
+        address = storage.data_ptr()
+        entry = self._blocks.get(address)
+        if entry is None or entry[0]() is not storage:  # an address freed and reused: a new block
+            entry = self._blocks[address] = (weakref.ref(storage), len(self._blocks))
+        nbytes = t.numel() * t.element_size()
+        self.sizes.append(nbytes)
+        key = (address, t.storage_offset() * t.element_size(), nbytes)
+        counted = 0
+        if eligible_bytes and key not in self._seen:
+            self._seen.add(key)
+            counted = nbytes
+        allocated = self._allocated(device)
+        self.packs.append([self._event(device), counted, entry[1], bool(eligible_bytes), allocated])
+        self._note_peak(device, allocated, len(self.packs) - 2)
+
+    def _note_peak(self, device, allocated: int, before: int) -> None:
+        if allocated > self.peak[0]:
+            self.peak = (allocated, self._event(device), before)
 
     def unpack(self, device) -> None:
         if device != self.device:
@@ -51,50 +108,138 @@ class Calibration:
             self.backward.append(e)
         else:
             self.backward[1] = e
+        self._note_peak(device, self._allocated(device), len(self.packs) - 1)
 
-    def finish(self, max_overhead: float):
-        """(plan: set of pack positions, bytes planned, the figures it came from), or
-        None when the step saved nothing on a GPU or had no backward."""
+    def facts(self):
+        """(packs as Pack, forward_s, backward_s, peak_s, peak position), or None when
+        the step saved nothing on a GPU or had no backward."""
         packs, b = self.packs, self.backward
-        if not b or not any(e is not None for e, _ in packs):
+        if not b or not any(p[0] is not None for p in packs):
             return None
         b[-1].synchronize()
-        f0 = next(e for e, _ in packs if e is not None)
+        f0 = next(p[0] for p in packs if p[0] is not None)
         forward_s = f0.elapsed_time(b[0]) / 1e3
         backward_s = b[0].elapsed_time(b[-1]) / 1e3
+        peak_s = max(0.0, f0.elapsed_time(self.peak[1]) / 1e3) if self.peak[1] is not None else forward_s
+        out = [Pack(f0.elapsed_time(e) / 1e3 if e is not None else None, n, block, ok)
+               for e, n, block, ok, _ in packs]
+        return out, forward_s, backward_s, peak_s, self.peak[2]
+
+    def finish(self, max_overhead: float):
+        """(Plan, figures), or None when the step saved nothing on a GPU or had no backward."""
+        facts = self.facts()
+        if facts is None:
+            return None
+        packs, forward_s, backward_s, peak_s, peak_position = facts
         d2h, h2d = pinned_rates(self._torch, self.device)
         overhead_s = max_overhead * (forward_s + backward_s)
-        times = [(f0.elapsed_time(e) / 1e3 if e is not None else None, n) for e, n in packs]
-        plan, planned = plan_copies(times, forward_s, backward_s, overhead_s, d2h, h2d)
-        figures = {"forward_s": forward_s, "backward_s": backward_s, "eligible_bytes": sum(n for _, n in packs),
-                   "d2h_gbps": d2h / 1e9, "h2d_gbps": h2d / 1e9, "planned_tensors": len(plan)}
-        return plan, planned, figures
+        plan = plan_copies(packs, forward_s, backward_s, overhead_s, d2h, h2d, peak_s=peak_s,
+                           peak_position=peak_position)
+        figures = {"forward_s": forward_s, "backward_s": backward_s, "peak_s": peak_s,
+                   "eligible_bytes": sum(p[1] for p in packs if p[3]), "d2h_gbps": d2h / 1e9,
+                   "h2d_gbps": h2d / 1e9, "planned_tensors": len(plan.positions), "planned_bytes": plan.bytes,
+                   "bound_bytes": plan.bound_bytes}
+        return plan, figures
 
 
-def plan_copies(packs, forward_s: float, backward_s: float, overhead_s: float, d2h: float, h2d: float):
+def _blocks(packs):
+    """Candidate blocks, earliest first: (first pack's time, bytes, positions). A block
+    with a pack that is not eligible, or on another device, is no candidate."""
+    blocks, bad = {}, set()
+    for position, p in enumerate(packs):
+        at, n, block, ok = p if len(p) == 4 else (p[0], p[1], position, True)
+        if block is None:
+            block = ("alone", position)
+        if at is None or not ok:
+            bad.add(block)
+            continue
+        entry = blocks.setdefault(block, [at, 0, []])
+        entry[1] += n
+        entry[2].append(position)
+    return sorted((v for k, v in blocks.items() if k not in bad and v[1] > 0), key=lambda v: v[0])
+
+
+def copy_bound(packs, peak_s: float, overhead_s: float, d2h: float) -> int:
+    """The most bytes that can have left the GPU by the peak: what the link carries
+    from the first candidate's pack to the peak plus the overhead allowed (forward
+    may wait that long for it), and no more than the candidates made by then."""
+    blocks = _blocks(packs)
+    if not blocks:
+        return 0
+    made = sum(n for at, n, _ in blocks if at <= peak_s)
+    return int(min(made, max(0.0, peak_s + overhead_s - blocks[0][0]) * d2h))
+
+
+def plan_copies(packs, forward_s: float, backward_s: float, overhead_s: float, d2h: float, h2d: float,
+                peak_s: float | None = None, peak_position: int | None = None) -> Plan:
     """max_overhead's plan, from one timed step: which pack positions to offload.
 
-    packs: (seconds into forward, eligible bytes) per pack, in order (bytes 0 or time
-    None: not a candidate). The link is one queue: a tensor goes out if its copy can
-    start within OUT_LAG of its pack (so copies never pile up behind each other and
-    forward never waits for the link: OUT_BYTES is not reached) and ends before forward
-    does, plus half the overhead allowed; in total no more than backward can bring
-    back while it computes, plus the other half. Earliest first: backward needs them
-    last, so their return hides best. Returns (set of positions, bytes planned)."""
-    out_end = forward_s + overhead_s / 2
-    back_budget = h2d * (OVERLAP * backward_s + overhead_s / 2)
-    lag = OUT_BYTES / 2 / d2h
-    plan, link_free, total = set(), 0.0, 0
-    for position, (at, n) in enumerate(packs):
-        if not n or at is None:
-            continue
+    packs: a Pack (or (at, nbytes)) per pack, in order. Blocks (one GPU storage,
+    all its packs together: offloading some views of it frees nothing) are taken
+    earliest first, each copy starting once its tensor exists and the link is free
+    (the link is one queue, d2h bytes/s): a block goes out if its copy ends by the
+    peak (peak_s, default the end of forward) plus the time the overhead allows
+    forward to wait for the link, and all of them can come back in backward
+    (OVERLAP of it hidden, the overhead left over paying for the rest). Copies
+    start at most half OUT_BYTES' time at the link's rate after their tensor (more in
+    flight would make the CPU wait: offload.py), plus the overhead allowed (forward
+    may wait that long for the link in all). Returns a Plan."""
+    peak_s = forward_s if peak_s is None else peak_s
+    lag = OUT_BYTES / 2 / d2h + overhead_s
+    positions, link_free, total = set(), 0.0, 0
+    blocks = _blocks(packs)
+    for at, n, where in blocks:
         start = max(link_free, at)
         end = start + n / d2h
-        if start - at > lag or end > out_end or total + n > back_budget:
+        if start - at > lag or at > peak_s:
             continue
-        plan.add(position)
+        out_extra = max(0.0, end - peak_s)  # forward waits this long at the peak
+        back_extra = max(0.0, (total + n) / h2d - OVERLAP * backward_s)
+        if out_extra + back_extra > overhead_s:
+            continue
+        positions.update(where)
         link_free, total = end, total + n
-    return plan, total
+    before_peak = sum(n for at, n, _ in blocks if at <= peak_s)
+    drain = None
+    if positions:
+        drain = peak_position if peak_position is not None and peak_position >= 0 else max(positions)
+    rate = (peak_s * d2h / before_peak) if before_peak else 0.0
+    first = next((p[1] for p in packs if p[1] and p[0] is not None and (len(p) < 4 or p[3])), 0)
+    return Plan(positions, total, copy_bound(packs, peak_s, overhead_s, d2h), drain, rate, before_peak, first)
+
+
+class Adaptive:
+    """The plan for a step whose packs are not the timed step's (another sequence
+    length, MoE routing): decided pack by pack, as plan_copies would, from the timed
+    step's rates instead of its times. Forward's time is taken as proportional to
+    the bytes it saves (both scale with tokens), so a block's pack comes
+    nbytes / rate... after the last: rate (link bytes per eligible byte made, from
+    the timed step) says how much of each new block the link carries in its time. A
+    block goes out while the modelled queue on the link is under OUT_BYTES and
+    forward has not passed its peak: the timed step's eligible bytes before the peak,
+    scaled by the first block's bytes over the timed step's (the tokens' ratio).
+    Pure: decide(nbytes) only; forward's thread alone calls it."""
+
+    def __init__(self, plan: Plan, first_bytes: int, overhead_bytes: int = 0):
+        self.rate = plan.rate
+        scale = first_bytes / plan.first_bytes if plan.first_bytes else 1.0
+        self.peak_bytes = plan.before_peak * scale
+        self.slack = OUT_BYTES / 2 + overhead_bytes * scale  # what forward may wait for at its end
+        self.made = 0.0  # eligible bytes made so far
+        self.queue = 0.0  # bytes on the link not yet carried (modelled)
+        self.bytes = 0
+
+    def decide(self, nbytes: int) -> bool:
+        self.queue = max(0.0, self.queue - nbytes * self.rate)
+        self.made += nbytes
+        if self.made > self.peak_bytes:
+            return False
+        left = (self.peak_bytes - self.made) * self.rate  # what the link carries before the peak
+        if self.queue + nbytes > left + self.slack or self.queue > self.slack:
+            return False
+        self.queue += nbytes
+        self.bytes += nbytes
+        return True
 
 
 _rates: dict = {}

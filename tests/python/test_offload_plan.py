@@ -1,0 +1,166 @@
+"""max_overhead's plan (ferry.torch.offload_plan, issue 42), on this CPU: synthetic
+timelines of a Llama training step's saves (times from its matmul FLOPs, bytes from
+its shapes, shared and unfreeable blocks as a HF decoder layer makes them). The plan
+must reach >= 80% of the bound computed from the same facts (what the link carries
+by the peak plus what the overhead lets forward wait), never spend more than the
+overhead allowed, take every save of a block or none, and carry over to another
+sequence length without a new timing step."""
+
+import random
+
+import pytest
+
+from ferry.torch.offload_plan import OUT_BYTES, OVERLAP, Adaptive, Pack, copy_bound, plan_copies
+
+GB = 1e9
+D2H = H2D = 50 * GB  # about an H100's pinned rates
+
+
+def llama_timeline(layers=12, tokens=16384, hidden=2048, inter=5632, vocab=32000, tflops=400e12, poison=True,
+                   jitter=0.0, seed=0):
+    """(packs, forward_s, backward_s, peak_s) of one step: per decoder layer the saves
+    a HF Llama layer makes (bf16; a norm output saved by 3 projections is one block
+    of 3 packs), spread over the layer's time; attention's time grows with tokens
+    squared (its bytes do not). poison: rotary's strided slice of q (not eligible)
+    beside q itself, so q's block frees nothing and must stay. The loss at the end
+    (the peak)."""
+    rng = random.Random(seed)
+    packs, t, block = [], 0.0, 0
+    b = 2 * tokens
+    layer_s = (2 * tokens * (4 * hidden * hidden + 3 * hidden * inter) + tokens * tokens * hidden // 2) / tflops
+
+    def new(nbytes, shared=1):
+        nonlocal block
+        block += 1
+        return [Pack(t, nbytes, block, True)] + [Pack(t, 0, block, True) for _ in range(shared - 1)]
+
+    packs += new(b * hidden)  # the embedding's output
+    for _ in range(layers):
+        for nbytes, shared in ((b * hidden, 1), (b * hidden, 3), (b * hidden, 1), (b * hidden // 4, 1),
+                               (b * hidden // 4, 1), (b * hidden, 2), (b * hidden, 1), (b * hidden, 2),
+                               (b * inter, 1), (b * inter, 1), (b * inter, 1), (b * inter, 1)):
+            packs += new(nbytes, shared)
+            t += layer_s / 12 * (1 + jitter * (rng.random() - 0.5))
+        if poison:
+            block += 1
+            packs += [Pack(t, b * hidden, block, True), Pack(t, b * hidden // 2, block, False)]
+    t += 2 * tokens * hidden * vocab / tflops
+    packs += new(b * hidden, 2) + new(b * vocab) + new(2 * b * vocab)
+    return packs, t, 2 * t, t
+
+
+def blocks_of(packs):
+    out = {}
+    for position, p in enumerate(packs):
+        out.setdefault(p[2], []).append(position)
+    return out
+
+
+def schedule(packs, positions, d2h=D2H):
+    """The link as one queue over the planned copies, recomputed here: (bytes, end)."""
+    free, total = 0.0, 0
+    for p in sorted(positions):
+        at, n = packs[p][0], packs[p][1]
+        if n:
+            free = max(free, at) + n / d2h
+            total += n
+    return total, free
+
+
+def spent(packs, positions, forward_s, backward_s, peak_s):
+    """The step time the planned copies cost over the overlap the plan assumes."""
+    total, end = schedule(packs, positions)
+    return max(0.0, end - peak_s) + max(0.0, total / H2D - OVERLAP * backward_s)
+
+
+@pytest.mark.parametrize("tokens", [8192, 16384, 32768])
+@pytest.mark.parametrize("overhead", [0.0, 0.03, 0.1, 0.25])
+def test_plan_reaches_the_bound_within_the_budget(tokens, overhead):
+    packs, forward_s, backward_s, peak_s = llama_timeline(tokens=tokens, jitter=0.5, seed=tokens)
+    overhead_s = overhead * (forward_s + backward_s)
+    plan = plan_copies(packs, forward_s, backward_s, overhead_s, D2H, H2D, peak_s=peak_s)
+    bound = copy_bound(packs, peak_s, overhead_s, D2H)
+    assert plan.bound_bytes == bound > 0
+    assert plan.bytes >= 0.8 * bound, (plan.bytes / bound, plan.bytes, bound)
+    total, end = schedule(packs, plan.positions)
+    assert total == plan.bytes
+    assert spent(packs, plan.positions, forward_s, backward_s, peak_s) <= overhead_s + 1e-9
+    # A block goes whole or not at all, and one that a kept save holds never goes.
+    for block, positions in blocks_of(packs).items():
+        inside = {p in plan.positions for p in positions}
+        assert len(inside) == 1, (block, positions)
+        if not all(packs[p][3] for p in positions):
+            assert inside == {False}
+    assert plan.drain is not None and plan.drain >= max(plan.positions) or plan.drain is None
+
+
+def test_the_bound_is_the_link_by_the_peak_and_no_more_than_was_made():
+    packs = [Pack(0.0, 10 ** 9, 1), Pack(0.01, 10 ** 9, 2), Pack(0.02, 0, 2), Pack(0.5, 10 ** 9, 3)]
+    # 0.1 s at 10 GB/s from the first pack to the peak: 1 GB; the third block comes later.
+    assert copy_bound(packs, 0.1, 0.0, 10 * GB) == 10 ** 9
+    assert copy_bound(packs, 0.1, 0.1, 10 * GB) == 2 * 10 ** 9  # overhead: forward may wait 0.1 s more
+    assert copy_bound(packs, 0.1, 10.0, 10 * GB) == 2 * 10 ** 9  # only what was made by the peak
+    assert copy_bound([Pack(None, 10 ** 9, 1), Pack(0.0, 5, 2, False)], 1.0, 0.0, GB) == 0
+
+
+def test_plan_spreads_copies_over_forward_and_keeps_the_budgets():
+    # 10 tensors of 0.1 GB saved every 10 ms over a 100 ms forward (plain (at, bytes)
+    # pairs: each its own block); a 100 GB/s link carries each in 1 ms: all of them.
+    n = int(0.1 * GB)
+    packs = [(i * 0.01, n) for i in range(10)]
+    plan = plan_copies(packs, 0.1, 0.2, 0.0, 100 * GB, 100 * GB)
+    assert plan.positions == set(range(10)) and plan.bytes == 10 * n
+    # 5 GB/s: 20 ms a tensor, copies queue; tensor 5 would end at 120 ms, past the peak.
+    plan = plan_copies(packs, 0.1, 0.2, 0.0, 5 * GB, 100 * GB)
+    assert plan.positions == {0, 1, 2, 3, 4}, plan.positions
+    # Backward's share: h2d 1 GB/s over 0.7 x 0.2 s brings back 0.14 GB: one tensor.
+    plan = plan_copies(packs, 0.1, 0.2, 0.0, 100 * GB, 1 * GB)
+    assert plan.positions == {0} and plan.bytes == n
+    # Overhead allowed lets more out and back.
+    assert len(plan_copies(packs, 0.1, 0.2, 0.1, 5 * GB, 100 * GB).positions) > 5
+    # No candidate (0 bytes, another device, a block with a kept save) is ever planned.
+    packs = [Pack(0.0, 0, 1), Pack(None, 10 ** 9, 2), Pack(0.001, 1000, 3), Pack(0.002, 10 ** 6, 4),
+             Pack(0.003, 10 ** 6, 4, False)]
+    assert plan_copies(packs, 0.1, 0.1, 0.0, GB, GB).positions == {2}
+    # A copy that would start long after its tensor was saved waits for nothing: skipped.
+    big = [(0.0, 10 * OUT_BYTES), (0.0001, 1000)]
+    assert plan_copies(big, 100.0, 100.0, 0.0, 1 * GB, 1 * GB).positions == {0}
+    # The peak before forward's end: copies must land by then.
+    plan = plan_copies([(i * 0.01, n) for i in range(10)], 0.1, 0.2, 0.0, 5 * GB, 100 * GB, peak_s=0.06)
+    assert plan.positions == {0, 1, 2}, plan.positions
+
+
+def decide(plan, packs, overhead_bytes):
+    """offload.py's decisions on another shape's packs: a block's first eligible pack
+    asks the Adaptive rule, its other packs follow; a pack that is not eligible stays."""
+    rule, decided, positions = None, {}, set()
+    for position, (at, nbytes, block, eligible) in enumerate(packs):
+        if not eligible:
+            continue
+        if block not in decided:
+            rule = rule or Adaptive(plan, nbytes, overhead_bytes)
+            decided[block] = rule.decide(nbytes)
+        if decided[block]:
+            positions.add(position)
+    return positions
+
+
+@pytest.mark.parametrize("overhead", [0.0, 0.03, 0.1, 0.25])
+@pytest.mark.parametrize("tokens", [4096, 8192, 24576, 32768])
+def test_another_sequence_length_is_planned_without_a_timing_step(overhead, tokens):
+    """Timed at 16384 tokens; a step of another length is decided pack by pack: it
+    frees >= 80% of that shape's own bound and its copies land by its peak plus the
+    overhead and half OUT_BYTES' time (within 10%: forward's time is modelled as
+    proportional to its bytes, and attention's is not)."""
+    packs, forward_s, backward_s, peak_s = llama_timeline(tokens=16384)
+    overhead_s = overhead * (forward_s + backward_s)
+    plan = plan_copies(packs, forward_s, backward_s, overhead_s, D2H, H2D, peak_s=peak_s)
+    other, f2, b2, peak2 = llama_timeline(tokens=tokens, jitter=0.3, seed=tokens)
+    positions = decide(plan, other, int(overhead_s * D2H))
+    blocks = blocks_of(other)
+    freed = sum(other[p][1] for ps in blocks.values() if all(q in positions for q in ps) for p in ps)
+    bound = copy_bound(other, peak2, overhead * (f2 + b2), D2H)
+    assert freed >= 0.8 * bound, (freed / bound, freed, bound)
+    _, end = schedule(other, positions)
+    allowed = overhead * (f2 + b2) + OUT_BYTES / 2 / D2H
+    assert end - peak2 <= 1.1 * allowed, (end - peak2, allowed)
