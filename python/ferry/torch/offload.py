@@ -32,15 +32,25 @@ strided slice: copying it would change its layout); and, under a budget, everyth
 past it. The same bytes saved twice (one tensor, or two views of one block: a linear
 layer saves its input as a 3-D and a 2-D view) are copied once.
 
+Every save of one GPU storage goes the way its first save went: a storage that one
+save keeps on the GPU frees nothing if its other saves are copied.
+
 Budget: ``max_bytes=N`` offloads, in the order forward saves them (the earliest
 layers first: backward needs them last, so their return hides best), until N bytes
 this step. ``max_overhead=f`` (e.g. 0.1): the first step under this object offloads
-nothing and times each pack, forward and backward on the GPU; later steps offload
-the tensors whose copies the link can carry while forward computes, each starting
-soon after its tensor is saved, plus what ``f`` of the step allows (``plan_copies``;
-rates of ferry pinned copies measured once per device). Spreading the copies over
+nothing and times each pack, forward, backward and the peak on the GPU; later steps
+offload the blocks whose copies the link can carry by the peak, each starting soon
+after its tensor is saved, plus what ``f`` of the step allows forward to wait
+(``plan_copies``; rates of ferry pinned copies measured once per device). Just
+before the peak the CPU waits for the copies out, so the caching allocator can
+reuse their memory for the peak's allocations. A step of another shape is decided
+pack by pack from the timed step's rates (``Adaptive``). Spreading the copies over
 forward, rather than sending the first N bytes, is what keeps forward from waiting
 for the link (offload_plan.py). Default: every eligible tensor.
+
+Host memory: when a step that offloaded ends (``__exit__``), the CPU waits for the
+two copy streams (not for backward's compute) and every pinned buffer whose saved
+tensor is gone goes back to the pool; ``close()`` also trims the pool.
 
 Errors: an exception inside the ``with`` leaves no copy running and no pinned memory
 held once the saved tensors are gone (their graph freed). Threads: pack runs on the

@@ -1,12 +1,26 @@
 """max_overhead's budget for ``offload_activations``: one step timed on the GPU, then a
 plan of which saved tensors go out in every later step (``plan_copies``, pure).
 
-``Calibration`` records an event at every pack of the timed step (its time into
-forward, on the first device seen) and the first and latest unpack (backward's span);
-``finish`` turns them, with ferry's pinned copy rates measured once per device, into
-the plan. Why a schedule and not "the first N bytes": sending the earliest tensors
-first made forward wait for the link (1.23x a step without offload on the H200);
-copies spread over forward, each soon after its tensor, leave it alone (1.00x).
+``Calibration`` records, at every pack of the timed step, its time into forward (a
+CUDA event on the first device seen), the GPU storage it lives in (its block), the
+bytes a copy would move and the memory allocated; the first and latest unpack give
+backward's span, and the largest allocation seen gives the peak's time. ``finish``
+turns them, with ferry's pinned copy rates measured once per device, into a Plan.
+
+Why blocks (issue 42): autograd saves one storage many times (a norm's output by
+three projections, a linear's input as a 3-D and a 2-D view, rotary's strided slice
+beside q itself). Offloading some of those saves while another keeps the tensor frees
+nothing and costs the link its bytes: the plan of positions alone freed 0-6% of the
+activations where the link allowed 16-28%. A block goes whole or not at all, and one
+with a save ferry cannot offload stays.
+
+Why a schedule and not "the first N bytes": sending the earliest tensors first made
+forward wait for the link (1.23x a step without offload on the H200); copies spread
+over forward, each soon after its tensor, leave it alone (1.00x). What can have left
+by the peak is bounded by the link (``copy_bound``); the schedule fills it.
+
+A step whose packs differ from the timed one (another sequence length, MoE routing)
+is decided pack by pack by ``Adaptive`` from the timed step's rates: no new timing.
 """
 
 from __future__ import annotations
@@ -117,6 +131,8 @@ class Calibration:
         if not b or not any(p[0] is not None for p in packs):
             return None
         b[-1].synchronize()
+        if self.peak[1] is not None:  # recorded after the latest unpack's event, in the same call
+            self.peak[1].synchronize()
         f0 = next(p[0] for p in packs if p[0] is not None)
         forward_s = f0.elapsed_time(b[0]) / 1e3
         backward_s = b[0].elapsed_time(b[-1]) / 1e3
