@@ -84,6 +84,8 @@ def test_cpu_step_is_unchanged_and_nothing_is_offloaded():
     ({"max_bytes": -1}, "max_bytes"), ({"max_bytes": True}, "max_bytes"), ({"min_bytes": 1.5}, "min_bytes"),
     ({"max_overhead": "0.1"}, "max_overhead"), ({"max_overhead": -0.5}, "max_overhead"),
     ({"max_bytes": 1 << 30, "max_overhead": 0.1}, "not both"), ({"prefetch_bytes": None}, "prefetch_bytes"),
+    ({"target_peak": -1}, "target_peak"), ({"target_peak": 1 << 30, "max_overhead": 0.1}, "not both"),
+    ({"target_peak": 1 << 30, "max_bytes": 1 << 30}, "not both"),
 ])
 def test_bad_arguments_are_refused(kwargs, word):
     with pytest.raises(ferry.InvalidArgumentError, match=word):
@@ -215,6 +217,33 @@ def test_max_overhead_times_the_first_step_then_offloads(cuda_model):
     assert cal and cal["forward_s"] > 0 and cal["backward_s"] > 0 and cal["eligible_bytes"] > 0, cal
     assert offload.stats.budget_bytes > 0
     assert 0 < offload.stats.last_step_offloaded_bytes <= offload.stats.budget_bytes
+
+
+@pytest.mark.gpu
+def test_target_peak_plans_the_bytes_it_needs(gpu):
+    """target_peak: the timed step's peak less the target is what the plan frees, at
+    the overhead stats.calibration reports; the later step's peak comes down."""
+    torch.manual_seed(6)
+    model = Deep(blocks=8).cuda()
+    x = torch.randn(64, 256, 256, device="cuda")
+    plain = step(model, x)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step(model, x)
+    plain_peak = torch.cuda.max_memory_allocated()
+    target = plain_peak - 300 * MiB  # of about 1.1 GB of activations
+    offload = ft.offload_activations(target_peak=target)
+    assert_bit_equal(plain, step(model, x, offload))  # timed
+    assert_bit_equal(plain, step(model, x, offload))
+    cal = offload.stats.calibration
+    assert cal["target_peak"] == target and cal["needed_bytes"] > 0 and cal["overhead"] >= 0, cal
+    if cal["reached"]:
+        assert offload.stats.last_step_offloaded_bytes >= cal["needed_bytes"], (offload.stats.as_dict())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    assert_bit_equal(plain, step(model, x, offload))
+    assert torch.cuda.max_memory_allocated() < plain_peak - 150 * MiB, (torch.cuda.max_memory_allocated(), plain_peak,
+                                                                        cal)
 
 
 @pytest.mark.gpu

@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from ferry.torch.offload_plan import OUT_BYTES, OVERLAP, Adaptive, Pack, copy_bound, plan_copies
+from ferry.torch.offload_plan import (MAX_OVERHEAD, OUT_BYTES, OVERLAP, Adaptive, Pack, copy_bound, plan_copies,
+                                      plan_for_peak)
 
 GB = 1e9
 D2H = H2D = 50 * GB  # about an H100's pinned rates
@@ -164,3 +165,31 @@ def test_another_sequence_length_is_planned_without_a_timing_step(overhead, toke
     _, end = schedule(other, positions)
     allowed = overhead * (f2 + b2) + OUT_BYTES / 2 / D2H
     assert end - peak2 <= 1.1 * allowed, (end - peak2, allowed)
+
+
+@pytest.mark.parametrize("share", [0.5, 1.5, 3.0])
+def test_target_peak_takes_the_least_overhead_that_frees_enough(share):
+    """need = share x what the link frees at no overhead: below it no overhead; above
+    it the least overhead (within the search's step) whose plan reaches it."""
+    packs, forward_s, backward_s, peak_s = llama_timeline(tokens=16384, jitter=0.5, seed=7)
+    free = plan_copies(packs, forward_s, backward_s, 0.0, D2H, H2D, peak_s=peak_s).bytes
+    need = int(share * free)
+    plan, overhead_s = plan_for_peak(packs, forward_s, backward_s, need, D2H, H2D, peak_s=peak_s)
+    assert overhead_s is not None and plan.bytes >= need
+    assert spent(packs, plan.positions, forward_s, backward_s, peak_s) <= overhead_s + 1e-9
+    if share <= 1:
+        assert overhead_s == 0.0
+    else:
+        assert overhead_s > 0
+        less = plan_copies(packs, forward_s, backward_s, overhead_s - 2e-3 * (forward_s + backward_s), D2H, H2D,
+                           peak_s=peak_s)
+        assert less.bytes < need  # a little less overhead would not do
+
+
+def test_target_peak_out_of_reach_says_so():
+    packs, forward_s, backward_s, peak_s = llama_timeline(tokens=8192)
+    made = sum(p[1] for p in packs if p[3] and p[0] <= peak_s)
+    plan, overhead_s = plan_for_peak(packs, forward_s, backward_s, made * 2, D2H, H2D, peak_s=peak_s)
+    assert overhead_s is None and 0 < plan.bytes <= made
+    assert plan.bytes == plan_copies(packs, forward_s, backward_s, MAX_OVERHEAD * (forward_s + backward_s), D2H,
+                                     H2D, peak_s=peak_s).bytes

@@ -43,7 +43,10 @@ offload the blocks whose copies the link can carry by the peak, each starting so
 after its tensor is saved, plus what ``f`` of the step allows forward to wait
 (``plan_copies``; rates of ferry pinned copies measured once per device). Just
 before the peak the CPU waits for the copies out, so the caching allocator can
-reuse their memory for the peak's allocations. A step of another shape is decided
+reuse their memory for the peak's allocations. ``target_peak=N`` (GPU bytes): the
+same timing, then the plan that brings the memory allocated at the peak down to N at
+the least overhead (``plan_for_peak``; ``stats.calibration`` says the overhead it
+costs and whether N is reached). A step of another shape is decided
 pack by pack from the timed step's rates (``Adaptive``). Spreading the copies over
 forward, rather than sending the first N bytes, is what keeps forward from waiting
 for the link (offload_plan.py). Default: every eligible tensor.
@@ -151,10 +154,12 @@ class ActivationOffload:
     forward and backward. See the module's docstring; ``stats`` says what it did."""
 
     def __init__(self, *, max_bytes: int | None = None, max_overhead: float | None = None,
-                 min_bytes: int = MIN_BYTES, prefetch_bytes: int = PREFETCH_BYTES):
-        if max_bytes is not None and max_overhead is not None:
-            raise InvalidArgumentError("offload_activations: give max_bytes or max_overhead, not both")
+                 min_bytes: int = MIN_BYTES, prefetch_bytes: int = PREFETCH_BYTES, target_peak: int | None = None):
+        if sum(x is not None for x in (max_bytes, max_overhead, target_peak)) > 1:
+            raise InvalidArgumentError("offload_activations: give one of max_bytes, max_overhead and target_peak, "
+                                       "not both")
         self.max_bytes = None if max_bytes is None else _args.size(max_bytes, "max_bytes")
+        self.target_peak = None if target_peak is None else _args.size(target_peak, "target_peak")
         if max_overhead is not None:
             if isinstance(max_overhead, bool) or not isinstance(max_overhead, (int, float)) or \
                     not 0 <= max_overhead <= 10:
@@ -186,7 +191,8 @@ class ActivationOffload:
         self._finish_timing()
         self._new_step()
         self.stats.steps += 1
-        if self.max_overhead is not None and self.stats.calibration is None and torch.cuda.is_available():
+        timed = self.max_overhead is not None or self.target_peak is not None
+        if timed and self.stats.calibration is None and torch.cuda.is_available():
             self._timing = Calibration(torch)  # this step offloads nothing and is timed
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
@@ -468,12 +474,12 @@ class ActivationOffload:
     def _finish_timing(self) -> None:
         """max_overhead: the step timed last time becomes the plan of every later one."""
         timing, self._timing = self._timing, None
-        done = timing.finish(self.max_overhead) if timing is not None else None
+        done = timing.finish(self.max_overhead, self.target_peak) if timing is not None else None
         if done is not None:
             self._plan, self.stats.calibration = done
             self._shape = timing.sizes
             c = self.stats.calibration
-            self._overhead_bytes = int(self.max_overhead * (c["forward_s"] + c["backward_s"]) * c["d2h_gbps"] * 1e9)
+            self._overhead_bytes = int(c["overhead_s"] * c["d2h_gbps"] * 1e9)
             self.stats.budget_bytes = self._plan.bytes
 
 
@@ -500,14 +506,18 @@ def _raw_bytes(torch, t):
 
 
 def offload_activations(*, max_bytes: int | None = None, max_overhead: float | None = None,
-                        min_bytes: int = MIN_BYTES, prefetch_bytes: int = PREFETCH_BYTES) -> ActivationOffload:
+                        min_bytes: int = MIN_BYTES, prefetch_bytes: int = PREFETCH_BYTES,
+                        target_peak: int | None = None) -> ActivationOffload:
     """A context manager that keeps the tensors autograd saves in ferry pinned memory
     (see the module's docstring). Make it once and enter it every step:
     ``max_overhead`` learns from the first step, and its stats add up.
 
     max_bytes: offload at most this many bytes a step (earliest saved first);
     max_overhead: offload what keeps the step within this fraction over no offload;
+    target_peak: offload what brings the GPU memory allocated at forward's peak down to
+    this many bytes, at the least overhead (stats.calibration: "overhead" it costs,
+    estimated, and "reached");
     min_bytes: tensors smaller than this stay on the GPU (default 1 MiB);
     prefetch_bytes: how far backward's prefetch runs ahead (default 256 MiB of GPU memory)."""
     return ActivationOffload(max_bytes=max_bytes, max_overhead=max_overhead, min_bytes=min_bytes,
-                             prefetch_bytes=prefetch_bytes)
+                             prefetch_bytes=prefetch_bytes, target_peak=target_peak)

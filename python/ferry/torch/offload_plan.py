@@ -141,20 +141,32 @@ class Calibration:
                for e, n, block, ok, _ in packs]
         return out, forward_s, backward_s, peak_s, self.peak[2]
 
-    def finish(self, max_overhead: float):
-        """(Plan, figures), or None when the step saved nothing on a GPU or had no backward."""
+    def finish(self, max_overhead: float | None = None, target_peak: int | None = None):
+        """(Plan, figures), or None when the step saved nothing on a GPU or had no
+        backward. One budget: max_overhead (a fraction of forward + backward) or
+        target_peak (GPU bytes allocated at the peak: the plan that frees the rest
+        at the least overhead; figures say what it costs and whether it is reached)."""
         facts = self.facts()
         if facts is None:
             return None
         packs, forward_s, backward_s, peak_s, peak_position = facts
         d2h, h2d = pinned_rates(self._torch, self.device)
-        overhead_s = max_overhead * (forward_s + backward_s)
-        plan = plan_copies(packs, forward_s, backward_s, overhead_s, d2h, h2d, peak_s=peak_s,
-                           peak_position=peak_position)
-        figures = {"forward_s": forward_s, "backward_s": backward_s, "peak_s": peak_s,
+        figures = {"forward_s": forward_s, "backward_s": backward_s, "peak_s": peak_s, "peak_bytes": self.peak[0],
                    "eligible_bytes": sum(p[1] for p in packs if p[3]), "d2h_gbps": d2h / 1e9,
-                   "h2d_gbps": h2d / 1e9, "planned_tensors": len(plan.positions), "planned_bytes": plan.bytes,
-                   "bound_bytes": plan.bound_bytes}
+                   "h2d_gbps": h2d / 1e9}
+        if target_peak is not None:
+            need = max(0, self.peak[0] - target_peak)
+            plan, overhead_s = plan_for_peak(packs, forward_s, backward_s, need, d2h, h2d, peak_s=peak_s,
+                                             peak_position=peak_position)
+            figures.update(target_peak=target_peak, needed_bytes=need, reached=overhead_s is not None)
+            overhead_s = overhead_s if overhead_s is not None else MAX_OVERHEAD * (forward_s + backward_s)
+        else:
+            overhead_s = max_overhead * (forward_s + backward_s)
+            plan = plan_copies(packs, forward_s, backward_s, overhead_s, d2h, h2d, peak_s=peak_s,
+                               peak_position=peak_position)
+        figures.update(overhead_s=overhead_s, overhead=overhead_s / (forward_s + backward_s) if forward_s + backward_s
+                       else 0.0, planned_tensors=len(plan.positions), planned_bytes=plan.bytes,
+                       bound_bytes=plan.bound_bytes)
         return plan, figures
 
 
@@ -222,6 +234,38 @@ def plan_copies(packs, forward_s: float, backward_s: float, overhead_s: float, d
     rate = (peak_s * d2h / before_peak) if before_peak else 0.0
     first = next((p[1] for p in packs if p[1] and p[0] is not None and (len(p) < 4 or p[3])), 0)
     return Plan(positions, total, copy_bound(packs, peak_s, overhead_s, d2h), drain, rate, before_peak, first)
+
+
+MAX_OVERHEAD = 10.0  # target_peak's search: at most this many times forward + backward
+
+
+def plan_for_peak(packs, forward_s: float, backward_s: float, need_bytes: int, d2h: float, h2d: float,
+                  peak_s: float | None = None, peak_position: int | None = None):
+    """target_peak's plan: the one plan_copies makes at the least overhead whose bytes
+    reach need_bytes (bisection over the overhead, to 0.1% of forward + backward).
+    Returns (Plan, overhead_s); overhead_s None when no overhead up to MAX_OVERHEAD
+    reaches it (too little is made before the peak): then the plan at MAX_OVERHEAD."""
+    step_s = forward_s + backward_s
+
+    def at(overhead_s):
+        return plan_copies(packs, forward_s, backward_s, overhead_s, d2h, h2d, peak_s=peak_s,
+                           peak_position=peak_position)
+
+    low = at(0.0)
+    if low.bytes >= need_bytes:
+        return low, 0.0
+    lo, hi = 0.0, MAX_OVERHEAD * step_s
+    best = at(hi)
+    if best.bytes < need_bytes:
+        return best, None
+    while hi - lo > 1e-3 * step_s:
+        mid = (lo + hi) / 2
+        plan = at(mid)
+        if plan.bytes >= need_bytes:
+            hi, best = mid, plan
+        else:
+            lo = mid
+    return best, hi
 
 
 class Adaptive:
