@@ -92,7 +92,7 @@ def test_plan_reaches_the_bound_within_the_budget(tokens, overhead):
         assert len(inside) == 1, (block, positions)
         if not all(packs[p][3] for p in positions):
             assert inside == {False}
-    assert plan.drain is not None and plan.drain >= max(plan.positions) or plan.drain is None
+    assert plan.drain is not None and plan.drain >= max(plan.positions)
 
 
 def test_the_bound_is_the_link_by_the_peak_and_no_more_than_was_made():
@@ -106,14 +106,15 @@ def test_the_bound_is_the_link_by_the_peak_and_no_more_than_was_made():
 
 def test_plan_spreads_copies_over_forward_and_keeps_the_budgets():
     # 10 tensors of 0.1 GB saved every 10 ms over a 100 ms forward (plain (at, bytes)
-    # pairs: each its own block); a 100 GB/s link carries each in 1 ms: all of them.
+    # pairs: each its own block); a 100 GB/s link carries each in 1 ms: all but the
+    # last, saved at the drain (the last pack by the peak), which forward would wait for.
     n = int(0.1 * GB)
     packs = [(i * 0.01, n) for i in range(10)]
     plan = plan_copies(packs, 0.1, 0.2, 0.0, 100 * GB, 100 * GB)
-    assert plan.positions == set(range(10)) and plan.bytes == 10 * n
-    # 5 GB/s: 20 ms a tensor, copies queue; tensor 5 would end at 120 ms, past the peak.
+    assert plan.positions == set(range(9)) and plan.bytes == 9 * n and plan.drain == 9
+    # 5 GB/s: 20 ms a tensor, copies queue; tensor 4 would land at 100 ms, past the drain (90 ms).
     plan = plan_copies(packs, 0.1, 0.2, 0.0, 5 * GB, 100 * GB)
-    assert plan.positions == {0, 1, 2, 3, 4}, plan.positions
+    assert plan.positions == {0, 1, 2, 3}, plan.positions
     # Backward's share: h2d 1 GB/s over 0.7 x 0.2 s brings back 0.14 GB: one tensor.
     plan = plan_copies(packs, 0.1, 0.2, 0.0, 100 * GB, 1 * GB)
     assert plan.positions == {0} and plan.bytes == n
@@ -124,11 +125,18 @@ def test_plan_spreads_copies_over_forward_and_keeps_the_budgets():
              Pack(0.003, 10 ** 6, 4, False)]
     assert plan_copies(packs, 0.1, 0.1, 0.0, GB, GB).positions == {2}
     # A copy that would start long after its tensor was saved waits for nothing: skipped.
-    big = [(0.0, 10 * OUT_BYTES), (0.0001, 1000)]
+    big = [(0.0, 10 * OUT_BYTES), (0.0001, 1000), (50.0, 1)]
     assert plan_copies(big, 100.0, 100.0, 0.0, 1 * GB, 1 * GB).positions == {0}
     # The peak before forward's end: copies must land by then.
     plan = plan_copies([(i * 0.01, n) for i in range(10)], 0.1, 0.2, 0.0, 5 * GB, 100 * GB, peak_s=0.06)
-    assert plan.positions == {0, 1, 2}, plan.positions
+    assert plan.positions == {0, 1, 2} and plan.drain == 6, (plan.positions, plan.drain)
+    # The peak in backward (0.5 s): copies land by the drain, the last pack (90 ms) or
+    # the one the timed step saw before its peak, not by the peak itself.
+    ten = [(i * 0.01, n) for i in range(10)]
+    plan = plan_copies(ten, 0.1, 0.2, 0.0, 5 * GB, 100 * GB, peak_s=0.5)
+    assert plan.positions == {0, 1, 2, 3} and plan.drain == 9, (plan.positions, plan.drain)
+    plan = plan_copies(ten, 0.1, 0.2, 0.0, 5 * GB, 100 * GB, peak_s=0.5, peak_position=6)
+    assert plan.positions == {0, 1, 2} and plan.drain == 6, (plan.positions, plan.drain)
 
 
 def decide(plan, packs, overhead_bytes):

@@ -211,29 +211,35 @@ def plan_copies(packs, forward_s: float, backward_s: float, overhead_s: float, d
     (OVERLAP of it hidden, the overhead left over paying for the rest). Copies
     start at most half OUT_BYTES' time at the link's rate after their tensor (more in
     flight would make the CPU wait: offload.py), plus the overhead allowed (forward
-    may wait that long for the link in all). Returns a Plan."""
+    may wait that long for the link in all). "By the peak" means by the drain, the
+    pack before the peak (peak_position, from the timed step; else the last pack by
+    peak_s): there the CPU waits for the copies out. Returns a Plan."""
     peak_s = forward_s if peak_s is None else peak_s
+    # The drain: the pack before the peak, where the CPU waits for the copies out
+    # (offload.py); copies must land by then, not by the peak itself.
+    drain = peak_position
+    if drain is None or not 0 <= drain < len(packs) or packs[drain][0] is None:
+        drain = max((i for i, p in enumerate(packs) if p[0] is not None and p[0] <= peak_s), default=None)
+    land_s = min(peak_s, packs[drain][0]) if drain is not None else peak_s
     lag = OUT_BYTES / 2 / d2h + overhead_s
     positions, link_free, total = set(), 0.0, 0
     blocks = _blocks(packs)
     for at, n, where in blocks:
         start = max(link_free, at)
         end = start + n / d2h
-        if start - at > lag or at > peak_s:
+        if start - at > lag or at > land_s:
             continue
-        out_extra = max(0.0, end - peak_s)  # forward waits this long at the peak
+        out_extra = max(0.0, end - land_s)  # forward waits this long at the drain
         back_extra = max(0.0, (total + n) / h2d - OVERLAP * backward_s)
         if out_extra + back_extra > overhead_s:
             continue
         positions.update(where)
         link_free, total = end, total + n
-    before_peak = sum(n for at, n, _ in blocks if at <= peak_s)
-    drain = None
-    if positions:
-        drain = peak_position if peak_position is not None and peak_position >= 0 else max(positions)
-    rate = (peak_s * d2h / before_peak) if before_peak else 0.0
+    before = sum(n for at, n, _ in blocks if at <= land_s)
+    rate = (land_s * d2h / before) if before else 0.0
     first = next((p[1] for p in packs if p[1] and p[0] is not None and (len(p) < 4 or p[3])), 0)
-    return Plan(positions, total, copy_bound(packs, peak_s, overhead_s, d2h), drain, rate, before_peak, first)
+    return Plan(positions, total, copy_bound(packs, land_s, overhead_s, d2h), drain if positions else None, rate,
+                before, first)
 
 
 MAX_OVERHEAD = 10.0  # target_peak's search: at most this many times forward + backward
