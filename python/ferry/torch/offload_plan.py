@@ -276,15 +276,16 @@ def plan_for_peak(packs, forward_s: float, backward_s: float, need_bytes: int, d
 
 class Adaptive:
     """The plan for a step whose packs are not the timed step's (another sequence
-    length, MoE routing): decided pack by pack, as plan_copies would, from the timed
-    step's rates instead of its times. Forward's time is taken as proportional to
-    the bytes it saves (both scale with tokens), so a block's pack comes
-    nbytes / rate... after the last: rate (link bytes per eligible byte made, from
-    the timed step) says how much of each new block the link carries in its time. A
-    block goes out while the modelled queue on the link is under OUT_BYTES and
-    forward has not passed its peak: the timed step's eligible bytes before the peak,
-    scaled by the first block's bytes over the timed step's (the tokens' ratio).
-    Pure: decide(nbytes) only; forward's thread alone calls it."""
+    length, MoE routing): decided block by block, as plan_copies would, from the
+    timed step's rates instead of its times. Forward's time is taken as proportional
+    to the bytes it saves (both scale with tokens; attention's time grows faster,
+    which makes the rule cautious on longer sequences and a little generous on
+    shorter ones): plan.rate is the link bytes carried per eligible byte forward
+    makes. A block goes out while the modelled queue on the link stays within what
+    it can carry by the drain plus half OUT_BYTES and the overhead's bytes, and until
+    forward has made the timed step's eligible bytes before the drain, scaled by the
+    first block's bytes over the timed step's (the tokens' ratio). Pure: decide()
+    only; forward's thread alone calls it."""
 
     def __init__(self, plan: Plan, first_bytes: int, overhead_bytes: int = 0):
         self.rate = plan.rate
