@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from ferry.torch import offload_plan
 from ferry.torch.offload_plan import (MAX_OVERHEAD, OUT_BYTES, OVERLAP, Adaptive, Pack, copy_bound, plan_copies,
                                       plan_for_peak)
 
@@ -201,3 +202,24 @@ def test_target_peak_out_of_reach_says_so():
     assert overhead_s is None and 0 < plan.bytes <= made
     assert plan.bytes == plan_copies(packs, forward_s, backward_s, MAX_OVERHEAD * (forward_s + backward_s), D2H,
                                      H2D, peak_s=peak_s).bytes
+
+
+def test_stretch_puts_a_slowed_step_onto_the_true_spans():
+    rng = random.Random(9)
+    for _ in range(200):
+        fwd, bwd = rng.uniform(0.05, 0.5), rng.uniform(0.05, 0.5)
+        true = (fwd / rng.uniform(1.0, 3.0), bwd / rng.uniform(0.8, 1.5))
+        times = sorted(rng.uniform(0, fwd + bwd) for _ in range(rng.randrange(1, 40)))
+        times.insert(rng.randrange(len(times) + 1), None)
+        out = offload_plan.stretch(times, fwd, bwd, true)
+        assert out.index(None) == times.index(None)
+        seen = [t for t in out if t is not None]
+        assert seen == sorted(seen)  # order kept
+        for t, o in zip(times, out):
+            if t is None:
+                continue
+            if t <= fwd:
+                assert o == pytest.approx(t * true[0] / fwd)  # forward's share kept
+            else:
+                assert true[0] < o <= true[0] + true[1] + 1e-12
+    assert offload_plan.stretch([0.0, 0.2, 0.3], 0.2, 0.1, (0.1, 0.1)) == pytest.approx([0.0, 0.1, 0.2])

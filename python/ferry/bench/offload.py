@@ -22,8 +22,8 @@ pinned host cache emptied after each, the GPU's peak reset):
   ferry-overhead-F  offload_activations(max_overhead=F), F in 0.03, 0.1, 0.25: what
                     the link carries by forward's peak, plus what F of the step buys
 
-Each case runs --warmup steps (a ferry-overhead case's first is its timing step,
-which offloads nothing), then --repeats timed ones with the GPU synchronized around
+Each case runs --warmup steps (a ferry-overhead case runs two more: its first three
+offload nothing, a warm-up, a step timed whole, one timed by pack; offload.py), then --repeats timed ones with the GPU synchronized around
 each: the median step time (forward + backward + optimizer), its forward, backward and
 optimizer parts (CUDA events), the peak GPU memory over the timed steps (allocated,
 and reserved: the caching allocator's, which holds a freed block until the copy out
@@ -85,6 +85,15 @@ PINNED_BETWEEN_MAX = 0.05  # pinned memory in use between steps <= this share of
 def overhead_of(case: str) -> float | None:
     """F of a ferry-overhead-F case; None for the others."""
     return float(case.rsplit("-", 1)[1]) if case.startswith("ferry-overhead-") else None
+
+
+def warmup_steps(case: str, warmup: int) -> int:
+    """Steps before the timed ones: --warmup, plus a ferry-overhead case's steps that
+    offload nothing but its timing step (offload.PLANNING_STEPS: warm-up, timed whole,
+    timed by pack), which --warmup counts."""
+    from ..torch.offload import PLANNING_STEPS
+
+    return warmup + (PLANNING_STEPS - 1 if overhead_of(case) is not None else 0)
 
 
 def bound_share(none: dict, overhead: float, d2h: float, model_bytes: int) -> float | None:
@@ -247,7 +256,7 @@ def run_case(torch, case: str, model, opt, ids, initial: dict, args) -> dict | N
     torch.manual_seed(SEED)
 
     pool = ft.default_pinned_pool(0)
-    for _ in range(args.warmup):
+    for _ in range(warmup_steps(case, args.warmup)):
         one_step(torch, model, opt, ids, case_context(torch, case, offload))
     torch.cuda.reset_peak_memory_stats(0)
     rss0, reserved0 = rss_bytes(), pool_bytes(pool.stats(), "reserved")
@@ -360,7 +369,7 @@ class OffloadSuite(Suite):
         release_memory(torch)
         res = {}
         for case in cases:
-            progress(f"offload: {case}: {args.warmup} warm-up + {args.repeats} timed steps")
+            progress(f"offload: {case}: {warmup_steps(case, args.warmup)} warm-up + {args.repeats} timed steps")
             r = run_case(torch, case, model, opt, ids, initial, args)
             if r is not None:
                 res[case] = r

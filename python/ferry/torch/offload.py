@@ -37,8 +37,10 @@ save keeps on the GPU frees nothing if its other saves are copied.
 
 Budget: ``max_bytes=N`` offloads, in the order forward saves them (the earliest
 layers first: backward needs them last, so their return hides best), until N bytes
-this step. ``max_overhead=f`` (e.g. 0.1): the first step under this object offloads
-nothing and times each pack, forward, backward and the peak on the GPU; later steps
+this step. ``max_overhead=f`` (e.g. 0.1): the first three steps under this object
+offload nothing: the first warms the allocator and the kernels up (``WARM_STEPS``),
+the second is timed whole (``StepClock``), the third times each pack, the memory
+allocated and so the peak on the GPU, stretched onto the second's spans; later steps
 offload the blocks whose copies the link can carry by the peak, each starting soon
 after its tensor is saved, plus what ``f`` of the step allows forward to wait
 (``plan_copies``; rates of ferry pinned copies measured once per device). Just
@@ -71,11 +73,13 @@ from .. import _args
 from ..errors import InvalidArgumentError
 from . import _torch_private
 from ._torch import torch_module as _torch
-from .offload_plan import OUT_BYTES, Adaptive, Calibration
+from .offload_plan import OUT_BYTES, Adaptive, Calibration, StepClock
 from .pinned import default_pinned_pool, empty_pinned
 
 MIN_BYTES = 1 << 20  # smaller tensors stay: per-tensor costs (~30 us) beat their DMA time
 PREFETCH_BYTES = 256 << 20  # how far backward's prefetch runs ahead of the unpacks (GPU memory)
+WARM_STEPS = 1  # max_overhead/target_peak: steps that offload nothing before the timed two
+PLANNING_STEPS = WARM_STEPS + 2  # ... and with them (StepClock's, Calibration's): none offloads
 ALIGN = 512  # the caching allocator's block alignment: a fetched tensor keeps ptr % ALIGN
 
 
@@ -180,6 +184,10 @@ class ActivationOffload:
         self._shape: list = []  # the timed step's bytes per pack: a step that differs is planned anew
         self._overhead_bytes = 0  # what max_overhead's time buys at the link's rate (Adaptive's slack)
         self._timing: Calibration | None = None  # the step being timed (offload_plan.py)
+        self._warm_steps = 0  # budgeted steps run before the timed ones (WARM_STEPS)
+        self._warming = False  # this step offloads nothing (a warm-up, or StepClock's)
+        self._clock: StepClock | None = None  # the step timed whole, with no per-pack work
+        self._spans = None  # its (forward_s, backward_s)
         self._new_step()
 
     # ---- the context ---------------------------------------------------
@@ -192,8 +200,22 @@ class ActivationOffload:
         self._new_step()
         self.stats.steps += 1
         timed = self.max_overhead is not None or self.target_peak is not None
+        self._warming = False
         if timed and self.stats.calibration is None and torch.cuda.is_available():
-            self._timing = Calibration(torch)  # this step offloads nothing and is timed
+            # Three steps offload nothing. A first step is no step to time: the
+            # caching allocator maps its memory, cuBLAS picks its kernels (timed, its
+            # forward was 1.8-4.5x later ones', H100). The second is timed whole
+            # (StepClock), the third pack by pack (Calibration), its times stretched
+            # onto the second's: its own per-pack work slows a forward launched
+            # barely ahead of the GPU.
+            if self._warm_steps < WARM_STEPS:
+                self._warm_steps += 1
+                self._warming = True
+            elif self._spans is None:
+                self._clock = StepClock(torch)
+                self._warming = True
+            else:
+                self._timing = Calibration(torch)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
@@ -201,6 +223,10 @@ class ActivationOffload:
     def __exit__(self, exc_type, exc, tb):
         hooks, self._hooks = self._hooks, None
         hooks.__exit__(exc_type, exc, tb)
+        clock, self._clock = self._clock, None
+        if clock is not None and exc_type is None:
+            clock.end()
+            self._spans = clock.spans()  # None (no backward on a GPU): timed again next step
         if exc_type is not None or self._step.bytes:
             # An abandoned step: no copy of it may run on. A finished one: its pinned
             # buffers go back to the pool now, not at the next step's first pack (so
@@ -247,6 +273,10 @@ class ActivationOffload:
         return t.numel() * t.element_size() >= self.min_bytes and _dense(t)
 
     def _pack(self, t):
+        if self._warming:
+            if self._clock is not None and t.is_cuda:
+                self._clock.pack(t.device)
+            return t
         step = self._step
         position, step.packs = step.packs, step.packs + 1
         out = self._pack_one(t, step, position)
@@ -376,8 +406,11 @@ class ActivationOffload:
 
     def _unpack(self, saved):
         if not isinstance(saved, _Saved):
-            if self._timing is not None and isinstance(saved, self._torch.Tensor) and saved.is_cuda:
-                self._timing.unpack(saved.device)
+            if isinstance(saved, self._torch.Tensor) and saved.is_cuda:
+                if self._timing is not None:
+                    self._timing.unpack(saved.device)
+                elif self._clock is not None:
+                    self._clock.unpack(saved.device)
             return saved
         torch = self._torch
         copy = saved.copy
@@ -474,7 +507,7 @@ class ActivationOffload:
     def _finish_timing(self) -> None:
         """max_overhead: the step timed last time becomes the plan of every later one."""
         timing, self._timing = self._timing, None
-        done = timing.finish(self.max_overhead, self.target_peak) if timing is not None else None
+        done = timing.finish(self.max_overhead, self.target_peak, self._spans) if timing is not None else None
         if done is not None:
             self._plan, self.stats.calibration = done
             self._shape = timing.sizes
@@ -510,10 +543,11 @@ def offload_activations(*, max_bytes: int | None = None, max_overhead: float | N
                         target_peak: int | None = None) -> ActivationOffload:
     """A context manager that keeps the tensors autograd saves in ferry pinned memory
     (see the module's docstring). Make it once and enter it every step:
-    ``max_overhead`` learns from the first step, and its stats add up.
+    ``max_overhead`` learns from its second and third steps, and its stats add up.
 
     max_bytes: offload at most this many bytes a step (earliest saved first);
-    max_overhead: offload what keeps the step within this fraction over no offload;
+    max_overhead: offload what keeps the step within this fraction over no offload (the
+    aim: measured on an H100 it cost 3-4% of the step more, docs/offload.md);
     target_peak: offload what brings the GPU memory allocated at forward's peak down to
     this many bytes, at the least overhead (stats.calibration: "overhead" it costs,
     estimated, and "reached");

@@ -62,6 +62,57 @@ class Plan:
         self.rate, self.before_peak, self.first_bytes = rate, before_peak, first_bytes
 
 
+def stretch(times, forward_s: float, backward_s: float, spans) -> list:
+    """Times into a step timed as (forward_s, backward_s), put onto the same step's
+    true spans (forward, backward): forward's times scaled by forward's ratio,
+    backward's (past forward_s) by backward's. None stays None."""
+    fs = spans[0] / forward_s
+    bs = spans[1] / backward_s if backward_s > 0 else 1.0
+    return [None if t is None else t * fs if t <= forward_s else spans[0] + (t - forward_s) * bs for t in times]
+
+
+class StepClock:
+    """A step's forward and backward on the GPU, timed with three events and no other
+    work per pack: the first pack, the first unpack, the step's end (the context's
+    exit). Why: Calibration's per-pack work (an event, the memory allocated, the
+    block's lookup) slows the CPU, and where forward was launched barely ahead of the
+    GPU (eager transformers) the GPU waited for it: its timed forward came out
+    1.6-2.6x a plain step's (H100, the bench's Llama), and the plan sent what the
+    link carries in that longer forward. Calibration's times are stretched onto this
+    step's spans (Calibration.facts)."""
+
+    def __init__(self, torch):
+        self._torch = torch
+        self.device = None
+        self.events: list = []  # first pack, first unpack, end
+
+    def _record(self, device) -> None:
+        e = self._torch.cuda.Event(enable_timing=True)
+        e.record(self._torch.cuda.current_stream(device))
+        self.events.append(e)
+
+    def pack(self, device) -> None:
+        if self.device is None:
+            self.device = device
+            self._record(device)
+
+    def unpack(self, device) -> None:
+        if len(self.events) == 1 and device == self.device:
+            self._record(device)
+
+    def end(self) -> None:
+        if len(self.events) == 2:
+            self._record(self.device)
+
+    def spans(self):
+        """(forward_s, backward_s), or None where the step had no backward on a GPU."""
+        if len(self.events) != 3:
+            return None
+        self.events[2].synchronize()
+        a, b, c = self.events
+        return a.elapsed_time(b) / 1e3, b.elapsed_time(c) / 1e3
+
+
 class Calibration:
     """The timed step's events (see the module's text). Forward's thread calls pack,
     autograd's thread of that device unpack; nothing else touches it until finish."""
@@ -75,6 +126,7 @@ class Calibration:
         self.peak = (-1, None, None)  # (allocated bytes, event, pack position before it) at the step's peak
         self._blocks: dict = {}  # storage address -> (weakref to the storage, block id)
         self._seen: set = set()  # (address, offset, bytes) already counted: a copy moves them once
+        self.timed_spans = (0.0, 0.0)  # forward_s, backward_s as this step measured them (facts)
 
     def _event(self, device):
         e = self._torch.cuda.Event(enable_timing=True)
@@ -124,9 +176,11 @@ class Calibration:
             self.backward[1] = e
         self._note_peak(device, self._allocated(device), len(self.packs) - 1)
 
-    def facts(self):
+    def facts(self, spans=None):
         """(packs as Pack, forward_s, backward_s, peak_s, peak position), or None when
-        the step saved nothing on a GPU or had no backward."""
+        the step saved nothing on a GPU or had no backward. spans: (forward_s,
+        backward_s) of a step timed without per-pack work (StepClock): the pack
+        times are stretched onto them (see StepClock)."""
         packs, b = self.packs, self.backward
         if not b or not any(p[0] is not None for p in packs):
             return None
@@ -137,21 +191,27 @@ class Calibration:
         forward_s = f0.elapsed_time(b[0]) / 1e3
         backward_s = b[0].elapsed_time(b[-1]) / 1e3
         peak_s = max(0.0, f0.elapsed_time(self.peak[1]) / 1e3) if self.peak[1] is not None else forward_s
-        out = [Pack(f0.elapsed_time(e) / 1e3 if e is not None else None, n, block, ok)
-               for e, n, block, ok, _ in packs]
+        times = [f0.elapsed_time(e) / 1e3 if e is not None else None for e, *_ in packs]
+        self.timed_spans = (forward_s, backward_s)
+        if spans is not None and forward_s > 0:
+            *times, peak_s = stretch(times + [peak_s], forward_s, backward_s, spans)
+            forward_s, backward_s = spans
+        out = [Pack(at, n, block, ok) for at, (_, n, block, ok, _) in zip(times, packs)]
         return out, forward_s, backward_s, peak_s, self.peak[2]
 
-    def finish(self, max_overhead: float | None = None, target_peak: int | None = None):
+    def finish(self, max_overhead: float | None = None, target_peak: int | None = None, spans=None):
         """(Plan, figures), or None when the step saved nothing on a GPU or had no
         backward. One budget: max_overhead (a fraction of forward + backward) or
         target_peak (GPU bytes allocated at the peak: the plan that frees the rest
-        at the least overhead; figures say what it costs and whether it is reached)."""
-        facts = self.facts()
+        at the least overhead; figures say what it costs and whether it is reached).
+        spans: StepClock's (forward_s, backward_s), the step's true length."""
+        facts = self.facts(spans)
         if facts is None:
             return None
         packs, forward_s, backward_s, peak_s, peak_position = facts
         d2h, h2d = pinned_rates(self._torch, self.device)
         figures = {"forward_s": forward_s, "backward_s": backward_s, "peak_s": peak_s, "peak_bytes": self.peak[0],
+                   "timed_forward_s": self.timed_spans[0], "timed_backward_s": self.timed_spans[1],
                    "eligible_bytes": sum(p[1] for p in packs if p[3]), "d2h_gbps": d2h / 1e9,
                    "h2d_gbps": h2d / 1e9}
         if target_peak is not None:
