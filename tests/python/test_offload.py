@@ -314,7 +314,7 @@ def test_a_block_held_by_a_kept_save_is_not_copied(gpu, budget, blocks):
     x = torch.randn(4096, 512, device="cuda")
     plain = step(model, x)
     offload = ft.offload_activations(min_bytes=0, **budget)
-    for _ in range(3):
+    for _ in range(offload_module.PLANNING_STEPS + 1):  # max_overhead offloads after its planning steps
         assert_bit_equal(plain, step(model, x, offload))
     assert offload.stats.last_step_offloaded_bytes == blocks * 4096 * 512 * 4, offload.stats.as_dict()
 
