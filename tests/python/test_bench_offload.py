@@ -107,9 +107,10 @@ def test_activation_freed_is_the_share_of_the_peak_over_the_model():
     assert offload.activation_freed(2 * GB, 1 * GB, 2 * GB) is None  # no activation memory to free
 
 
-def _case(step, peak, fwd=0.05, bwd=0.1, opt=0.01, offloaded=None, rss=4 * GB, rss_growth=3 * MiB, pinned=0):
+def _case(step, peak, fwd=0.05, bwd=0.1, opt=0.01, offloaded=None, rss=4 * GB, rss_growth=3 * MiB, pinned=0,
+          reserved=None):
     r = {"step_s": step, "forward_s": fwd, "backward_s": bwd, "optimizer_s": opt, "peak_bytes": peak,
-         "peak_reserved": peak + 300 * MiB, "rss_before": rss, "rss_growth": rss_growth, "loss": 10.4,
+         "peak_reserved": peak + 300 * MiB if reserved is None else reserved, "rss_before": rss, "rss_growth": rss_growth, "loss": 10.4,
          "steps_s": [step] * 3}
     if offloaded is not None:
         r.update(offloaded_bytes=offloaded, pinned_in_use=pinned, pinned_reserved=offloaded + 7 * MiB,
@@ -122,12 +123,12 @@ D2H = 50 * GB
 
 
 def _run_figures(ferry_step=0.185, soc_step=0.98, ferry_peak=7_700_000_000, over_step=0.16, over_peak=14 * GB,
-                 over_rss_growth=3 * MiB, pinned=0):
+                 over_rss_growth=3 * MiB, pinned=0, ferry_reserved=None, over_reserved=None):
     return {"none": _case(0.151, 20_070_000_000, fwd=0.047, bwd=0.095, opt=0.009),
             "save_on_cpu": _case(soc_step, 7_540_000_000),
-            "ferry": _case(ferry_step, ferry_peak, offloaded=9_876_543_210),
+            "ferry": _case(ferry_step, ferry_peak, offloaded=9_876_543_210, reserved=ferry_reserved),
             "ferry-overhead-0.1": _case(over_step, over_peak, offloaded=2_345_678_901, rss_growth=over_rss_growth,
-                                        pinned=pinned),
+                                        pinned=pinned, reserved=over_reserved),
             "ferry-overhead-0.25": _case(0.2, 12 * GB, offloaded=4 * GB)}
 
 
@@ -147,9 +148,12 @@ def test_targets_say_met_or_not_for_each_goal():
     assert got == {"ferry: step over the link floor": True,  # 0.185 / 0.18 = 1.03
                    "ferry: faster than save_on_cpu": True,  # 5.3x
                    "ferry: peak over save_on_cpu's": True,  # +2.1%
+                   "ferry: reserved peak over save_on_cpu's": True,  # +2.0%
                    "ferry-overhead-0.1: step over none": True,  # 1.06x
                    "ferry-overhead-0.1: freed over its bound": True,  # 35.6% of 18.2%
+                   "ferry-overhead-0.1: reserved peak over none's": True,  # 14.3 of 20.4 GB
                    "ferry-overhead-0.25: freed over its bound": True,
+                   "ferry-overhead-0.25: reserved peak over none's": True,
                    "ferry: host RSS growth over the timed steps": True,
                    "ferry-overhead-0.1: host RSS growth over the timed steps": True,
                    "ferry-overhead-0.25: host RSS growth over the timed steps": True,
@@ -157,14 +161,18 @@ def test_targets_say_met_or_not_for_each_goal():
                    "ferry-overhead-0.1: pinned in use between steps": True,
                    "ferry-overhead-0.25: pinned in use between steps": True}
     bad = _run_figures(ferry_step=0.21, soc_step=0.35, ferry_peak=7_960_000_000, over_step=0.167,
-                       over_peak=18_500_000_000, over_rss_growth=41 * MiB, pinned=200 * MiB)
+                       over_peak=18_500_000_000, over_rss_growth=41 * MiB, pinned=200 * MiB,
+                       ferry_reserved=25_800_000_000, over_reserved=20_400_000_000)
     got = {what: ok for what, _, _, ok in offload.targets(bad, floor, MODEL, D2H)}
     assert got == {"ferry: step over the link floor": False,  # 1.167x
                    "ferry: faster than save_on_cpu": False,  # 1.67x
                    "ferry: peak over save_on_cpu's": False,  # +5.6%
+                   "ferry: reserved peak over save_on_cpu's": False,  # 25.8 GB against 7.85 (the H100's kind)
                    "ferry-overhead-0.1: step over none": False,  # 1.106x
                    "ferry-overhead-0.1: freed over its bound": False,  # 9.2% of 18.2%: 50%
+                   "ferry-overhead-0.1: reserved peak over none's": False,  # 20.40 GB against 20.38
                    "ferry-overhead-0.25: freed over its bound": True,
+                   "ferry-overhead-0.25: reserved peak over none's": True,
                    "ferry: host RSS growth over the timed steps": True,
                    "ferry-overhead-0.1: host RSS growth over the timed steps": False,  # 1.03%
                    "ferry-overhead-0.25: host RSS growth over the timed steps": True,
@@ -174,7 +182,7 @@ def test_targets_say_met_or_not_for_each_goal():
     only = {c: r for c, r in _run_figures().items() if c in ("none", "ferry-overhead-0.1")}
     assert [t[0] for t in offload.targets(only, None, MODEL, D2H)] == [
         "ferry-overhead-0.1: step over none", "ferry-overhead-0.1: freed over its bound",
-        "ferry-overhead-0.1: host RSS growth over the timed steps", "ferry-overhead-0.1: pinned in use between steps"]
+        "ferry-overhead-0.1: reserved peak over none's", "ferry-overhead-0.1: host RSS growth over the timed steps", "ferry-overhead-0.1: pinned in use between steps"]
 
 
 def test_records_and_tables_from_a_runs_figures(capsys):
