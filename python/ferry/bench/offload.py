@@ -23,13 +23,16 @@ pinned host cache emptied after each, the GPU's peak reset):
                     the link carries by forward's peak, plus what F of the step buys
 
 Each case runs --warmup steps (a ferry-overhead case runs two more: its first three
-offload nothing, a warm-up, a step timed whole, one timed by pack; offload.py), then --repeats timed ones with the GPU synchronized around
-each: the median step time (forward + backward + optimizer), its forward, backward and
-optimizer parts (CUDA events), the peak GPU memory over the timed steps (allocated,
-and reserved: the caching allocator's, which holds a freed block until the copy out
-of it is done), bytes offloaded per step (ferry's stats), the process's RSS growth
-over the timed steps (/proc/self/status VmRSS) and, for ferry, the pinned pool's
-in-use and reserved bytes between steps and the growth of reserved bytes over them.
+offload nothing, a warm-up, a step timed whole, one timed by pack; offload.py), then
+--repeats timed ones with the GPU synchronized around each: the median step time
+(forward + backward + optimizer), its forward, backward and optimizer parts (CUDA
+events), the peak GPU memory over the timed steps (allocated, and reserved: the
+caching allocator's, which holds a freed block until the copy out of it is done; the
+cache is emptied after the warm-up, whose reservations, a budgeted case's planning
+steps without offload among them, the allocator would keep), bytes offloaded per step
+(ferry's stats), the process's RSS growth over the timed steps (/proc/self/status
+VmRSS) and, for ferry, the pinned pool's in-use and reserved bytes between steps and
+the growth of reserved bytes over them.
 
 The link floor: ferry pinned memory <-> GPU rates measured in the same run (256 MiB
 each way, best of 3, CUDA events) and the no-offload step's medians:
@@ -267,6 +270,12 @@ def run_case(torch, case: str, model, opt, ids, initial: dict, args) -> dict | N
     pool = ft.default_pinned_pool(0)
     for _ in range(warmup_steps(case, args.warmup)):
         one_step(torch, model, opt, ids, case_context(torch, case, offload))
+    # The warm-up's reservations go back: a budgeted case's planning steps offload
+    # nothing and reserve what no offload does, which the caching allocator keeps.
+    # The timed steps' reserved peak is then what an offloaded step itself needs.
+    torch.cuda.synchronize(0)
+    reserved_warm = torch.cuda.memory_reserved(0)
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(0)
     rss0, reserved0 = rss_bytes(), pool_bytes(pool.stats(), "reserved")
     walls, parts, loss = [], [], None
@@ -277,7 +286,8 @@ def run_case(torch, case: str, model, opt, ids, initial: dict, args) -> dict | N
     r = {"step_s": median(walls), "forward_s": median([p[0] for p in parts]),
          "backward_s": median([p[1] for p in parts]), "optimizer_s": median([p[2] for p in parts]),
          "peak_bytes": torch.cuda.max_memory_allocated(0), "peak_reserved": torch.cuda.max_memory_reserved(0),
-         "rss_before": rss0, "rss_growth": rss_bytes() - rss0, "loss": loss, "steps_s": walls}
+         "rss_before": rss0, "rss_growth": rss_bytes() - rss0, "loss": loss, "steps_s": walls,
+         "reserved_after_warmup": reserved_warm}
     stats = getattr(offload, "stats", None)
     if stats is not None and hasattr(stats, "last_step_offloaded_bytes"):  # ferry's
         pstats = pool.stats()
