@@ -23,6 +23,20 @@ transformers model: `from_pretrained` beside `from_config` +
 `load_safetensors(files, out=model.state_dict())`. --json writes records
 {suite, case, params, metric, value, unit, baseline, ratio} (`records`),
 with the run's details beside them.
+
+--first-loads N (issue 40 item 2): ferry and InstantTensor MMAP (where
+installed), each in N fresh processes one after another, torch, ferry and the
+CUDA context ready before timing, the page cache warm: the first call (ferry:
+its default loader, pinned staging and reader threads, made first and timed
+apart), the second load in the same process and one after
+torch.cuda.empty_cache(), beside the warm in-process median; every load bit
+for bit against safetensors' CPU read. --ranks N (N >= 2, item 3): N processes
+at once, one per GPU, each loading the whole checkpoint with ferry to its own
+GPU, released together each of --repeats rounds (a barrier), beside one
+alone: GB/s per rank, their sum and N x the checkpoint / the slowest rank;
+waived where the machine has fewer than N GPUs. A process that fails or does
+not answer within --child-timeout is reported and ended (load_procs.py,
+load_child.py, load_modes.py). Not yet measured on a GPU.
 """
 
 from __future__ import annotations
@@ -39,6 +53,8 @@ from .load_checkpoint import layer_tensors, moe_tensors  # noqa: F401 - ferry.be
 from .load_measures import drop_page_cache, parallel_direct_read_rate, sequential_read_rate
 from .load_measures import DROP_CACHES, PeakAnon, rss_anon_bytes, same_bits  # noqa: F401 - as above
 from .load_methods import _loader, methods, run_once, transformers_case, warm_runs, write_tensorizer_file
+from . import load_modes
+from .load_procs import CHILD_TIMEOUT_S
 from .load_methods import TENSORIZER_FILE, TENSORIZER_READERS, _why_not  # noqa: F401 - as above (the tests use _why_not)
 from .records import Records
 from .report import progress, table, write_json
@@ -73,6 +89,20 @@ class LoadSuite(Suite):
         p.add_argument("--only", action="append", help="only paths whose label contains this (repeatable)")
         p.add_argument("--transformers", type=int_at_least(0), default=0, metavar="LAYERS",
                        help="also time a bf16 Llama (hidden 2048) of LAYERS layers: from_pretrained vs ferry")
+        p.add_argument("--first-loads", type=int_at_least(0), default=0, metavar="N",
+                       help="also time the first load of a fresh process, in N processes per path (ferry, "
+                            "InstantTensor MMAP), beside the second load and the warm in-process median; "
+                            "0: off (default: %(default)s)")
+        p.add_argument("--ranks", type=int_at_least(1), default=1, metavar="N",
+                       help="N >= 2: also N processes at once, one per GPU, each loading the whole checkpoint "
+                            "with ferry (--repeats rounds, started together), beside one alone; waived with "
+                            "fewer GPUs (default: %(default)s)")
+        p.add_argument("--child-timeout", type=int_at_least(1), default=int(CHILD_TIMEOUT_S), metavar="SECONDS",
+                       help="how long --first-loads and --ranks wait for a process to be ready and for each "
+                            "result; one that does not answer is reported and killed (default: %(default)s)")
+
+    def check_args(self, args) -> None:
+        load_modes.check(args)
 
     def waived(self, args):
         why = super().waived(args)
@@ -147,29 +177,8 @@ def _run(args, torch, tensors, directory) -> int:
             continue
         r["gb_per_s"] = nbytes / r["median_s"] / 1e9
         results["warm"][label] = r
-    cold_why = None if not args.no_cold else "--no-cold"
-    if cold_why is None:
-        cold_why = drop_page_cache()
-    if cold_why is None:
-        results["cold"][SEQUENTIAL_READ] = {"gb_per_s": sequential_read_rate(paths)}
-        drop_page_cache()
-        results["cold"]["parallel O_DIRECT read (16 threads)"] = {"gb_per_s": parallel_direct_read_rate(paths)}
-        for label, fn, why, is_ferry in ms:
-            if why or label not in results["warm"]:
-                continue
-            drop_page_cache()
-            progress(f"cold: {label}")
-            try:
-                r = run_once(torch, fn, paths, ref, _loader(args, is_ferry))
-            except Exception as e:  # noqa: BLE001
-                if is_ferry:
-                    raise
-                results["cold"][label] = {"failed": f"{type(e).__name__}: {e}"}
-                continue
-            r["gb_per_s"] = nbytes / r["seconds"] / 1e9
-            results["cold"][label] = r
-    else:
-        results["cold_waived"] = cold_why
+    _fresh_processes(args, torch, paths, nbytes, results)
+    _cold_runs(args, torch, ms, paths, ref, nbytes, results)
     if args.transformers:
         progress("transformers: from_pretrained vs from_config + load_safetensors")
         try:
@@ -178,7 +187,51 @@ def _run(args, torch, tensors, directory) -> int:
             results["transformers"] = {"failed": f"{type(e).__name__}: {e}"}
     print_report(results, nbytes)
     args.results = results  # LoadSuite.run writes them
-    return 0 if all(r.get("verified", True) for part in ("warm", "cold") for r in results[part].values()) else 1
+    return 0 if (all(r.get("verified", True) for part in ("warm", "cold") for r in results[part].values())
+                 and load_modes.passed(results)) else 1
+
+
+def _fresh_processes(args, torch, paths, nbytes, results) -> None:
+    """--first-loads and --ranks (load_modes.py): in processes of their own, the
+    page cache warm (read once more here), this process's cached device memory
+    given back first."""
+    if not args.first_loads and args.ranks < 2:
+        return
+    torch.cuda.empty_cache()
+    sequential_read_rate(paths)
+    if args.first_loads:
+        load_modes.run_first_loads(args, paths, nbytes, results,
+                                   lambda label: None if label == "ferry" else _why_not("instanttensor"))
+    if args.ranks > 1:
+        sequential_read_rate(paths)
+        load_modes.run_ranks(args, paths, nbytes, results, load_modes.gpu_count())
+
+
+def _cold_runs(args, torch, ms, paths, ref, nbytes, results) -> None:
+    """Each path once after the page cache is dropped, beside the file's read rates."""
+    cold_why = None if not args.no_cold else "--no-cold"
+    if cold_why is None:
+        cold_why = drop_page_cache()
+    if cold_why is not None:
+        results["cold_waived"] = cold_why
+        return
+    results["cold"][SEQUENTIAL_READ] = {"gb_per_s": sequential_read_rate(paths)}
+    drop_page_cache()
+    results["cold"]["parallel O_DIRECT read (16 threads)"] = {"gb_per_s": parallel_direct_read_rate(paths)}
+    for label, fn, why, is_ferry in ms:
+        if why or label not in results["warm"]:
+            continue
+        drop_page_cache()
+        progress(f"cold: {label}")
+        try:
+            r = run_once(torch, fn, paths, ref, _loader(args, is_ferry))
+        except Exception as e:  # noqa: BLE001
+            if is_ferry:
+                raise
+            results["cold"][label] = {"failed": f"{type(e).__name__}: {e}"}
+            continue
+        r["gb_per_s"] = nbytes / r["seconds"] / 1e9
+        results["cold"][label] = r
 
 
 SEQUENTIAL_READ = "sequential read (1 thread, 16 MiB)"
@@ -213,6 +266,7 @@ def records(results: dict) -> list[dict]:
                 out.add(label, "host_memory_added", r["host_added_bytes"] / MiB, "MiB", cache=cache, **common)
             if "outside_s" in r.get("loader", {}):
                 out.add(label, "time_outside_loader", r["loader"]["outside_s"] * 1e3, "ms", cache=cache, **common)
+    load_modes.records(out, results, common)
     tr = results.get("transformers")
     if tr and "failed" not in tr:
         out.add("from_config + load_safetensors", "time", tr["from_config_s"] + tr["load_safetensors_s"], "s",
@@ -254,6 +308,8 @@ def print_report(results: dict, nbytes: int) -> None:
                   f"{ld['staging_bytes'] / MiB:.0f} MiB" + "".join(f"; note: {n}" for n in ld["notes"]))
     if "cold_waived" in results:
         print(f"  cold runs waived: {results['cold_waived']}")
+    load_modes.print_first_loads(results)
+    load_modes.print_ranks(results)
     warm = results["warm"]
     ferry_rows = {k: v for k, v in warm.items() if k.startswith("ferry")}
     peers = {k: v for k, v in warm.items() if not k.startswith("ferry")}
