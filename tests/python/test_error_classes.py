@@ -56,6 +56,8 @@ INTERNAL = {
     ("bounded_read.py", "Unreadable"): "its callers turn it into InvalidArgumentError or a finding",
     ("measure.py", "Skipped"): "the doctor records a skipped measurement with the reason",
     ("bench/suite.py", "Waived"): "Suite.main prints 'waived: why' and records it",
+    ("bench/load_child.py", "Stop"): "the child's main sends it to the parent as its error line",
+    ("bench/load_procs.py", "ChildFailed"): "the parent records it as that child's error (_all, _release)",
 }
 
 SKIPPED_PACKAGES = ("facts/",)

@@ -31,6 +31,8 @@ import sys
 import threading
 import time
 
+from ..errors import InvalidArgumentError
+
 MARK = "ferry-bench-load-child "  # a message line starts with this
 GO = "go"
 METHODS = ("ferry", "InstantTensor MMAP", "safetensors CPU")
@@ -80,7 +82,7 @@ class Job:
         self.torch, self.job, self.paths = torch, job, list(job["paths"])
         self.method, self.index = job["method"], int(job.get("device", 0))
         if self.method not in METHODS:
-            raise ValueError(f"method {self.method!r}: expected one of {', '.join(METHODS)}")
+            raise InvalidArgumentError(f"method {self.method!r}: expected one of {', '.join(METHODS)}")
         self.cuda = self.method != "safetensors CPU"
         self.facts = {"pid": os.getpid(), "method": self.method, "device": self.index if self.cuda else "cpu"}
         import ferry.torch  # noqa: F401 - imported before timing, as a user's process has it
@@ -196,7 +198,7 @@ def run(job: dict, commands: Commands, stream=None) -> None:
         send("result", first_loads(j), stream)
         return
     if job["mode"] != "rank":
-        raise ValueError(f"mode {job['mode']!r}: expected 'first' or 'rank'")
+        raise InvalidArgumentError(f"mode {job['mode']!r}: expected 'first' or 'rank'")
     if j.method == "ferry":
         j.facts["loader_s"] = j.make_loader(default=False)
     warm = {}
