@@ -452,7 +452,7 @@ def test_a_compiled_module_steps_bit_equal_under_offload(gpu):
 
 
 FSDP2 = """
-    import os, sys, torch, torch.distributed as dist, ferry.torch as ft
+    import contextlib, os, sys, torch, torch.distributed as dist, ferry.torch as ft
     from torch.distributed.fsdp import fully_shard
     rank, budget = int(sys.argv[1]), sys.argv[2]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3], NCCL_NVLS_ENABLE="0")
@@ -469,15 +469,9 @@ FSDP2 = """
     x = torch.randn(8, 256, 512, device="cuda", generator=g)
     def step(offload):
         model.zero_grad(set_to_none=True)
-        def run():
+        with offload if offload is not None else contextlib.nullcontext():
             loss = model(x).pow(2).mean()
             loss.backward()
-            return loss
-        if offload is None:
-            loss = run()
-        else:
-            with offload:
-                loss = run()
         return loss.detach().clone(), [p.grad.to_local().clone() for p in model.parameters()]
     plain = step(None)
     offload = ft.offload_activations(min_bytes=0) if budget == "full" else \\
