@@ -32,6 +32,7 @@ import threading
 import time
 
 from ..errors import InvalidArgumentError
+from .load_measures import tensor_differs
 
 MARK = "ferry-bench-load-child "  # a message line starts with this
 GO = "go"
@@ -152,12 +153,9 @@ def differs(torch, got: dict, paths: list[str]) -> str | None:
                 seen.add(k)
                 if k not in got:
                     return f"{k}: missing"
-                g, r = got[k], f.get_tensor(k)
-                if g.dtype != r.dtype or tuple(g.shape) != tuple(r.shape):
-                    return f"{k}: {g.dtype}{tuple(g.shape)} instead of {r.dtype}{tuple(r.shape)}"
-                a = g.contiguous().reshape(-1).view(torch.uint8)
-                if not torch.equal(a, r.contiguous().reshape(-1).view(torch.uint8).to(a.device)):
-                    return f"{k}: bytes differ"
+                why = tensor_differs(torch, k, got[k], f.get_tensor(k))
+                if why:
+                    return why
     extra = sorted(set(got) - seen)
     return f"extra tensors {extra[:3]}" if extra else None
 

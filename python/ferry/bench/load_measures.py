@@ -114,10 +114,20 @@ def same_bits(torch, got: dict, ref: dict) -> str | None:
         return f"keys differ: missing {missing[:3]}, extra {extra[:3]}"
     for k, r in ref.items():
         g = got[k]
-        if g.dtype != r.dtype or tuple(g.shape) != tuple(r.shape):
-            return f"{k}: {g.dtype}{tuple(g.shape)} instead of {r.dtype}{tuple(r.shape)}"
         if not g.is_cuda:
             return f"{k}: on {g.device}"
-        if not torch.equal(g.reshape(-1).view(torch.uint8), r.reshape(-1).view(torch.uint8)):
-            return f"{k}: bytes differ"
+        why = tensor_differs(torch, k, g, r)
+        if why:
+            return why
+    return None
+
+
+def tensor_differs(torch, key: str, got, ref) -> str | None:
+    """None when got is ref bit for bit (dtype, shape, bytes; ref moved to got's
+    device first), else what differs."""
+    if got.dtype != ref.dtype or tuple(got.shape) != tuple(ref.shape):
+        return f"{key}: {got.dtype}{tuple(got.shape)} instead of {ref.dtype}{tuple(ref.shape)}"
+    a = got.contiguous().reshape(-1).view(torch.uint8)
+    if not torch.equal(a, ref.contiguous().reshape(-1).view(torch.uint8).to(a.device)):
+        return f"{key}: bytes differ"
     return None
