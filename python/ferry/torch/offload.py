@@ -73,13 +73,14 @@ from .. import _args
 from ..errors import InvalidArgumentError
 from . import _torch_private
 from ._torch import torch_module as _torch
-from .offload_plan import OUT_BYTES, Adaptive, Calibration, StepClock
+from .offload_plan import OUT_BYTES, Adaptive, Calibration, OverheadControl, StepClock, replan
 from .pinned import default_pinned_pool, empty_pinned
 
 MIN_BYTES = 1 << 20  # smaller tensors stay: per-tensor costs (~30 us) beat their DMA time
 PREFETCH_BYTES = 256 << 20  # how far backward's prefetch runs ahead of the unpacks (GPU memory)
 WARM_STEPS = 1  # max_overhead/target_peak: steps that offload nothing before the timed two
 PLANNING_STEPS = WARM_STEPS + 2  # ... and with them (StepClock's, Calibration's): none offloads
+TIMED_KEPT = 4  # max_overhead: offloaded steps' clocks kept until their events are done
 ALIGN = 512  # the caching allocator's block alignment: a fetched tensor keeps ptr % ALIGN
 
 
@@ -188,6 +189,9 @@ class ActivationOffload:
         self._warming = False  # this step offloads nothing (a warm-up, or StepClock's)
         self._clock: StepClock | None = None  # the step timed whole, with no per-pack work
         self._spans = None  # its (forward_s, backward_s)
+        self._inputs = None  # max_overhead: the plan's inputs (offload_plan.replan)
+        self._control: OverheadControl | None = None  # max_overhead: the plan's overhead, kept to the one asked
+        self._timed: collections.deque = collections.deque()  # StepClocks of offloaded steps, not yet read
         self._new_step()
 
     # ---- the context ---------------------------------------------------
@@ -216,6 +220,9 @@ class ActivationOffload:
                 self._warming = True
             else:
                 self._timing = Calibration(torch)
+        elif self._control is not None:
+            self._follow_overhead()
+            self._clock = StepClock(torch)  # this step's overhead, read at a later step's start
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
@@ -226,7 +233,12 @@ class ActivationOffload:
         clock, self._clock = self._clock, None
         if clock is not None and exc_type is None:
             clock.end()
-            self._spans = clock.spans()  # None (no backward on a GPU): timed again next step
+            if self._warming:
+                self._spans = clock.spans()  # None (no backward on a GPU): timed again next step
+            elif self._step.adaptive is None and self._step.bytes:  # a step that followed the plan
+                self._timed.append(clock)
+                while len(self._timed) > TIMED_KEPT:
+                    self._timed.popleft()
         if exc_type is not None or self._step.bytes:
             # An abandoned step: no copy of it may run on. A finished one: its pinned
             # buffers go back to the pool now, not at the next step's first pack (so
@@ -273,9 +285,9 @@ class ActivationOffload:
         return t.numel() * t.element_size() >= self.min_bytes and _dense(t)
 
     def _pack(self, t):
+        if self._clock is not None and t.is_cuda:
+            self._clock.pack(t.device)
         if self._warming:
-            if self._clock is not None and t.is_cuda:
-                self._clock.pack(t.device)
             return t
         step = self._step
         position, step.packs = step.packs, step.packs + 1
@@ -416,6 +428,8 @@ class ActivationOffload:
         copy = saved.copy
         if self._timing is not None:
             self._timing.unpack(copy.device)
+        elif self._clock is not None:
+            self._clock.unpack(copy.device)
         self._reap()
         with self._lock:
             buf = copy.gpu
@@ -514,6 +528,27 @@ class ActivationOffload:
             c = self.stats.calibration
             self._overhead_bytes = int(c["overhead_s"] * c["d2h_gbps"] * 1e9)
             self.stats.budget_bytes = self._plan.bytes
+            if self.max_overhead is not None and c["overhead_s"] > 0:
+                self._inputs = timing.inputs
+                self._control = OverheadControl(c["overhead_s"], c["forward_s"] + c["backward_s"])
+                c.update(planned_overhead_s=c["overhead_s"], measured_overhead_s=None)
+
+    def _follow_overhead(self) -> None:
+        """max_overhead: each offloaded step whose timing is in (its events done: never
+        waited for) moves the overhead the plan is made with (OverheadControl)."""
+        c = self.stats.calibration
+        while self._timed and self._timed[0].done():
+            spans = self._timed.popleft().spans()
+            if spans is None:
+                continue
+            overhead_s = self._control.update(spans[0] + spans[1])
+            c["measured_overhead_s"] = self._control.measured_s
+            if overhead_s is not None:
+                self._plan = replan(self._inputs, overhead_s)
+                self._overhead_bytes = int(overhead_s * c["d2h_gbps"] * 1e9)
+                self.stats.budget_bytes = self._plan.bytes
+                c.update(planned_overhead_s=overhead_s, planned_tensors=len(self._plan.positions),
+                         planned_bytes=self._plan.bytes)
 
 
 def _dense(t) -> bool:
