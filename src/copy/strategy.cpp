@@ -69,7 +69,8 @@ std::string format_profile(const MachineProfile& p) {
     << "eager_areas = " << p.eager_areas << "\n"
     << "eager_async_below_bytes = " << p.eager_async_below_bytes << "\n"
     << "batch_sm_below_bytes = " << p.batch_sm_below_bytes << "\n"
-    << "batch_sm_max_sms = " << p.batch_sm_max_sms << "\n";
+    << "batch_sm_max_sms = " << p.batch_sm_max_sms << "\n"
+    << "batch_sm_launch_bytes = " << p.batch_sm_launch_bytes << "\n";
   return o.str();
 }
 
@@ -79,7 +80,7 @@ constexpr const char* kProfileKeys[] = {
     "cuda_below_bytes",   "cuda_below_bytes_h2d", "cuda_below_bytes_d2h",     "staging_chunk_bytes",
     "staging_slots",      "workers",              "hybrid_below_bytes",       "hybrid_pinned_share_h2d",
     "hybrid_pinned_share_d2h", "pin_piece_bytes", "batch_sm_below_bytes",     "batch_sm_max_sms",
-    "eager_chunk_bytes",
+    "batch_sm_launch_bytes", "eager_chunk_bytes",
     "eager_slots",        "eager_areas",          "eager_async_below_bytes"};
 }  // namespace
 
@@ -134,6 +135,12 @@ MachineProfile parse_profile(const std::string& text) {
     else if (key == "pin_piece_bytes") p.pin_piece_bytes = bytes_in(os::kHugePage2MBytes, kMaxPinPieceBytes);
     else if (key == "batch_sm_below_bytes") p.batch_sm_below_bytes = parse_size(value, where);
     else if (key == "batch_sm_max_sms") p.batch_sm_max_sms = count_in(0, 1024);
+    else if (key == "batch_sm_launch_bytes") {
+      const uint64_t v = parse_size(value, where);
+      if (v != 0 && (v < 4096 || v > (uint64_t{1} << 30)))
+        throw InvalidArgument(where + ": expected 0 (one launch per call) or 4 KiB .. 1 GiB");
+      p.batch_sm_launch_bytes = static_cast<size_t>(v);
+    }
     else if (key == "eager_chunk_bytes") p.eager_chunk_bytes = bytes_in(1, kMaxStagingChunkBytes);
     else if (key == "eager_slots") p.eager_slots = count_in(1, 4096);
     else if (key == "eager_areas") p.eager_areas = count_in(1, 64);

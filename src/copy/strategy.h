@@ -89,6 +89,15 @@ struct MachineProfile {
   // SM); 0: the kernel's default (cuda/copy/block_copy.h, 4). Each SM taken
   // is one a concurrent model kernel cannot use while the copy runs.
   int batch_sm_max_sms = 0;
+  // Bytes one launch of the block-copy kernel moves per SM at most; a call
+  // moving more is cut into several launches in a row on its stream. Why: the
+  // kernel holds its SMs until its last block is copied, and a model kernel
+  // that wants every SM (a GEMM whose tiles are laid out for all of them) waits
+  // for those SMs meanwhile: one 256 MiB launch on 4 SMs per direction slowed
+  // a bf16 GEMM beside it by 29% (H100). Between two launches the GPU's
+  // scheduler hands the freed SMs to the kernels waiting for them. 0: one
+  // launch per call.
+  size_t batch_sm_launch_bytes = 256u << 10;
 
   static MachineProfile defaults();
 };
@@ -97,7 +106,8 @@ struct MachineProfile {
 // line and key; unknown keys are errors too (a stale profile must not be half read).
 // Ranges: staging_chunk_bytes 4 KiB .. 1 GiB, staging_slots 2 .. 256, workers
 // 0 .. 1024, pin_piece_bytes a multiple of 2 MiB up to 64 GiB, shares 0 .. 1,
-// eager_chunk_bytes up to 1 GiB, eager_slots 1 .. 4096, eager_areas 1 .. 64.
+// eager_chunk_bytes up to 1 GiB, eager_slots 1 .. 4096, eager_areas 1 .. 64,
+// batch_sm_launch_bytes 0 or 4 KiB .. 1 GiB.
 inline constexpr size_t kMaxStagingChunkBytes = size_t{1} << 30;
 inline constexpr int kMaxStagingSlots = 256;
 inline constexpr size_t kMaxPinPieceBytes = size_t{64} << 30;

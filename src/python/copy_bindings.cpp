@@ -306,7 +306,11 @@ std::vector<cuda::CopyOp> int_ops(const std::vector<uintptr_t>& dsts, const std:
 // Addresses as ints (benchmarks, private engines); every argument is checked
 // by args.h (a wrong type is an InvalidArgumentError naming it).
 void* int_address(nb::handle h, const char* name) { return ptr(int_arg<uintptr_t>(h, name)); }
-cudaStream_t int_stream(nb::handle h) { return reinterpret_cast<cudaStream_t>(int_arg<uintptr_t>(h, "stream")); }
+// The engine's own calls: a stream as an int, or None (as 0: the engine's stream for
+// the direction, not the legacy stream; CopyEngine::copy_many_async).
+cudaStream_t int_stream(nb::handle h) {
+  return h.is_none() ? nullptr : reinterpret_cast<cudaStream_t>(int_arg<uintptr_t>(h, "stream"));
+}
 
 nb::dict engine_stats(const cuda::CopyEngine& e) {
   nb::dict d = stats_dict(e.stats());  // refuses in a forked child

@@ -194,9 +194,14 @@ TEST(Profile, RoundTripsAndRejectsBadLines) {
   EXPECT_EQ(q.workers, 12);
   EXPECT_EQ(parse_profile("# only a comment\n\n").staging_slots, MachineProfile{}.staging_slots);
   EXPECT_EQ(parse_profile("staging_chunk_bytes = 16MiB").staging_chunk_bytes, 16 * MiB);
+  EXPECT_EQ(parse_profile("batch_sm_launch_bytes = 0").batch_sm_launch_bytes, 0u);  // one launch per call
+  EXPECT_EQ(parse_profile("batch_sm_launch_bytes = 1MiB").batch_sm_launch_bytes, 1 * MiB);
+  EXPECT_EQ(parse_profile(format_profile(MachineProfile{})).batch_sm_launch_bytes,
+            MachineProfile{}.batch_sm_launch_bytes);
   for (const char* bad : {"nonsense", "colour = red", "hybrid_pinned_share_h2d = 1.5",
                           "staging_slots = 0", "pin_piece_bytes = 3MiB", "workers = many", "eager_slots = 0",
-                          "eager_chunk_bytes = 1000", "eager_areas = 0"}) {
+                          "eager_chunk_bytes = 1000", "eager_areas = 0", "batch_sm_launch_bytes = 100",
+                          "batch_sm_launch_bytes = 2GiB"}) {
     EXPECT_THROW(parse_profile(bad), InvalidArgument) << bad;
   }
   try {

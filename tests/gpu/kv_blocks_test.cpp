@@ -75,7 +75,8 @@ Layout random_layout(std::mt19937_64& rng, size_t count, size_t block, bool same
 
 // Up from random pinned memory, down into poisoned pinned memory; every block
 // compared, every other byte of both sides still poisoned.
-void round_trip(const Layout& l, Strategy strategy, bool with_stream, uint64_t seed, const std::string& what) {
+void round_trip(const Layout& l, Strategy strategy, bool with_stream, uint64_t seed, const std::string& what,
+                CopyEngine& through = engine()) {
   unsigned char *src = nullptr, *dst = nullptr;
   ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&src), l.host_bytes, 0), cudaSuccess);
   ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&dst), l.host_bytes, 0), cudaSuccess);
@@ -90,8 +91,8 @@ void round_trip(const Layout& l, Strategy strategy, bool with_stream, uint64_t s
   }
   cudaStream_t s = nullptr;
   if (with_stream) CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  engine().copy_many_async(up, s, strategy).wait();
-  engine().copy_many(down, s, strategy);
+  through.copy_many_async(up, s, strategy).wait();
+  through.copy_many(down, s, strategy);
   if (s) CUDA_OK(cudaStreamDestroy(s));
   std::vector<unsigned char> device_side(l.dev_bytes);
   CUDA_OK(cudaMemcpy(device_side.data(), dev.p, l.dev_bytes, cudaMemcpyDeviceToHost));
@@ -128,6 +129,28 @@ TEST(KvBlocks, RandomBlocksEveryPathBitExact) {
                              (with_stream ? ", a stream" : ", no stream");
     SCOPED_TRACE(what);
     round_trip(random_layout(rng, count, block, same_size, adjacent), strategy, with_stream, rng(), what);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The SM kernel cut into many launches (batch_sm_launch_bytes: 4 KiB per SM,
+// 3 SMs): launches of a few ops each, more launches asked for than there are
+// ops (one op each then), odd block sizes; every block bit-exact.
+TEST(KvBlocks, SmKernelInManyLaunchesBitExact) {
+  CopyEngineOptions o = CopyEngineOptions::from_environment(0);
+  o.profile.batch_sm_launch_bytes = 4096;
+  o.profile.batch_sm_max_sms = 3;
+  CopyEngine small_launches(o);
+  std::mt19937_64 rng(test_seed() + 7);
+  for (int round = 0; round < 6; ++round) {
+    const size_t block = std::vector<size_t>{4096, 20000, 65536, 1 + rng() % 100000}[rng() % 4];
+    const size_t count = 1 + rng() % 900;
+    const bool same_size = rng() % 2 == 0, with_stream = rng() % 2 == 0;
+    const std::string what = "launches of 12 KiB, round " + std::to_string(round) + ": " + std::to_string(count) +
+                             " blocks of " + (same_size ? "" : "up to ") + std::to_string(block) + " B";
+    SCOPED_TRACE(what);
+    round_trip(random_layout(rng, count, block, same_size, false), Strategy::sm, with_stream, rng(), what,
+               small_launches);
     if (HasFatalFailure()) return;
   }
 }

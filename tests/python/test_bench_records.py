@@ -153,7 +153,7 @@ def test_blocks_latency_thp_tensors_and_apiperf_records():
     rng = random.Random()
     rows = [{"blocks": 1024, "block_bytes": 16384, "layout": "scattered", "direction": d, "path": "sm",
              "ferry": gbps(rng), "ferry_sm": gbps(rng), "ferry_dma": gbps(rng), "ferry_sm4": gbps(rng),
-             "batch": gbps(rng), "torch_loop": None, "ferry_cpu_us": rng.uniform(0.01, 1),
+             "ferry_launch0": gbps(rng), "ferry_launch1048576": gbps(rng), "batch": gbps(rng), "torch_loop": None, "ferry_cpu_us": rng.uniform(0.01, 1),
              "batch_cpu_us": rng.uniform(0.1, 1)} for d in ("h2d", "d2h", "both")]
     gemm = [{"block_bytes": 4096, "sms": 0, "gemm_alone_ms": 1.4, "gemm_beside_ms": 1.45,
              "slowdown_pct": rng.uniform(0, 9), "copies_gbps": gbps(rng)}]
@@ -163,6 +163,8 @@ def test_blocks_latency_thp_tensors_and_apiperf_records():
         rows[1]["ferry"] / rows[1]["batch"])  # the table's "ferry x batch"
     assert find(items, "ferry copy_many", direction="bidir")["value"] == rows[2]["ferry"]
     assert find(items, "ferry sm 4 SMs", direction="h2d")["value"] == rows[0]["ferry_sm4"]
+    assert find(items, "ferry SM one launch", direction="d2h")["value"] == rows[1]["ferry_launch0"]
+    assert find(items, "ferry SM launch 1024 KiB", direction="h2d")["value"] == rows[0]["ferry_launch1048576"]
     assert find(items, "ferry copy_many", "submit_per_block", direction="h2d")["ratio"] == pytest.approx(
         rows[0]["ferry_cpu_us"] / rows[0]["batch_cpu_us"])
     assert find(items, "bf16 GEMM beside ferry copies", "slowdown")["value"] == gemm[0]["slowdown_pct"]

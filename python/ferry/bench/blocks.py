@@ -175,8 +175,8 @@ def measure_case(count: int, size: int, layout: str, directions, regions, privat
         row["ferry"], row["ferry_cpu_us"] = run(ferry_calls(None))
         row["ferry_sm"], _ = run(ferry_calls("sm"))
         row["ferry_dma"], _ = run(ferry_calls("direct"))
-        for sms, engine in private.items():
-            row[f"ferry_sm{sms}"], _ = run(ferry_calls("sm", engine))
+        for key, (_, _, engine) in private.items():
+            row[key], _ = run(ferry_calls("sm", engine))
         walls, subs = _ferry.memcpy_batch_ns([(ways[k][0], ways[k][1], sizes) for k in legs], repeats)
         row["batch"] = total * len(legs) / median(walls)
         row["batch_cpu_us"] = median(subs) / 1e3 / count
@@ -214,20 +214,20 @@ def _view(address: int, nbytes: int, device: bool):
     return torch.frombuffer(_ferry.MemorySpan(address, nbytes, None), dtype=torch.uint8)
 
 
-def gemm_slowdown(regions, size: int, total: int, sms: int | None, repeats: int) -> dict:
+def gemm_slowdown(regions, size: int, total: int, variant: tuple | None, repeats: int) -> dict:
     """A bf16 8192^3 matmul stream alone, then beside ferry copying `total` bytes
     in `size` blocks both ways in a loop (scattered; the default path, or the SM
-    kernel on `sms` SMs): the GEMMs' slowdown and the copies' GB/s meanwhile."""
+    kernel through variant = (sms, launch_bytes, engine): an engine whose profile
+    sets one of them): the GEMMs' slowdown and the copies' GB/s meanwhile."""
     import numpy as np
     import torch
 
-    from .. import _ferry
     from ..copy import copy_many_async
 
     count = total // size
     offs = (_offsets(count, size, "scattered", 7), _offsets(count, size, "scattered", 8))
     ways = _ways(regions[0], regions[1], offs, size)
-    engine = _ferry.Engine(0, profile=f"batch_sm_max_sms = {sms}") if sms else None
+    sms, launch_bytes, engine = variant if variant is not None else (0, None, None)
     sizes = np.full(count, size, dtype=np.int64)
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -274,13 +274,32 @@ def gemm_slowdown(regions, size: int, total: int, sms: int | None, repeats: int)
     if failed:
         raise failed[0]
     alone = median(alone + [gemms() for _ in range(repeats)])  # before and after: the clocks drift
-    return {"block_bytes": size, "sms": sms or 0, "gemm_alone_ms": alone / 1e6 / GEMMS,
+    return {"block_bytes": size, "sms": sms or 0, "launch_bytes": launch_bytes, "gemm_alone_ms": alone / 1e6 / GEMMS,
             "gemm_beside_ms": beside / 1e6 / GEMMS, "slowdown_pct": (beside / alone - 1) * 100,
             "copies_gbps": copied}
 
 
-def measure(cases, layouts, directions, repeats: int, sm_counts=(), gemm=True, torch_loop=True) -> dict:
+def _variants(sm_counts, launch_bytes) -> dict:
+    """Engines of their own for --sm-counts and --sm-launch-bytes: row key ->
+    (sms, launch bytes per SM, engine); 0 / None: the profile's."""
     from .. import _ferry
+
+    out = {f"ferry_sm{n}": (n, None, _ferry.Engine(0, profile=f"batch_sm_max_sms = {n}")) for n in sm_counts}
+    out.update({f"ferry_launch{b}": (0, b, _ferry.Engine(0, profile=f"batch_sm_launch_bytes = {b}"))
+                for b in launch_bytes})
+    return out
+
+
+def variant_label(key: str) -> str:
+    """A _variants key as a column: 'SM x4', 'SM launch 1024 KiB' ('one launch' for 0)."""
+    if key.startswith("ferry_sm"):
+        return f"SM x{key[8:]}"
+    b = int(key[12:])
+    return f"SM launch {b // KiB} KiB" if b else "SM one launch"
+
+
+def measure(cases, layouts, directions, repeats: int, sm_counts=(), gemm=True, torch_loop=True,
+            launch_bytes=()) -> dict:
     from ..copy import engine
     from ..pool import PinnedPool
 
@@ -297,7 +316,7 @@ def measure(cases, layouts, directions, repeats: int, sm_counts=(), gemm=True, t
     largest = max(c * s for c, s in cases)
     pool = PinnedPool(device=0, zero_recycled=False)
     regions = [_Region(pool, largest), _Region(pool, largest)]
-    private = {n: _ferry.Engine(0, profile=f"batch_sm_max_sms = {n}") for n in sm_counts}
+    private = _variants(sm_counts, launch_bytes)
     out = {"rows": [], "gemm": []}
     try:
         for count, size in cases:
@@ -306,12 +325,13 @@ def measure(cases, layouts, directions, repeats: int, sm_counts=(), gemm=True, t
                                             torch_loop and have_torch, seed=count * size)
         if gemm and have_torch:
             total = min(largest, 256 * MiB)
-            for size, sms in [(4 * KiB, None), *[(4 * KiB, n) for n in sm_counts], (2 * MiB, None)]:
+            for size, key in [(4 * KiB, None), *[(4 * KiB, k) for k in private], (2 * MiB, None)]:
                 if total < size:  # no whole block in the largest case's regions (a small --blocks)
                     continue
-                g = gemm_slowdown(regions, size, total, sms, repeats)
+                g = gemm_slowdown(regions, size, total, private.get(key), repeats)
+                g["engine"] = variant_label(key) if key else "default"
                 out["gemm"].append(g)
-                progress(f"GEMM beside {size // KiB} KiB copies (sms {g['sms'] or 'default'}): "
+                progress(f"GEMM beside {size // KiB} KiB copies ({g['engine']}): "
                          f"{g['slowdown_pct']:+.1f}%, copies {g['copies_gbps']:.1f} GB/s")
     finally:
         for r in regions:
@@ -334,12 +354,13 @@ def records(result) -> list[dict]:
                   "direction": "bidir" if r["direction"] == "both" else r["direction"]}
         values = {case: r.get(key) for key, case in CASES.items()}
         values.update({f"ferry sm {k[8:]} SMs": v for k, v in r.items() if k.startswith("ferry_sm") and k[8:]})
+        values.update({f"ferry {variant_label(k)}": v for k, v in r.items() if k.startswith("ferry_launch")})
         out.compare(params, "bandwidth", "GB/s", values, baseline=BASELINE)
         out.compare(params, "submit_per_block", "us", {"ferry copy_many": r.get("ferry_cpu_us"),
                                                       BASELINE: r.get("batch_cpu_us")}, baseline=BASELINE)
     for g in (result.get("gemm", []) if isinstance(result, dict) else []):
         out.add("bf16 GEMM beside ferry copies", "slowdown", g["slowdown_pct"], "%", block_bytes=g["block_bytes"],
-                sms=g["sms"], direction="bidir")
+                sms=g["sms"], launch_bytes=g.get("launch_bytes"), direction="bidir")
     return out.items
 
 
@@ -386,6 +407,11 @@ def write_calibration(line: str) -> str | None:
     return path
 
 
+def launch_bytes_list(text: str) -> list[int]:
+    """--sm-launch-bytes: sizes, 0 among them (one launch per call)."""
+    return [0 if x.strip() == "0" else parse_size(x) for x in text.split(",") if x.strip()]
+
+
 class BlocksSuite(Suite):
     key = "blocks"
     description = ("KV-cache blocks 4 KiB-2 MiB, pinned pool <-> GPU, scattered and adjacent, each way and both: "
@@ -399,6 +425,9 @@ class BlocksSuite(Suite):
         p.add_argument("--layouts", default=",".join(LAYOUTS), help="scattered,adjacent (default: %(default)s)")
         p.add_argument("--directions", default=",".join(DIRECTIONS), help="h2d,d2h,both (default: %(default)s)")
         p.add_argument("--sm-counts", default="", help="also the SM kernel on these SM counts, e.g. 4,16")
+        p.add_argument("--sm-launch-bytes", type=launch_bytes_list, default=[],
+                       help="also the SM kernel with these bytes per SM per launch (profile batch_sm_launch_bytes; "
+                            "0: one launch per call), e.g. 0,1M")
         p.add_argument("--gemm", action=argparse.BooleanOptionalAction, default=True,
                        help="measure a concurrent bf16 GEMM's slowdown (needs torch; default: on)")
         p.add_argument("--torch-loop", action=argparse.BooleanOptionalAction, default=True,
@@ -425,20 +454,22 @@ class BlocksSuite(Suite):
             print(f"ferry bench blocks: unknown layout or direction {bad}", file=sys.stderr)
             return 2
         sm_counts = [int(x) for x in args.sm_counts.split(",") if x]
-        result = measure(cases, layouts, directions, args.repeats, sm_counts, args.gemm, args.torch_loop)
+        launch_bytes = args.sm_launch_bytes
+        result = measure(cases, layouts, directions, args.repeats, sm_counts, args.gemm, args.torch_loop,
+                         launch_bytes)
         rows = result["rows"]
-        extra = [f"ferry_sm{n}" for n in sm_counts]
+        extra = [f"ferry_sm{n}" for n in sm_counts] + [f"ferry_launch{b}" for b in launch_bytes]
         out = [[r["block_bytes"] // KiB, r["blocks"], r["layout"], r["direction"], r["ferry"], r["path"],
                 r["ferry_sm"], r["ferry_dma"], *[r[k] for k in extra], r["batch"], r["ferry"] / r["batch"],
                 r["torch_loop"], r["ferry_cpu_us"], r["batch_cpu_us"]] for r in rows]
         print(table("KV blocks, pinned pool <-> device (GB/s; both: the two directions together)",
                     ["KiB", "blocks", "layout", "dir", "ferry", "path", "ferry SM", "ferry DMA",
-                     *[f"SM x{n}" for n in sm_counts], "cuMemcpyBatch", "ferry x batch", "torch loop",
+                     *[variant_label(k) for k in extra], "cuMemcpyBatch", "ferry x batch", "torch loop",
                      "ferry us/blk", "batch us/blk"], out))
         if result["gemm"]:
             print(table("bf16 8192^3 GEMM beside ferry copies both ways (256 MiB calls, scattered)",
-                        ["block KiB", "SMs", "GEMM alone ms", "GEMM beside ms", "slowdown %", "copies GB/s"],
-                        [[g["block_bytes"] // KiB, g["sms"] or "default", g["gemm_alone_ms"], g["gemm_beside_ms"],
+                        ["block KiB", "engine", "GEMM alone ms", "GEMM beside ms", "slowdown %", "copies GB/s"],
+                        [[g["block_bytes"] // KiB, g["engine"], g["gemm_alone_ms"], g["gemm_beside_ms"],
                           g["slowdown_pct"], g["copies_gbps"]] for g in result["gemm"]]))
         if args.calibrate:
             line = calibrate(rows)

@@ -90,9 +90,9 @@ __global__ void __launch_bounds__(kThreads) copy_blocks_kernel(const BlockCopy* 
 
 }  // namespace
 
-void launch_block_copies(const BlockCopy* ops, size_t count, cudaStream_t stream, int max_sms) {
-  if (count == 0) return;
-  const size_t sms = max_sms > 0 ? static_cast<size_t>(max_sms) : kDefaultBlockCopySms;
+namespace {
+
+void launch_once(const BlockCopy* ops, size_t count, size_t sms, cudaStream_t stream) {
   // Ops per warp group: 32 when there are many (one descriptor per lane),
   // fewer when a batch is short, so that every warp of the grid gets some.
   const size_t warps = sms * (kThreads / 32);
@@ -100,6 +100,22 @@ void launch_block_copies(const BlockCopy* ops, size_t count, cudaStream_t stream
   const size_t blocks = std::min(sms, (count + group * size_t{kThreads / 32} - 1) / (group * size_t{kThreads / 32}));
   copy_blocks_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(ops, count, group);
   check(cudaGetLastError(), "copy_blocks_kernel launch");
+}
+
+}  // namespace
+
+void launch_block_copies(const BlockCopy* ops, size_t count, size_t total_bytes, cudaStream_t stream, int max_sms,
+                         size_t launch_bytes_per_sm) {
+  if (count == 0) return;
+  const size_t sms = max_sms > 0 ? static_cast<size_t>(max_sms) : kDefaultBlockCopySms;
+  const size_t per_launch = launch_bytes_per_sm * sms;
+  const size_t launches =
+      per_launch == 0 ? 1 : std::clamp<size_t>((total_bytes + per_launch - 1) / per_launch, 1, count);
+  // Launch k takes ops [count * k / launches, count * (k + 1) / launches): equal shares, none empty.
+  for (size_t k = 0; k < launches; ++k) {
+    const size_t first = count * k / launches, end = count * (k + 1) / launches;
+    launch_once(ops + first, end - first, sms, stream);
+  }
 }
 
 }  // namespace ferry::cuda

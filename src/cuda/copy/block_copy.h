@@ -41,11 +41,15 @@ inline size_t block_pieces(size_t bytes) { return (bytes + kBlockPieceBytes - 1)
 inline constexpr int kDefaultBlockCopySms = 4;
 
 // Enqueues the copies of `ops[0..count)` on `stream`, on at most `max_sms`
-// SMs (0: kDefaultBlockCopySms). Preconditions: `ops` is device-readable
+// SMs (0: kDefaultBlockCopySms), in launches of about `launch_bytes_per_sm` x
+// SMs each (0: one launch; MachineProfile::batch_sm_launch_bytes says why):
+// `total_bytes` (the ops' sum) sets how many, each taking an equal share of
+// the ops in order. Preconditions: `ops` is device-readable
 // (device memory or the device view of pinned memory) and stays unchanged
 // until the kernel has run; each op's bytes <= kBlockPieceBytes and > 0;
 // every pointer is device-accessible; ranges do not overlap. The engine's
 // device is current. Throws CudaError on a launch failure.
-void launch_block_copies(const BlockCopy* ops, size_t count, cudaStream_t stream, int max_sms);
+void launch_block_copies(const BlockCopy* ops, size_t count, size_t total_bytes, cudaStream_t stream, int max_sms,
+                         size_t launch_bytes_per_sm);
 
 }  // namespace ferry::cuda

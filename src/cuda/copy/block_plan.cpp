@@ -21,6 +21,7 @@ BlockPlan::BlockPlan(CopyEngine& engine, std::span<const CopyOp> ops, int max_sm
   device_ = o.device;
   generation_ = fork_generation();
   max_sms_ = max_sms > 0 ? max_sms : o.profile.batch_sm_max_sms;
+  launch_bytes_ = o.profile.batch_sm_launch_bytes;
   if (ops.empty()) throw InvalidArgument("block plan: no items");
   ScopedDevice on(device_);
   check(cudaSetDevice(device_), "cudaSetDevice");  // binds the context for the pointer queries
@@ -53,7 +54,7 @@ BlockPlan::~BlockPlan() {
 void BlockPlan::launch(cudaStream_t stream) const {
   if (generation_ != fork_generation()) throw NotSupported(forked_child_message("this ferry block plan"));
   ScopedDevice on(device_);
-  launch_block_copies(ops_, pieces_, stream, max_sms_);
+  launch_block_copies(ops_, pieces_, bytes_, stream, max_sms_, launch_bytes_);
 }
 
 }  // namespace ferry::cuda

@@ -47,6 +47,7 @@ class BlockPlan {
  private:
   int device_ = 0;
   int max_sms_ = 0;
+  size_t launch_bytes_ = 0;  // MachineProfile::batch_sm_launch_bytes at creation
   uint64_t generation_ = 0;   // fork_generation() at creation: a forked child makes no CUDA call with it
   BlockCopy* ops_ = nullptr;  // device memory: pieces_ ops
   size_t items_ = 0, pieces_ = 0, bytes_ = 0;

@@ -241,8 +241,8 @@ cudaStream_t CopyEngine::Impl::side_stream(Direction d) {
 }
 
 void CopyEngine::Impl::launch_kernel(std::span<const BlockCopy> ops, cudaStream_t stream) {
-  size_t pieces = 0;
-  for (const BlockCopy& op : ops) pieces += block_pieces(op.bytes);
+  size_t pieces = 0, bytes = 0;
+  for (const BlockCopy& op : ops) pieces += block_pieces(op.bytes), bytes += op.bytes;
   OpBuffers::Buffer* b = op_buffers.acquire(pieces * sizeof(BlockCopy));
   auto* out = static_cast<BlockCopy*>(b->host);
   for (const BlockCopy& op : ops) {
@@ -256,7 +256,8 @@ void CopyEngine::Impl::launch_kernel(std::span<const BlockCopy> ops, cudaStream_
   std::atomic_thread_fence(std::memory_order_seq_cst);
   bool enqueued = false;
   try {
-    launch_block_copies(static_cast<const BlockCopy*>(b->device), pieces, stream, options.profile.batch_sm_max_sms);
+    launch_block_copies(static_cast<const BlockCopy*>(b->device), pieces, bytes, stream,
+                        options.profile.batch_sm_max_sms, options.profile.batch_sm_launch_bytes);
     enqueued = true;
   } catch (...) {
     op_buffers.release(b, stream, enqueued);
