@@ -294,6 +294,12 @@ def run_case(torch, case: str, model, opt, ids, initial: dict, args) -> dict | N
         r.update(offloaded_bytes=stats.last_step_offloaded_bytes, pinned_in_use=pool_bytes(pstats, "in_use"),
                  pinned_reserved=pool_bytes(pstats, "reserved"),
                  pinned_growth=pool_bytes(pstats, "reserved") - reserved0, offload_stats=stats.as_dict())
+        cal = stats.calibration or {}
+        if cal.get("planned_overhead_s") is not None:  # max_overhead's feedback (offload_plan.OverheadControl)
+            measured = cal.get("measured_overhead_s")
+            progress(f"offload: {case}: overhead asked {cal['overhead_s'] * 1e3:.1f} ms, planned with "
+                     f"{cal['planned_overhead_s'] * 1e3:.1f} ms, measured "
+                     f"{'-' if measured is None else f'{measured * 1e3:.1f}'} ms (forward + backward)")
         offload.close()
         r["pinned_after_close"] = pool_bytes(pool.stats(), "in_use")
     offload = None
