@@ -96,8 +96,16 @@ struct MachineProfile {
   // for those SMs meanwhile: one 256 MiB launch on 4 SMs per direction slowed
   // a bf16 GEMM beside it by 29% (H100). Between two launches the GPU's
   // scheduler hands the freed SMs to the kernels waiting for them. 0: one
-  // launch per call.
-  size_t batch_sm_launch_bytes = 256u << 10;
+  // launch per call. Measured on one H200 (2026-11-28, `ferry bench blocks
+  // --sm-launch-bytes`, 256 MiB scattered per call, 4 SMs; GB/s h2d / d2h /
+  // both; a GEMM stream's slowdown beside 4 KiB copies both ways, one run):
+  //   one launch   4 KiB 35.7 / 26.4 / 42.3, 64 KiB 50.0 / 50.8 / 63.0; GEMM +36.6%
+  //   1 MiB        4 KiB 34.1 / 28.9 / 38.1, 64 KiB 46.4 / 48.3 / 56.9; GEMM +5.9%
+  //   256 KiB      4 KiB 29.9 / 26.4 / 34.3, 64 KiB 25.3 / 37.2 / 40.1; GEMM +0.8%
+  //   64 KiB       4 KiB 19.8 / 20.0 / 26.8, 64 KiB 6.7 / 16.9 / 12.3
+  // (a launch must give each of its 128 warps a few blocks, and each costs a
+  // launch's gap). 1 MiB keeps 90-100% of one launch's rate.
+  size_t batch_sm_launch_bytes = 1u << 20;
 
   static MachineProfile defaults();
 };

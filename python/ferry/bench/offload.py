@@ -278,11 +278,12 @@ def run_case(torch, case: str, model, opt, ids, initial: dict, args) -> dict | N
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(0)
     rss0, reserved0 = rss_bytes(), pool_bytes(pool.stats(), "reserved")
-    walls, parts, loss = [], [], None
+    walls, parts, loss, moved = [], [], None, []
     for _ in range(args.repeats):
         wall, part, loss = one_step(torch, model, opt, ids, case_context(torch, case, offload))
         walls.append(wall)
         parts.append(part)
+        moved.append(getattr(getattr(offload, "stats", None), "last_step_offloaded_bytes", 0))
     r = {"step_s": median(walls), "forward_s": median([p[0] for p in parts]),
          "backward_s": median([p[1] for p in parts]), "optimizer_s": median([p[2] for p in parts]),
          "peak_bytes": torch.cuda.max_memory_allocated(0), "peak_reserved": torch.cuda.max_memory_reserved(0),
@@ -291,7 +292,7 @@ def run_case(torch, case: str, model, opt, ids, initial: dict, args) -> dict | N
     stats = getattr(offload, "stats", None)
     if stats is not None and hasattr(stats, "last_step_offloaded_bytes"):  # ferry's
         pstats = pool.stats()
-        r.update(offloaded_bytes=stats.last_step_offloaded_bytes, pinned_in_use=pool_bytes(pstats, "in_use"),
+        r.update(offloaded_bytes=stats.last_step_offloaded_bytes, offloaded_per_step=moved, pinned_in_use=pool_bytes(pstats, "in_use"),
                  pinned_reserved=pool_bytes(pstats, "reserved"),
                  pinned_growth=pool_bytes(pstats, "reserved") - reserved0, offload_stats=stats.as_dict())
         cal = stats.calibration or {}
@@ -299,7 +300,8 @@ def run_case(torch, case: str, model, opt, ids, initial: dict, args) -> dict | N
             measured = cal.get("measured_overhead_s")
             progress(f"offload: {case}: overhead asked {cal['overhead_s'] * 1e3:.1f} ms, planned with "
                      f"{cal['planned_overhead_s'] * 1e3:.1f} ms, measured "
-                     f"{'-' if measured is None else f'{measured * 1e3:.1f}'} ms (forward + backward)")
+                     f"{'-' if measured is None else f'{measured * 1e3:.1f}'} ms (forward + backward); "
+                     f"offloaded per timed step {min(moved) / 1e9:.2f}-{max(moved) / 1e9:.2f} GB")
         offload.close()
         r["pinned_after_close"] = pool_bytes(pool.stats(), "in_use")
     offload = None

@@ -191,7 +191,8 @@ class ActivationOffload:
         self._spans = None  # its (forward_s, backward_s)
         self._inputs = None  # max_overhead: the plan's inputs (offload_plan.replan)
         self._control: OverheadControl | None = None  # max_overhead: the plan's overhead, kept to the one asked
-        self._timed: collections.deque = collections.deque()  # StepClocks of offloaded steps, not yet read
+        # (plan, StepClock) of offloaded steps not yet read; a clock of a plan since replaced is dropped
+        self._timed: collections.deque = collections.deque()
         self._new_step()
 
     # ---- the context ---------------------------------------------------
@@ -236,7 +237,7 @@ class ActivationOffload:
             if self._warming:
                 self._spans = clock.spans()  # None (no backward on a GPU): timed again next step
             elif self._step.adaptive is None and self._step.bytes:  # a step that followed the plan
-                self._timed.append(clock)
+                self._timed.append((self._plan, clock))
                 while len(self._timed) > TIMED_KEPT:
                     self._timed.popleft()
         if exc_type is not None or self._step.bytes:
@@ -537,9 +538,10 @@ class ActivationOffload:
         """max_overhead: each offloaded step whose timing is in (its events done: never
         waited for) moves the overhead the plan is made with (OverheadControl)."""
         c = self.stats.calibration
-        while self._timed and self._timed[0].done():
-            spans = self._timed.popleft().spans()
-            if spans is None:
+        while self._timed and self._timed[0][1].done():
+            plan, clock = self._timed.popleft()
+            spans = clock.spans()
+            if spans is None or plan is not self._plan:  # no backward, or a step of an older plan
                 continue
             overhead_s = self._control.update(spans[0] + spans[1])
             c["measured_overhead_s"] = self._control.measured_s

@@ -82,9 +82,11 @@ class OverheadControl:
     one asked, and when they differ by more than DEADBAND x asked the overhead the
     plan is made with moves by GAIN x the difference (an integral controller: a
     constant overshoot is taken out whatever its cause), held within
-    [0, MAX_SCALE x asked]. Pure: update() only."""
+    [0, MAX_SCALE x asked]. Only steps of the current plan are fed in (the caller
+    drops a clock of an older one: fed a step of the plan before, the controller
+    swung and the peak over a run was its smallest plan's). Pure: update() only."""
 
-    GAIN = 0.7
+    GAIN = 0.5
     SMOOTHING = 0.5
     MAX_SCALE = 2.0  # a step that costs less than asked may plan with up to twice it
     DEADBAND = 0.1
