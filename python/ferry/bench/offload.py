@@ -298,7 +298,8 @@ def run_case(torch, case: str, model, opt, ids, initial: dict, args) -> dict | N
         cal = stats.calibration or {}
         if cal.get("planned_overhead_s") is not None:  # max_overhead's feedback (offload_plan.OverheadControl)
             measured = cal.get("measured_overhead_s")
-            progress(f"offload: {case}: overhead asked {cal['overhead_s'] * 1e3:.1f} ms, planned with "
+            progress(f"offload: {case}: timed step {(cal['forward_s'] + cal['backward_s']) * 1e3:.1f} ms, "
+                     f"overhead asked {cal['overhead_s'] * 1e3:.1f} ms, planned with "
                      f"{cal['planned_overhead_s'] * 1e3:.1f} ms, measured "
                      f"{'-' if measured is None else f'{measured * 1e3:.1f}'} ms (forward + backward); "
                      f"offloaded per timed step {min(moved) / 1e9:.2f}-{max(moved) / 1e9:.2f} GB")
