@@ -43,7 +43,9 @@ the second is timed whole (``StepClock``), the third times each pack, the memory
 allocated and so the peak on the GPU, stretched onto the second's spans; later steps
 offload the blocks whose copies the link can carry by the peak, each starting soon
 after its tensor is saved, plus what ``f`` of the step allows forward to wait
-(``plan_copies``; rates of ferry pinned copies measured once per device). Just
+(``plan_copies``; rates of ferry pinned copies measured once per device), the
+plan's overhead then corrected from each offloaded step's own time
+(``OverheadControl``: three events a step, read once done). Just
 before the peak the CPU waits for the copies out, so the caching allocator can
 reuse their memory for the peak's allocations. ``target_peak=N`` (GPU bytes): the
 same timing, then the plan that brings the memory allocated at the peak down to N at
@@ -583,8 +585,9 @@ def offload_activations(*, max_bytes: int | None = None, max_overhead: float | N
     ``max_overhead`` learns from its second and third steps, and its stats add up.
 
     max_bytes: offload at most this many bytes a step (earliest saved first);
-    max_overhead: offload what keeps the step within this fraction over no offload (the
-    aim: measured on an H100 it cost 3-4% of the step more, docs/offload.md);
+    max_overhead: offload what keeps the step within this fraction over no offload
+    (planned from a timed step, then corrected from each offloaded step's own time;
+    a step costs 1.5-3% even at a plan of zero overhead: docs/offload.md);
     target_peak: offload what brings the GPU memory allocated at forward's peak down to
     this many bytes, at the least overhead (stats.calibration: "overhead" it costs,
     estimated, and "reached");
