@@ -78,16 +78,19 @@ class OverheadControl:
     than modelled) and by up to 2% on the H200 (8B-like stack at 0.03: forward 22 ms
     longer where 12 were allowed). Each offloaded step is timed whole (StepClock:
     three events, read once done, never waited for); its overhead over the timed
-    step without offload, smoothed (SMOOTHING of the newest), is compared with the
-    one asked, and when they differ by more than DEADBAND x asked the overhead the
-    plan is made with moves by GAIN x the difference (an integral controller: a
+    step without offload is taken as the median of the last WINDOW steps of the
+    current plan (at least SAMPLES: a step slowed by something else, a collection,
+    another process on the GPU, moves a median little where it swings a mean), and
+    when it differs from the one asked by more than DEADBAND x asked, the overhead
+    the plan is made with moves by GAIN x the difference (an integral controller: a
     constant overshoot is taken out whatever its cause), held within
     [0, MAX_SCALE x asked]. Only steps of the current plan are fed in (the caller
     drops a clock of an older one: fed a step of the plan before, the controller
     swung and the peak over a run was its smallest plan's). Pure: update() only."""
 
     GAIN = 0.5
-    SMOOTHING = 0.5
+    SAMPLES = 3  # steps of a plan before it is judged
+    WINDOW = 5  # the latest steps its median is taken over
     MAX_SCALE = 2.0  # a step that costs less than asked may plan with up to twice it
     DEADBAND = 0.1
 
@@ -95,14 +98,17 @@ class OverheadControl:
         self.asked_s = asked_s  # the overhead asked: max_overhead x the timed step (seconds)
         self.base_s = base_s  # the timed step without offload: forward + backward (seconds)
         self.planned_s = asked_s  # the overhead the current plan was made with
-        self.measured_s = None  # the offloaded steps' overhead, smoothed
+        self.measured_s = None  # the current plan's overhead: the median of its latest steps
+        self._samples: list = []  # the current plan's steps' overheads, latest last (at most WINDOW)
 
     def update(self, step_s: float) -> float | None:
         """An offloaded step took step_s (forward + backward, the current plan
         followed): the overhead to plan with from now on, or None to keep the plan."""
-        now = step_s - self.base_s
-        m = self.measured_s = now if self.measured_s is None else \
-            self.SMOOTHING * now + (1 - self.SMOOTHING) * self.measured_s
+        self._samples = (self._samples + [step_s - self.base_s])[-self.WINDOW:]
+        if len(self._samples) < self.SAMPLES:
+            return None
+        ordered = sorted(self._samples)
+        m = self.measured_s = ordered[len(ordered) // 2]
         error = m - self.asked_s
         if abs(error) <= self.DEADBAND * self.asked_s:
             return None
@@ -110,8 +116,7 @@ class OverheadControl:
         if target == self.planned_s:
             return None
         self.planned_s = target
-        # The smoothed figure was made under the old plan: start again from the next step.
-        self.measured_s = None
+        self._samples = []  # measured under the old plan: judge the new one on its own steps
         return target
 
 
