@@ -45,6 +45,14 @@ went and the consumer reads it from there. ``last_route`` says which way the
 last send or recv call went ("pool", "peer", "mixed", None: nothing moved);
 ``stats()`` counts slots by route.
 
+``peer_sms`` (default ``PEER_SMS``, 32): on the GPU-to-GPU route, batches
+whose blocks average under 1 MiB and are all memory of this side's GPU (or the
+ring) are copied by an SM kernel on at most that many SMs, in one launch per
+slot, instead of one copy-engine descriptor per block (~5 us each over NVLink,
+so small blocks crossed slowly; see docs/node.md). 0: copy engines only; then
+"auto" also sends blocks averaging < 256 KiB through the pool, which was faster
+for them.
+
 The protocol (block layout, words, slot states, ordering) is written down in
 src/node/handoff.h; this class binds it.
 """
@@ -68,6 +76,7 @@ SLOT_ALIGN = _ferry.HANDOFF_SLOT_ALIGN  # slot_bytes is rounded up to this
 MAX_SLOTS = _ferry.HANDOFF_MAX_SLOTS
 HEADER_WORDS = _ferry.HANDOFF_HEADER_WORDS
 META_WORDS = _ferry.HANDOFF_META_WORDS
+PEER_SMS = _ferry.HANDOFF_PEER_SMS  # peer_sms's default: SMs of the GPU-to-GPU route's copy kernel
 ROUTES = ("auto", "pool", "peer")
 
 
@@ -165,11 +174,12 @@ class Handoff:
     side that made it; None or math.inf: no limit). poll: how often a wait checks
     that the peer is still in the pool. copy: the copy function (module docstring).
     route: "auto", "pool" or "peer" (module docstring). device: the GPU this side
-    copies with (default: the pool's)."""
+    copies with (default: the pool's). peer_sms: SMs of the GPU-to-GPU route's
+    copy kernel (module docstring; None: PEER_SMS; 0: copy engines only)."""
 
     def __init__(self, pool, key: str, slots: int = 4, slot_bytes: int = 64 << 20, *,
                  timeout: float | None = 60.0, poll: float = 0.25, copy=None, device: int | None = None,
-                 route: str = "auto"):
+                 route: str = "auto", peer_sms: int | None = None):
         self.slots = _args.integer(slots, "slots", 1, MAX_SLOTS)
         self.slot_bytes = _align(_args.integer(slot_bytes, "slot_bytes", 1, 1 << 44), SLOT_ALIGN)
         timeout = _args.timeout(timeout, "timeout")
@@ -181,6 +191,7 @@ class Handoff:
             raise InvalidArgumentError(f"route={_args.quote(route)}: expected 'auto', 'pool' or 'peer'")
         if not isinstance(key, str):
             raise InvalidArgumentError(f"key={_args.quote(key)}: expected a str")
+        self.peer_sms = PEER_SMS if peer_sms is None else _args.integer(peer_sms, "peer_sms", 0, 1024)
         self.pool, self.key, self.poll, self.route = pool, key, float(poll), route
         self.device = pool.device if device is None else _args.integer(device, "device", 0, 1 << 30)
         self.block = None
@@ -204,7 +215,7 @@ class Handoff:
             mode = "python"
         self._native = _ferry.Handoff(native_pool, key, self.slots, self.slot_bytes,
                                       math.inf if timeout is None else timeout, self.poll, route, mode, fn,
-                                      -1 if self.device is None else self.device)
+                                      -1 if self.device is None else self.device, self.peer_sms)
         try:
             handle, _, created = self._native.block
             self.block = pool.block(handle)  # this process's view of it, pinned for pool.device

@@ -104,7 +104,9 @@ bool devices_reach(int from, int to) {
   return can != 0;
 }
 
-IpcRing::IpcRing(int device) : device_(device) {
+IpcRing::IpcRing(int device, int sms) : device_(device), sms_(sms) {
+  if (sms < 0 || sms > 1024)
+    throw InvalidArgument("IpcRing: sms=" + std::to_string(sms) + ": expected 0 (copy engines only) to 1024");
   int count = 0;
   check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (device < 0 || device >= count)
@@ -159,6 +161,7 @@ char* IpcRing::publish(uint64_t bytes, node::HandoffRingExport* out) {
   out->bus_id[sizeof out->bus_id - 1] = '\0';
   out->bytes = bytes;
   ring_ = static_cast<char*>(p);
+  ring_bytes_ = bytes;
   return ring_;
 }
 
@@ -199,6 +202,7 @@ char* IpcRing::map(const node::HandoffRingExport& ring, std::string* why) {
     return nullptr;
   }
   mapped_ = static_cast<char*>(p);
+  ring_bytes_ = ring.bytes;
   return mapped_;
 }
 
@@ -213,9 +217,38 @@ void IpcRing::unmap() noexcept {
   mapped_ = nullptr;
 }
 
-// Enqueues the batch on s (device_ current): one cudaMemcpyBatchAsync, or one
+// Whether every piece's both ends are memory of this side's GPU or lie in the
+// ring (published or mapped here): what the SM kernel may read and write.
+bool IpcRing::sm_reachable(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) {
+  const char* ring = ring_ ? ring_ : mapped_;
+  PointerLookup lookup;  // one driver query per allocation
+  auto reachable = [&](const void* p, size_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    if (ring && c >= ring && bytes <= ring_bytes_ && static_cast<uint64_t>(c - ring) <= ring_bytes_ - bytes)
+      return true;
+    const PointerInfo info = lookup.find(p);
+    return info.kind == Memory::device && info.device == device_ && lookup.device_bytes_after(p) >= bytes;
+  };
+  for (size_t i = 0; i < n; ++i)
+    if (sizes[i] > 0 && (!reachable(dsts[i], sizes[i]) || !reachable(srcs[i], sizes[i]))) return false;
+  return true;
+}
+
+// Enqueues the batch on s (device_ current): the SM kernel where sms_ > 0, the
+// pieces average under kHandoffSmBelowMeanBytes and it reaches every piece; else one cudaMemcpyBatchAsync, or one
 // cudaMemcpyAsync each where the batch call was refused (remembered).
 void IpcRing::enqueue(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n, cudaStream_t s) {
+  size_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += sizes[i];
+  if (sms_ > 0 && n > 0 && total / n < kHandoffSmBelowMeanBytes && sm_reachable(dsts, srcs, sizes, n)) {
+    std::vector<BlockCopy> ops;
+    ops.reserve(n);
+    for (size_t i = 0; i < n; ++i)
+      if (sizes[i] > 0) ops.push_back({dsts[i], srcs[i], sizes[i]});
+    if (!ops.empty()) launch_listed_copies(ops_, ops, s, sms_, 0);  // one launch: a handoff is a transfer
+    ++sm_batches_;
+    return;
+  }
   if (n > 1 && batch_ok_) {
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;

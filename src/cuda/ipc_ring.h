@@ -18,6 +18,18 @@
 // (device to device, or to host destinations). Where the batch call is refused
 // once, copies go one cudaMemcpyAsync each from then on (remembered).
 //
+// Small blocks (the SM path): with `sms` > 0, a batch whose pieces average
+// under kHandoffSmBelowMeanBytes and are all memory of this side's GPU or in
+// the ring goes by the SM copy kernel (copy/block_copy.h) on at most `sms`
+// SMs in one launch, not by the copy engines: over NVLink a DMA descriptor
+// costs ~5 us. Two H200s (2026-11-28, `ferry bench node --parts handoff`, GB/s
+// end to end): 64 KiB blocks 35.1 through the pool (DMA GPU to GPU was 13 on
+// the H100s), 267 on 16 SMs, 275 on 32; 600 mixed 64 KiB-2 MiB 119 by DMA,
+// 117 / 208 / 261 on 4 / 16 / 32 SMs; 2 MiB blocks 291 by DMA, 281 / 270 on
+// 16 / 32 SMs, so batches of large blocks keep the copy engines (no SMs
+// taken). Other batches (host memory on a side, another GPU's memory) take
+// the copy engines too.
+//
 // Lifetime: free_ring() frees the ring only when the protocol says the producer
 // let go of it (CUDA: freeing memory another process still maps is undefined);
 // the destructor never frees it (a ring the protocol leaked stays leaked), but
@@ -30,6 +42,7 @@
 #include <memory>
 #include <string>
 
+#include "cuda/copy/op_buffers.h"
 #include "node/handoff.h"
 
 typedef struct CUstream_st* cudaStream_t;
@@ -49,9 +62,15 @@ std::unique_ptr<node::HandoffMover> engine_handoff_mover(CopyEngine& engine);
 // cudaDeviceCanAccessPeer): the peer route's condition, for tests and reports.
 bool devices_reach(int from, int to);
 
+// IpcRing's default SMs for the SM path (see above; 0: copy engines only).
+inline constexpr int kDefaultHandoffPeerSms = 32;
+// Batches whose pieces average this or more go by the copy engines.
+inline constexpr size_t kHandoffSmBelowMeanBytes = size_t{1} << 20;
+
 class IpcRing : public node::HandoffDevice {
  public:
-  explicit IpcRing(int device);  // InvalidArgument for a device this process does not see
+  // InvalidArgument for a device this process does not see, or sms outside [0, 1024].
+  explicit IpcRing(int device, int sms = kDefaultHandoffPeerSms);
   ~IpcRing() override;
   IpcRing(const IpcRing&) = delete;
   IpcRing& operator=(const IpcRing&) = delete;
@@ -65,18 +84,26 @@ class IpcRing : public node::HandoffDevice {
   uint64_t start(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n) override;
   void wait(uint64_t ticket) override;
   bool overlaps() const override { return true; }
+  uint64_t min_mean_bytes() const override { return sms_ > 0 ? 0 : node::kHandoffPeerMinMeanBytes; }
 
   int device() const { return device_; }
+  int sms() const { return sms_; }
+  uint64_t sm_batches() const override { return sm_batches_; }
 
  private:
   cudaStream_t stream();
   void enqueue(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n, cudaStream_t s);
+  bool sm_reachable(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n);
   static constexpr uint64_t kEvents = 4;  // tickets in flight at most (the protocol keeps 2)
 
   int device_;
+  int sms_;                 // the SM path's SMs (0: copy engines only)
   cudaStream_t stream_ = nullptr;
   char* ring_ = nullptr;    // consumer: the published ring
   char* mapped_ = nullptr;  // producer: the consumer's ring, mapped here
+  uint64_t ring_bytes_ = 0;  // of ring_ or mapped_
+  OpBuffers ops_;            // the SM path's block lists (its own lock; no CUDA call under it)
+  uint64_t sm_batches_ = 0;
   bool batch_ok_ = true;    // cudaMemcpyBatchAsync accepted (else one cudaMemcpyAsync per piece)
   cudaEvent_t events_[kEvents] = {};  // start(): ticket t records events_[t % kEvents]
   uint64_t next_ticket_ = 0;

@@ -328,11 +328,13 @@ uint64_t Handoff::send(const void* const* srcs, const uint64_t* sizes, size_t n)
   // 107 peer, 42.3 pool; 2 MiB 273 peer, 44 pool).
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) total += sizes[i];
-  const bool small_blocks =
-      options_.route == HandoffRoute::automatic && n > 0 && total / n < options_.peer_min_mean_bytes;
+  const uint64_t min_mean = options_.peer_min_mean_bytes != kHandoffPeerMinMeanAuto ? options_.peer_min_mean_bytes
+                            : device_                                              ? device_->min_mean_bytes()
+                                                                                   : kHandoffPeerMinMeanBytes;
+  const bool small_blocks = options_.route == HandoffRoute::automatic && n > 0 && total / n < min_mean;
   if (small_blocks && device_)
     refused_why_ = "blocks of this send average " + std::to_string(total / n) + " bytes, below " +
-                   std::to_string(options_.peer_min_mean_bytes) +
+                   std::to_string(min_mean) +
                    ": GPU to GPU they move slower than through the pool";
   try {
     for (size_t c = 0; c < plan.chunk_count(); ++c) {

@@ -111,8 +111,10 @@ constexpr uint32_t kHandoffHeaderWords = 64;
 constexpr uint32_t kHandoffMetaWords = 8;
 constexpr size_t kHandoffExportBytes = 64;  // RING_HANDLE
 constexpr size_t kHandoffBusIdBytes = 16;   // RING_BUS
-// HandoffOptions::peer_min_mean_bytes's default
+// HandoffDevice::min_mean_bytes's default (copy engines GPU to GPU), and
+// HandoffOptions::peer_min_mean_bytes's "ask the device"
 constexpr uint64_t kHandoffPeerMinMeanBytes = uint64_t{256} << 10;
+constexpr uint64_t kHandoffPeerMinMeanAuto = ~uint64_t{0};
 
 // Header words (see the protocol above).
 enum HandoffWord : uint32_t {
@@ -231,6 +233,11 @@ class HandoffDevice : public HandoffMover {
   }
   void wait(uint64_t) override {}
   bool overlaps() const override { return false; }
+  // Route auto: the mean block bytes under which this device's copies are
+  // slower than the pool's (HandoffOptions::peer_min_mean_bytes's default).
+  virtual uint64_t min_mean_bytes() const { return kHandoffPeerMinMeanBytes; }
+  // Copy batches moved by SMs rather than copy engines (reports, tests).
+  virtual uint64_t sm_batches() const { return 0; }
 };
 
 struct HandoffOptions {
@@ -240,15 +247,18 @@ struct HandoffOptions {
   double poll_s = 0.25;                // how often a wait checks the peer (> 0, finite)
   HandoffRoute route = HandoffRoute::automatic;
   // route automatic: a send whose blocks average fewer bytes goes through the
-  // pool even where the device ring is there (GPU to GPU, small blocks move
-  // one DMA descriptor each, slower than through host memory; see send()).
-  uint64_t peer_min_mean_bytes = kHandoffPeerMinMeanBytes;
+  // pool even where the device ring is there (GPU to GPU by the copy engines,
+  // small blocks move one DMA descriptor each, slower than through host
+  // memory; see send()). kHandoffPeerMinMeanAuto: the HandoffDevice's own
+  // figure (min_mean_bytes(): 0 where its SMs copy small blocks).
+  uint64_t peer_min_mean_bytes = kHandoffPeerMinMeanAuto;
 };
 
 struct HandoffStats {
   uint64_t sent = 0, received = 0;          // batches (slots) since open, this process
   uint64_t pool_slots = 0, peer_slots = 0;  // of those, by route
   uint64_t last_pool_slots = 0, last_peer_slots = 0;  // the last send or recv call's, by route
+  uint64_t sm_batches = 0;  // copy batches this side's HandoffDevice moved by SMs (not copy engines)
 };
 
 class Handoff {
@@ -285,7 +295,11 @@ class Handoff {
   bool created() const { return created_; }
   uint64_t sent() const { return sent_; }          // the producer's position (batches)
   uint64_t received() const { return received_; }  // the consumer's position
-  HandoffStats stats() const { return stats_; }
+  HandoffStats stats() const {
+    HandoffStats s = stats_;
+    s.sm_batches = device_ ? device_->sm_batches() : 0;
+    return s;
+  }
   // Why this side's slots went through the pool where the device ring could
   // have been used ("" if none: e.g. the consumer had not published yet).
   const std::string& route_note() const { return refused_why_; }

@@ -79,7 +79,7 @@ void check_lengths(const Int64s& addrs, const Int64s& sizes) {
 
 void handoff_init(Handoff* h, std::shared_ptr<node::NodePool> pool, const std::string& key, uint32_t slots,
                   uint64_t slot_bytes, double timeout_s, double poll_s, const std::string& route,
-                  const std::string& copy_mode, nb::object copy, int device) {
+                  const std::string& copy_mode, nb::object copy, int device, int peer_sms) {
   node::HandoffOptions o;
   o.slots = slots;
   o.slot_bytes = slot_bytes;
@@ -88,7 +88,7 @@ void handoff_init(Handoff* h, std::shared_ptr<node::NodePool> pool, const std::s
   o.route = node::parse_handoff_route(route);
   std::unique_ptr<node::HandoffMover> mover = pool_mover(copy_mode, std::move(copy), device);
   std::unique_ptr<node::HandoffDevice> ring;
-  if (device >= 0 && o.route != node::HandoffRoute::pool) ring = std::make_unique<cuda::IpcRing>(device);
+  if (device >= 0 && o.route != node::HandoffRoute::pool) ring = std::make_unique<cuda::IpcRing>(device, peer_sms);
   GilRelease unlocked;  // the open may wait for the block's maker
   new (h) Handoff(std::move(pool), key, o, std::move(mover), std::move(ring));
 }
@@ -102,6 +102,7 @@ nb::dict handoff_stats(const Handoff& h) {
   d["peer_slots"] = s.peer_slots;
   d["last_pool_slots"] = s.last_pool_slots;
   d["last_peer_slots"] = s.last_peer_slots;
+  d["sm_batches"] = s.sm_batches;
   d["route_note"] = h.route_note();
   return d;
 }
@@ -115,6 +116,7 @@ void bind_handoff_protocol(nb::module_& m) {
   m.attr("HANDOFF_MAX_SLOTS") = node::kHandoffMaxSlots;
   m.attr("HANDOFF_HEADER_WORDS") = node::kHandoffHeaderWords;
   m.attr("HANDOFF_META_WORDS") = node::kHandoffMetaWords;
+  m.attr("HANDOFF_PEER_SMS") = cuda::kDefaultHandoffPeerSms;
   m.def("handoff_header_bytes", &node::handoff_header_bytes, "slots"_a, "granule"_a);
   m.def(
       "handoff_plan",
@@ -148,7 +150,7 @@ void bind_handoff_class(nb::module_& m) {
   nb::class_<Handoff>(m, "Handoff")
       .def("__init__", &handoff_init,
            "pool"_a, "key"_a, "slots"_a, "slot_bytes"_a, "timeout_s"_a, "poll_s"_a, "route"_a, "copy_mode"_a,
-           "copy"_a.none(), "device"_a)
+           "copy"_a.none(), "device"_a, "peer_sms"_a = cuda::kDefaultHandoffPeerSms)
       .def("send",
            [](Handoff& h, const Int64s& srcs, const Int64s& sizes) {
              check_lengths(srcs, sizes);

@@ -54,6 +54,10 @@ def _sizes(seed: int, r: int, big: bool | str) -> list[int]:
     if big == "kv":  # blocks averaging >= 256 KiB (auto sends smaller ones by the pool); a round in 8 MiB
         kinds = [256 << 10, 1 << 20, 300_001]
         return [kinds[k] for k in rng.integers(0, len(kinds), int(rng.integers(2, 7)))]
+    if big == "sub1m":  # odd sizes under 1 MiB: every batch goes by the copy kernel where peer_sms > 0
+        sizes = [int(x) for x in rng.integers(0, 1 << 20, int(rng.integers(5, 40)))]
+        sizes[0] = max(sizes[0], 1)
+        return sizes
     kinds = [64 << 10, 2 << 20, 65535, 1, 0] if big else [4096, 65536, 777, 1, 0]
     odd = int(rng.integers(1, 3 << 20 if big else 100_000))
     sizes = [kinds[k] if k < len(kinds) else odd for k in rng.integers(0, len(kinds) + 1, int(rng.integers(5, 40)))]
@@ -75,14 +79,15 @@ def _side(role: str, name: str, seed: int, device: int, rounds: int, route: str,
     """One process: "producer" sends `rounds` rounds; "consumer" receives them into poisoned
     GPU memory (or host memory with opts["host_dsts"]) and checks every byte. opts:
     slots, slot_bytes, big (sizes), hold (producer: after this many rounds, say so on q and
-    wait for "go" on ctl), host_dsts."""
+    wait for "go" on ctl), host_dsts, peer_sms (the device ring's copy kernel; 0: copy engines)."""
     try:
         import ferry
         from ferry import _ferry
 
         _ferry.cuda_warm_up(device)
         pool = NodePool(name, 256 << 20, device=device, label=role)
-        h = Handoff(pool, "kv", opts["slots"], opts["slot_bytes"], timeout=60, poll=0.05, route=route)
+        h = Handoff(pool, "kv", opts["slots"], opts["slot_bytes"], timeout=60, poll=0.05, route=route,
+                    **({"peer_sms": opts["peer_sms"]} if "peer_sms" in opts else {}))
         problems, routes = [], []
         for r in range(rounds):
             if role == "producer" and r == opts.get("hold"):
@@ -172,13 +177,23 @@ def _run(devices: tuple[int, int], routes: tuple[str, str], rounds: int, opts: d
 OPTS = {"slots": 3, "slot_bytes": 8 << 20, "big": True}
 
 
-def test_two_gpus_peer_route_bit_exact(gpu):
-    """GPU 0 -> GPU 1 through the consumer's device ring: every slot GPU to GPU."""
+@pytest.mark.parametrize("peer_sms,sizes", [(32, "sub1m"), (1, "sub1m"), (0, True), (32, True)])
+def test_two_gpus_peer_route_bit_exact(gpu, peer_sms, sizes):
+    """GPU 0 -> GPU 1 through the consumer's device ring: every slot GPU to GPU, by the
+    SM copy kernel on both sides (peer_sms > 0 and blocks under 1 MiB: 1 SM gives every
+    warp many blocks), by the copy engines (0), or by either per batch (KV sizes up to
+    3 MiB: batches averaging 1 MiB or more take the copy engines)."""
     devices, seed = _two_gpus_reaching(gpu), _seed()
-    out = _run(devices, ("peer", "auto"), 6, OPTS, seed)
+    out = _run(devices, ("peer", "auto"), 6, dict(OPTS, peer_sms=peer_sms, big=sizes), seed)
     st = out["consumer"]["stats"]
     assert st["pool_slots"] == 0 and st["peer_slots"] == st["received"] > 0, st
     assert set(out["consumer"]["routes"]) <= {"peer", None}
+    for role in ("producer", "consumer"):
+        sm = out[role]["stats"]["sm_batches"]
+        if peer_sms == 0:
+            assert sm == 0, (role, out[role]["stats"])
+        elif sizes == "sub1m":
+            assert sm == out[role]["stats"]["sent" if role == "producer" else "received"] > 0, (role, out[role])
 
 
 def test_two_gpus_pool_route_bit_exact(gpu):
@@ -215,15 +230,29 @@ def test_a_mixed_run_sends_the_first_slots_by_the_pool_then_gpu_to_gpu(gpu):
     assert out["consumer"]["routes"][:3] == ["pool"] * 3 and out["consumer"]["routes"][3:] == ["peer"] * (rounds - 3)
 
 
-def test_small_blocks_take_the_pool_under_auto_even_with_the_ring_published(gpu):
-    """Blocks averaging below 256 KiB go through the pool under route="auto": GPU to
-    GPU they move one DMA descriptor each, slower than through host memory (2x H100:
-    64 KiB blocks 13.2 GB/s peer, 39.9 pool)."""
+def test_small_blocks_take_the_pool_under_auto_with_copy_engines_only(gpu):
+    """With peer_sms=0 (copy engines only), blocks averaging below 256 KiB go through the
+    pool under route="auto": GPU to GPU they move one DMA descriptor each, slower than
+    through host memory (2x H100: 64 KiB blocks 13.2 GB/s peer, 39.9 pool)."""
     seed = _seed()
     devices = (0, 1) if len(gpu["devices"]) >= 2 and _reach(0, 1) else (0, 0)
-    out = _run(devices, ("auto", "auto"), 4, dict(OPTS, big=False), seed)
+    out = _run(devices, ("auto", "auto"), 4, dict(OPTS, big=False, peer_sms=0), seed)
     st = out["consumer"]["stats"]
     assert st["peer_slots"] == 0 and st["pool_slots"] == st["received"] > 0, st
+
+
+def test_small_blocks_go_gpu_to_gpu_by_the_copy_kernel_under_auto(gpu):
+    """With the copy kernel (the default peer_sms), small and odd blocks (1 byte to
+    100 KB, zeros among them) go GPU to GPU under route="auto", bit-exact."""
+    seed = _seed()
+    devices = (0, 1) if len(gpu["devices"]) >= 2 and _reach(0, 1) else (0, 0)
+    out = _run(devices, ("auto", "auto"), 6, dict(OPTS, big=False), seed)
+    st, prod = out["consumer"]["stats"], out["producer"]["stats"]
+    # slots sent before the consumer's first recv published its ring take the pool
+    # (at most `slots` of them); every later one goes GPU to GPU
+    assert st["peer_slots"] >= st["received"] - OPTS["slots"] and st["peer_slots"] > 0, st
+    assert "average" not in (prod.get("route_note") or ""), prod
+    assert st["sm_batches"] > 0 and prod["sm_batches"] > 0, out
 
 
 def test_host_destinations_take_the_pool_under_auto(gpu):

@@ -16,7 +16,8 @@ that share a GPU are said so in the output and the records) and measures:
     (--slots slots of --slot-bytes; one batched copy per slot), each case on
     each of --handoff-routes: "pool" (through the node pool's pinned slots) and
     "auto" (GPU to GPU through the consumer's device ring where the GPUs reach
-    each other, else the pool: the route that ran is printed). Cases: blocks of
+    each other, else the pool: the route that ran is printed; its copies by an
+    SM kernel on --peer-sms SMs, 0: copy engines). Cases: blocks of
     each --blocks size (--handoff-bytes per transfer) and --mixed-blocks blocks
     of mixed sizes (64 KiB-2 MiB, log-uniform) at shuffled places on both GPUs;
     end to end (rank 1's time from the start to its last block in place), every
@@ -272,11 +273,11 @@ def handoff(args, ranks: _Ranks) -> dict:
 
             def command(r, sizes=sizes, route=route, case=case, slot_bytes=slot_bytes):
                 return ("handoff", "producer" if r == 0 else "consumer", f"kv-{case}-{route}".replace(" ", "_"),
-                        sizes, args.slots, slot_bytes, args.repeats, args.seed, route)
+                        sizes, args.slots, slot_bytes, args.repeats, args.seed, route, args.peer_sms)
 
             prod, cons = ranks.all(command, ranks=[0, 1])
             rows.append({"case": case, "blocks": len(sizes), "bytes": nbytes, "route_asked": route,
-                         "slot_bytes": slot_bytes,
+                         "slot_bytes": slot_bytes, "peer_sms": args.peer_sms,
                          "route": cons["route"], "gbps": _gbps(nbytes, cons["seconds"]),
                          "producer_gbps": _gbps(nbytes, prod["seconds"]), "verified": cons["verified"],
                          "problem": cons["problem"], "stats": cons["stats"],
@@ -523,6 +524,9 @@ class NodeSuite(Suite):
                        help="bytes per slot for route auto (default: %(default)s: the GPU-to-GPU copies run at "
                             "NVLink speed, so each slot's fixed costs need a bigger slot to hide)")
         add_repeats(p, 5, "timed runs per figure", old=("--iters",))
+        p.add_argument("--peer-sms", type=int_at_least(0), default=None,
+                       help="SMs of the GPU-to-GPU route's copy kernel (Handoff peer_sms; 0: copy engines only; "
+                            "default: Handoff's, ferry.node_handoff.PEER_SMS)")
         p.add_argument("--parts", type=choices_list(PARTS), default=",".join(PARTS),
                        help="what to measure (default: %(default)s)")
         p.add_argument("--checkpoint", default=None, metavar="PATH",
@@ -573,7 +577,9 @@ class NodeSuite(Suite):
         if cells:
             print(table(f"(c) KV handoff GPU {m['devices'][0]} -> GPU {m['devices'][1]}, scattered blocks, "
                         f"{args.slots} slots of {fmt_bytes(args.slot_nbytes)} (auto: "
-                        f"{fmt_bytes(args.peer_slot_nbytes)}) (GB/s end to end, median of {args.repeats})",
+                        f"{fmt_bytes(args.peer_slot_nbytes)}, copy kernel on "
+                        f"{'the default' if args.peer_sms is None else args.peer_sms} SMs) "
+                        f"(GB/s end to end, median of {args.repeats})",
                         ["blocks", "count", "route asked", "route ran", "ferry.node", "torch .to()",
                          "host path", "ferry.nixl WRITE", "verified"], cells))
             notes = {m.get("nixl_note")} | {v for b in h["baselines"].values() for k, v in b.items()

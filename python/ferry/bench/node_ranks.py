@@ -111,7 +111,7 @@ class Rank:
         return times
 
     def handoff(self, role: str, key: str, sizes: list[int], slots: int, slot_bytes: int, iters: int,
-                seed: int, route: str) -> dict:
+                seed: int, route: str, peer_sms: int | None = None) -> dict:
         """Rank 0 (producer) sends blocks of `sizes` at seeded-shuffled places of its GPU
         through a Handoff (route "pool" or "auto"); rank 1 (consumer) receives them into
         other shuffled places of its GPU, poisoned first, and times each transfer (barrier
@@ -132,7 +132,7 @@ class Rank:
         else:
             ferry.copy(base, np.full(n, POISON, np.uint8), n, device=self.device)
             addrs = base + dst_off
-        h = Handoff(self.pool, key, slots, slot_bytes, timeout=self.timeout, route=route)
+        h = Handoff(self.pool, key, slots, slot_bytes, timeout=self.timeout, route=route, peer_sms=peer_sms)
         times = []
         try:
             for i in range(iters + 1):  # the first is not timed (it also maps the consumer's ring)

@@ -6,7 +6,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 
 #include "copy/plan.h"
 #include "copy/profile_file.h"
@@ -241,29 +240,8 @@ cudaStream_t CopyEngine::Impl::side_stream(Direction d) {
 }
 
 void CopyEngine::Impl::launch_kernel(std::span<const BlockCopy> ops, cudaStream_t stream) {
-  size_t pieces = 0, bytes = 0;
-  for (const BlockCopy& op : ops) pieces += block_pieces(op.bytes), bytes += op.bytes;
-  OpBuffers::Buffer* b = op_buffers.acquire(pieces * sizeof(BlockCopy));
-  auto* out = static_cast<BlockCopy*>(b->host);
-  for (const BlockCopy& op : ops) {
-    auto* d = static_cast<char*>(op.dst);
-    auto* s = static_cast<const char*>(op.src);
-    for (size_t at = 0; at < op.bytes; at += kBlockPieceBytes)
-      *out++ = {d + at, s + at, std::min(kBlockPieceBytes, op.bytes - at)};
-  }
-  // The list is in write-combined memory: drain the CPU's write-combining
-  // buffers before the launch lets the GPU read it.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  bool enqueued = false;
-  try {
-    launch_block_copies(static_cast<const BlockCopy*>(b->device), pieces, bytes, stream,
-                        options.profile.batch_sm_max_sms, options.profile.batch_sm_launch_bytes);
-    enqueued = true;
-  } catch (...) {
-    op_buffers.release(b, stream, enqueued);
-    throw;
-  }
-  op_buffers.release(b, stream, enqueued);
+  launch_listed_copies(op_buffers, ops, stream, options.profile.batch_sm_max_sms,
+                       options.profile.batch_sm_launch_bytes);
 }
 
 // With no stream, the call runs on the engine's stream for its direction

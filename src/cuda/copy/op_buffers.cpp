@@ -3,6 +3,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
 #include <bit>
 
 #include "cuda/cuda_check.h"
@@ -70,6 +72,33 @@ void OpBuffers::release(Buffer* b, cudaStream_t stream, bool enqueued) noexcept 
   }
   std::lock_guard lock(mu_);
   free_.push_back(b);
+}
+
+void launch_listed_copies(OpBuffers& buffers, std::span<const BlockCopy> ops, cudaStream_t stream, int max_sms,
+                          size_t launch_bytes_per_sm) {
+  size_t pieces = 0, bytes = 0;
+  for (const BlockCopy& op : ops) pieces += block_pieces(op.bytes), bytes += op.bytes;
+  OpBuffers::Buffer* b = buffers.acquire(pieces * sizeof(BlockCopy));
+  auto* out = static_cast<BlockCopy*>(b->host);
+  for (const BlockCopy& op : ops) {
+    auto* d = static_cast<char*>(op.dst);
+    auto* s = static_cast<const char*>(op.src);
+    for (size_t at = 0; at < op.bytes; at += kBlockPieceBytes)
+      *out++ = {d + at, s + at, std::min(kBlockPieceBytes, op.bytes - at)};
+  }
+  // The list is in write-combined memory: drain the CPU's write-combining
+  // buffers before the launch lets the GPU read it.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  bool enqueued = false;
+  try {
+    launch_block_copies(static_cast<const BlockCopy*>(b->device), pieces, bytes, stream, max_sms,
+                        launch_bytes_per_sm);
+    enqueued = true;
+  } catch (...) {
+    buffers.release(b, stream, enqueued);
+    throw;
+  }
+  buffers.release(b, stream, enqueued);
 }
 
 }  // namespace ferry::cuda

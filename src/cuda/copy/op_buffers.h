@@ -19,7 +19,10 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
+
+#include "cuda/copy/block_copy.h"
 
 typedef struct CUstream_st* cudaStream_t;
 typedef struct CUevent_st* cudaEvent_t;
@@ -55,5 +58,13 @@ class OpBuffers {
   std::vector<Buffer*> free_;                  // mu_
   std::vector<std::unique_ptr<Buffer>> all_;   // mu_
 };
+
+// Enqueues the SM kernel's copies of `ops` on `stream` (block_copy.h): each op
+// cut into kBlockPieceBytes pieces, the list written into one of `buffers`,
+// launch_block_copies(max_sms, launch_bytes_per_sm). The copy engine's SM path
+// and the handoff's device ring both launch this way. Preconditions: those of
+// launch_block_copies, except the piece limit (ops may be of any size > 0).
+void launch_listed_copies(OpBuffers& buffers, std::span<const BlockCopy> ops, cudaStream_t stream, int max_sms,
+                          size_t launch_bytes_per_sm);
 
 }  // namespace ferry::cuda
