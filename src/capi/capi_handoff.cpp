@@ -41,6 +41,7 @@ ferry_handoff_options_t defaults() {
   o.slot_bytes = d.slot_bytes;
   o.timeout_s = d.timeout_s;
   o.poll_s = d.poll_s;
+  o.peer_sms = ferry::cuda::kDefaultHandoffPeerSms;
   return o;
 }
 
@@ -54,8 +55,9 @@ ferry::node::HandoffRoute route_of(uint32_t r) {
                                ": expected FERRY_HANDOFF_ROUTE_AUTO (0), _POOL (1) or _PEER (2)");
 }
 
-// The caller's options over the defaults (NULL: the defaults).
-ferry::node::HandoffOptions to_cpp(const ferry_handoff_options_t* given) {
+// The caller's options over the defaults (NULL: the defaults); *peer_sms: the
+// device ring's SMs (cuda::IpcRing's, not the protocol's).
+ferry::node::HandoffOptions to_cpp(const ferry_handoff_options_t* given, int* peer_sms) {
   const ferry_handoff_options_t c = ferry::capi::options_or(given, defaults());
   ferry::node::HandoffOptions o;
   o.slots = c.slots;
@@ -63,6 +65,11 @@ ferry::node::HandoffOptions to_cpp(const ferry_handoff_options_t* given) {
   o.timeout_s = c.timeout_s;
   o.poll_s = c.poll_s;
   o.route = route_of(c.route);
+  if (c.peer_sms < 0 || c.peer_sms > 1024)
+    throw ferry::InvalidArgument("options->peer_sms=" + std::to_string(c.peer_sms) +
+                                 ": expected 0 (copy engines only) to 1024");
+  if (c.reserved != 0) throw ferry::InvalidArgument("options->reserved: must be 0");
+  *peer_sms = c.peer_sms;
   return o;
 }
 
@@ -89,7 +96,8 @@ ferry_status_t ferry_handoff_open(ferry_node_pool_t pool, const char* key, const
     std::shared_ptr<ferry::node::NodePool> p = ferry::capi::node_pool_of(pool);
     require(key, "key");
     require(out, "out");
-    const ferry::node::HandoffOptions o = to_cpp(options);
+    int peer_sms = 0;
+    const ferry::node::HandoffOptions o = to_cpp(options, &peer_sms);
     if (device < -1) throw ferry::InvalidArgument("device=" + std::to_string(device) + ": expected a GPU, or -1");
     auto h = std::make_unique<ferry_handoff>();
     std::unique_ptr<ferry::node::HandoffMover> mover;
@@ -99,7 +107,8 @@ ferry_status_t ferry_handoff_open(ferry_node_pool_t pool, const char* key, const
     } else {
       h->engine = std::make_unique<ferry::cuda::CopyEngine>(ferry::cuda::CopyEngineOptions::from_environment(device));
       mover = ferry::cuda::engine_handoff_mover(*h->engine);
-      if (o.route != ferry::node::HandoffRoute::pool) ring = std::make_unique<ferry::cuda::IpcRing>(device);
+      if (o.route != ferry::node::HandoffRoute::pool)
+        ring = std::make_unique<ferry::cuda::IpcRing>(device, peer_sms);
     }
     h->handoff = std::make_unique<ferry::node::Handoff>(p, key, o, std::move(mover), std::move(ring));
     if (device >= 0) {  // the pool route's slots pinned for this device
@@ -157,6 +166,7 @@ ferry_status_t ferry_handoff_get_stats(ferry_handoff_t handoff, ferry_handoff_st
     v.last_pool_slots = s.last_pool_slots;
     v.last_peer_slots = s.last_peer_slots;
     v.pending = h.handoff->pending();
+    v.sm_batches = s.sm_batches;
     ferry::capi::write_struct(out, v, "out");
   });
 }

@@ -65,6 +65,7 @@ static ferry_handoff_t open_handoff(ferry_node_pool_t pool, double timeout_s, fe
   ferry_handoff_options_t o;
   CHECK(ferry_handoff_options_init(&o) == FERRY_SUCCESS);
   CHECK(o.slots == 4 && o.slot_bytes == (64u << 20) && o.route == FERRY_HANDOFF_ROUTE_AUTO && o.timeout_s == 60);
+  CHECK(o.peer_sms == 32 && o.reserved == 0);
   o.slots = 3;
   o.slot_bytes = 5000; /* rounded up to 8 KiB */
   o.timeout_s = timeout_s;
@@ -219,6 +220,16 @@ static void bad_arguments_are_refused(void) {
   CHECK(small.slot_bytes == 0x5A5A5A5A5A5A5A5Aull); /* beyond its struct_size: untouched */
   CHECK(ferry_handoff_options_defaults(NULL) == FERRY_ERROR_INVALID_ARGUMENT);
   o.route = FERRY_HANDOFF_ROUTE_AUTO;
+  o.peer_sms = -1;
+  CHECK(ferry_handoff_open(pool, "k", &o, -1, &h) == FERRY_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(ferry_last_error(), "peer_sms=-1") != NULL);
+  o.peer_sms = 1025;
+  CHECK(ferry_handoff_open(pool, "k", &o, -1, &h) == FERRY_ERROR_INVALID_ARGUMENT);
+  o.peer_sms = 0;
+  o.reserved = 1;
+  CHECK(ferry_handoff_open(pool, "k", &o, -1, &h) == FERRY_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(ferry_last_error(), "reserved") != NULL);
+  o.reserved = 0;
   o.timeout_s = -1;
   CHECK(ferry_handoff_open(pool, "k", &o, -1, &h) == FERRY_ERROR_INVALID_ARGUMENT);
   o.timeout_s = NAN;
