@@ -74,8 +74,8 @@ extern "C" {
  *      deprecated aliases (same behaviour).
  * 1.8: the node handoff (ferry_handoff_*): batches of blocks from one process
  *      to another through a node pool, GPU to GPU where the GPUs reach each other.
- * 1.9: ferry_handoff_options_t.peer_sms (GPU to GPU, slots of blocks averaging
- *      under 1 MiB copied by an SM kernel) and ferry_handoff_stats_t.sm_batches. */
+ * 1.9: ferry_handoff_options_t.peer_sms (GPU to GPU, blocks under 1 MiB
+ *      copied by an SM kernel) and ferry_handoff_stats_t.sm_batches. */
 #define FERRY_API_MINOR 9
 #define FERRY_API_VERSION ((FERRY_API_MAJOR << 16) | FERRY_API_MINOR)
 
@@ -631,8 +631,8 @@ typedef struct ferry_handoff_options {
   uint64_t slot_bytes;  /* 1 .. 2^44, rounded up to 4 KiB; default 64 MiB */
   double timeout_s;     /* a wait's limit; default 60; INFINITY: none; negative or NaN: INVALID_ARGUMENT */
   double poll_s;        /* how often a wait checks the peer; > 0; default 0.25 */
-  /* 1.9: GPU to GPU, a slot whose blocks average under 1 MiB (all memory of this
-   * side's GPU) is copied by an SM kernel on at most this many SMs, not one copy
+  /* 1.9: GPU to GPU, a slot's blocks under 1 MiB (where all are memory of this
+   * side's GPU) are copied by an SM kernel on at most this many SMs, not one copy
    * engine descriptor per block; 0 .. 1024, default 32; 0: copy engines only */
   int32_t peer_sms;
   uint32_t reserved;    /* must be 0 */

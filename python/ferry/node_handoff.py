@@ -45,11 +45,12 @@ went and the consumer reads it from there. ``last_route`` says which way the
 last send or recv call went ("pool", "peer", "mixed", None: nothing moved);
 ``stats()`` counts slots by route.
 
-``peer_sms`` (default ``PEER_SMS``, 32): on the GPU-to-GPU route, batches
-whose blocks average under 1 MiB and are all memory of this side's GPU (or the
-ring) are copied by an SM kernel on at most that many SMs, in one launch per
-slot, instead of one copy-engine descriptor per block (~5 us each over NVLink,
-so small blocks crossed slowly; see docs/node.md). 0: copy engines only; then
+``peer_sms`` (default ``PEER_SMS``, 32): on the GPU-to-GPU route, where a
+slot's blocks are all memory of this side's GPU (or the ring), those under
+1 MiB are copied by an SM kernel on at most that many SMs, in one launch per
+slot, and the larger ones by the copy engines at the same time, instead of one
+copy-engine descriptor per block (~5 us each over NVLink, so small blocks
+crossed slowly; see docs/node.md). 0: copy engines only; then
 "auto" also sends blocks averaging < 256 KiB through the pool, which was faster
 for them.
 

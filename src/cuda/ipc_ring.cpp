@@ -119,9 +119,11 @@ IpcRing::~IpcRing() {
   ScopedDevice keep;
   if (cudaSetDevice(device_) == cudaSuccess) {
     if (stream_) cudaStreamSynchronize(stream_);
-    for (cudaEvent_t& e : events_)
+    if (side_) cudaStreamSynchronize(side_);
+    for (cudaEvent_t e : {events_[0], events_[1], events_[2], events_[3], fork_, join_})
       if (e) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
+    if (side_) cudaStreamDestroy(side_);
   }
   cudaGetLastError();
 }
@@ -234,21 +236,49 @@ bool IpcRing::sm_reachable(void* const* dsts, const void* const* srcs, const siz
   return true;
 }
 
-// Enqueues the batch on s (device_ current): the SM kernel where sms_ > 0, the
-// pieces average under kHandoffSmBelowMeanBytes and it reaches every piece; else one cudaMemcpyBatchAsync, or one
-// cudaMemcpyAsync each where the batch call was refused (remembered).
+// Enqueues the batch on s (device_ current). Where sms_ > 0 and the kernel
+// reaches every piece: pieces under kHandoffDmaMinBytes by the SM kernel,
+// larger ones by the copy engines at the same time (the kernel on side_,
+// forked from s and joined back into it, so s's later work waits for both).
+// Else every piece by the copy engines (enqueue_dma).
 void IpcRing::enqueue(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n, cudaStream_t s) {
-  size_t total = 0;
-  for (size_t i = 0; i < n; ++i) total += sizes[i];
-  if (sms_ > 0 && n > 0 && total / n < kHandoffSmBelowMeanBytes && sm_reachable(dsts, srcs, sizes, n)) {
-    std::vector<BlockCopy> ops;
-    ops.reserve(n);
-    for (size_t i = 0; i < n; ++i)
-      if (sizes[i] > 0) ops.push_back({dsts[i], srcs[i], sizes[i]});
-    if (!ops.empty()) launch_listed_copies(ops_, ops, s, sms_, 0);  // one launch: a handoff is a transfer
-    ++sm_batches_;
-    return;
+  if (sms_ == 0 || !sm_reachable(dsts, srcs, sizes, n)) return enqueue_dma(dsts, srcs, sizes, n, s);
+  std::vector<BlockCopy> small;
+  std::vector<void*> bd;
+  std::vector<const void*> bs;
+  std::vector<size_t> bn;
+  for (size_t i = 0; i < n; ++i) {
+    if (sizes[i] == 0) continue;
+    if (sizes[i] >= kHandoffDmaMinBytes)
+      bd.push_back(dsts[i]), bs.push_back(srcs[i]), bn.push_back(sizes[i]);
+    else
+      small.push_back({dsts[i], srcs[i], sizes[i]});
   }
+  if (small.empty()) return enqueue_dma(bd.data(), bs.data(), bn.data(), bd.size(), s);
+  ++sm_batches_;
+  if (bd.empty()) return launch_listed_copies(ops_, small, s, sms_, 0);  // one launch: a handoff is a transfer
+  if (!side_) {
+    check(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  }
+  check(cudaEventRecord(fork_, s), "cudaEventRecord (the handoff's fork)");
+  check(cudaStreamWaitEvent(side_, fork_, 0), "cudaStreamWaitEvent (the handoff's fork)");
+  launch_listed_copies(ops_, small, side_, sms_, 0);
+  check(cudaEventRecord(join_, side_), "cudaEventRecord (the handoff's join)");
+  try {
+    enqueue_dma(bd.data(), bs.data(), bn.data(), bd.size(), s);
+  } catch (...) {
+    cudaStreamWaitEvent(s, join_, 0);  // s's later work still waits for the kernel
+    throw;
+  }
+  check(cudaStreamWaitEvent(s, join_, 0), "cudaStreamWaitEvent (the handoff's join)");
+}
+
+// One cudaMemcpyBatchAsync on s, or one cudaMemcpyAsync each where the batch
+// call was refused (remembered).
+void IpcRing::enqueue_dma(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n,
+                          cudaStream_t s) {
   if (n > 1 && batch_ok_) {
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;

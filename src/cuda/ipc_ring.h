@@ -18,17 +18,18 @@
 // (device to device, or to host destinations). Where the batch call is refused
 // once, copies go one cudaMemcpyAsync each from then on (remembered).
 //
-// Small blocks (the SM path): with `sms` > 0, a batch whose pieces average
-// under kHandoffSmBelowMeanBytes and are all memory of this side's GPU or in
-// the ring goes by the SM copy kernel (copy/block_copy.h) on at most `sms`
-// SMs in one launch, not by the copy engines: over NVLink a DMA descriptor
-// costs ~5 us. Two H200s (2026-11-28, `ferry bench node --parts handoff`, GB/s
-// end to end): 64 KiB blocks 35.1 through the pool (DMA GPU to GPU was 13 on
-// the H100s), 267 on 16 SMs, 275 on 32; 600 mixed 64 KiB-2 MiB 119 by DMA,
-// 117 / 208 / 261 on 4 / 16 / 32 SMs; 2 MiB blocks 291 by DMA, 281 / 270 on
-// 16 / 32 SMs, so batches of large blocks keep the copy engines (no SMs
-// taken). Other batches (host memory on a side, another GPU's memory) take
-// the copy engines too.
+// Small blocks (the SM path): with `sms` > 0, where the SM copy kernel
+// (copy/block_copy.h) reaches every piece of a batch (memory of this side's
+// GPU, or the ring), pieces under kHandoffDmaMinBytes go by that kernel on at
+// most `sms` SMs in one launch, and larger ones by the copy engines at the
+// same time (one cudaMemcpyBatchAsync). Over NVLink a DMA descriptor costs
+// ~5 us: small blocks crossed slowly by the copy engines alone. Two H200s
+// (2026-11-28, `ferry bench node --parts handoff`, GB/s end to end, all of a
+// batch on one path): 64 KiB blocks 35.1 through the pool, 267 on 16 SMs, 275
+// on 32; 600 mixed 64 KiB-2 MiB 119 by DMA, 117 / 208 / 261 / 296 on 4 / 16 /
+// 32 / 64 SMs; 2 MiB blocks 291 by DMA, 281 / 270 on 16 / 32 SMs. Batches
+// the kernel cannot reach (host memory on a side, another GPU's memory) take
+// the copy engines.
 //
 // Lifetime: free_ring() frees the ring only when the protocol says the producer
 // let go of it (CUDA: freeing memory another process still maps is undefined);
@@ -64,8 +65,8 @@ bool devices_reach(int from, int to);
 
 // IpcRing's default SMs for the SM path (see above; 0: copy engines only).
 inline constexpr int kDefaultHandoffPeerSms = 32;
-// Batches whose pieces average this or more go by the copy engines.
-inline constexpr size_t kHandoffSmBelowMeanBytes = size_t{1} << 20;
+// Pieces this large or larger go by the copy engines (no SMs), beside the kernel.
+inline constexpr size_t kHandoffDmaMinBytes = size_t{1} << 20;
 
 class IpcRing : public node::HandoffDevice {
  public:
@@ -93,12 +94,15 @@ class IpcRing : public node::HandoffDevice {
  private:
   cudaStream_t stream();
   void enqueue(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n, cudaStream_t s);
+  void enqueue_dma(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n, cudaStream_t s);
   bool sm_reachable(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n);
   static constexpr uint64_t kEvents = 4;  // tickets in flight at most (the protocol keeps 2)
 
   int device_;
   int sms_;                 // the SM path's SMs (0: copy engines only)
   cudaStream_t stream_ = nullptr;
+  cudaStream_t side_ = nullptr;  // the kernel's, beside stream_'s DMA (made on first use)
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;  // stream_ -> side_ -> stream_
   char* ring_ = nullptr;    // consumer: the published ring
   char* mapped_ = nullptr;  // producer: the consumer's ring, mapped here
   uint64_t ring_bytes_ = 0;  // of ring_ or mapped_

@@ -181,8 +181,8 @@ OPTS = {"slots": 3, "slot_bytes": 8 << 20, "big": True}
 def test_two_gpus_peer_route_bit_exact(gpu, peer_sms, sizes):
     """GPU 0 -> GPU 1 through the consumer's device ring: every slot GPU to GPU, by the
     SM copy kernel on both sides (peer_sms > 0 and blocks under 1 MiB: 1 SM gives every
-    warp many blocks), by the copy engines (0), or by either per batch (KV sizes up to
-    3 MiB: batches averaging 1 MiB or more take the copy engines)."""
+    warp many blocks), by the copy engines (0), or both at once (KV sizes up to 3 MiB:
+    blocks of 1 MiB and more take the copy engines beside the kernel)."""
     devices, seed = _two_gpus_reaching(gpu), _seed()
     out = _run(devices, ("peer", "auto"), 6, dict(OPTS, peer_sms=peer_sms, big=sizes), seed)
     st = out["consumer"]["stats"]
