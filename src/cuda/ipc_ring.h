@@ -27,7 +27,8 @@
 // (2026-11-28, `ferry bench node --parts handoff`, GB/s end to end, all of a
 // batch on one path): 64 KiB blocks 35.1 through the pool, 267 on 16 SMs, 275
 // on 32; 600 mixed 64 KiB-2 MiB 119 by DMA, 117 / 208 / 261 / 296 on 4 / 16 /
-// 32 / 64 SMs; 2 MiB blocks 291 by DMA, 281 / 270 on 16 / 32 SMs. Batches
+// 32 / 64 SMs; 2 MiB blocks 291 by DMA, 281 / 270 on 16 / 32 SMs; split
+// as above, mixed 262 on 32 SMs and 291 on 64, 64 KiB 259, 2 MiB 259. Batches
 // the kernel cannot reach (host memory on a side, another GPU's memory) take
 // the copy engines.
 //
