@@ -36,6 +36,7 @@ docs/api.md: the words every argument uses (device, stream, out, timeout, sizes)
 # __all__ exists, so a class added to ferry.errors.__all__ must be added here).
 from .errors import (  # noqa: F401
     AllocatorTooLateError,
+    CheckpointChangedError,
     CudaError,
     DataLoaderError,
     DataLoaderTimeoutError,

@@ -98,6 +98,13 @@ class NixlTimeoutError(NixlError, FerryTimeoutError):
 # ---- ferry.torch --------------------------------------------------------------------
 
 
+class CheckpointChangedError(FerryError, RuntimeError):
+    """A checkpoint file changed while it was loaded: renamed over after its header
+    was read (another inode), or written, truncated or extended while its bytes
+    were read. load_safetensors loads once more from the start before it raises
+    this (the tensors would otherwise mix two versions of the file)."""
+
+
 class AllocatorTooLateError(FerryError, RuntimeError):
     """PyTorch's CUDA allocator is already initialized (or another ferry
     allocator was chosen): the allocator can be chosen once per process, first."""
@@ -141,6 +148,7 @@ __all__ = [
     "NixlError",
     "NixlTimeoutError",
     "AllocatorTooLateError",
+    "CheckpointChangedError",
     "DataLoaderError",
     "DataLoaderTimeoutError",
     "MeasurementError",

@@ -81,6 +81,7 @@ Catalog read_catalog(std::span<const std::string> files, std::span<const std::st
   c.shape_at.push_back(0);
   const std::vector<SafetensorsHeader> headers = read_headers(files);
   for (size_t f = 0; f < files.size(); ++f) append(c, static_cast<uint32_t>(f), headers[f]);
+  for (const SafetensorsHeader& h : headers) c.identity.push_back(h.identity);
   std::unordered_map<std::string_view, size_t> where;  // views of c.names: no reallocation after this point
   where.reserve(c.size());
   for (size_t i = 0; i < c.size(); ++i) {

@@ -33,6 +33,7 @@ struct Catalog {
   std::vector<uint64_t> bytes;
   std::vector<uint64_t> shape;    // every tensor's dimensions, one after the other
   std::vector<uint32_t> shape_at; // tensor i's dimensions: shape[shape_at[i] .. shape_at[i + 1])
+  std::vector<os::FileIdentity> identity;  // per file: the one its header was read from
 
   size_t size() const noexcept { return names.size(); }
 };

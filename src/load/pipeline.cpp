@@ -259,6 +259,7 @@ void FileSet::open_one(const std::string& path, DirectIo direct) {
     if (err == EISDIR || err == EINVAL) throw InvalidArgument(path + ": not a regular file");
     throw OsError("fstat '" + path + "'", err);
   }
+  if (int err = os::file_identity(f.fd, &f.identity)) throw OsError("fstat '" + path + "'", err);
   bool use_direct = direct == DirectIo::always;
   if (direct == DirectIo::automatic && f.bytes > 0) {
     f.cached_share = cached_share(f.fd, f.bytes);
@@ -289,6 +290,22 @@ std::vector<double> page_cache_shares(std::span<const std::string> paths) {
     shares.push_back(share);
   }
   return shares;
+}
+
+std::vector<std::string> FileSet::changed_since_open() const {
+  std::vector<std::string> out;
+  for (const File& f : files_) {
+    os::FileIdentity now;
+    if (os::file_identity(f.fd, &now) != 0) {
+      out.push_back(f.name + ": fstat failed after the reads");
+    } else if (now.size != f.identity.size) {
+      out.push_back(f.name + ": its size went from " + std::to_string(f.identity.size) + " to " +
+                    std::to_string(now.size) + " bytes while it was read");
+    } else if (now.mtime_ns != f.identity.mtime_ns) {
+      out.push_back(f.name + ": it was written to while it was read (modification time changed)");
+    }
+  }
+  return out;
 }
 
 std::vector<uint64_t> FileSet::sizes() const {
@@ -369,6 +386,8 @@ PipelineStats run_pipeline(const ReadPlan& plan, const FileSet& files, Target& t
   st.seconds = elapsed();
   st.notes = files.notes();
   st.notes.insert(st.notes.end(), r.notes.begin(), r.notes.end());
+  for (size_t i = 0; i < files.size(); ++i) st.identities.push_back(files[i].identity);
+  st.changed = files.changed_since_open();
   progress.end(st.seconds, r.done_bytes, true);
   return st;
 }

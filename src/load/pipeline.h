@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "load/read_plan.h"
+#include "os/file.h"
 
 namespace ferry {
 class WorkerPool;
@@ -78,6 +79,7 @@ class FileSet {
     int direct_fd = -1;  // O_DIRECT reads, -1 when the file is read buffered
     uint64_t bytes = 0;
     double cached_share = -1;  // page-cache probes that hit, 0..1; -1 when not probed
+    os::FileIdentity identity;  // fstat at open: what a header read earlier must match
   };
   // Throws OsError / InvalidArgument naming the file.
   FileSet(std::span<const std::string> paths, DirectIo direct);
@@ -90,6 +92,11 @@ class FileSet {
   std::vector<uint64_t> sizes() const;
   std::vector<std::string> names() const;
   const std::vector<std::string>& notes() const noexcept { return notes_; }
+  // The files whose fstat now differs from the one at open (size or
+  // modification time: written, truncated or extended since), each named
+  // with what changed. A file renamed over after the open is not among them:
+  // the descriptors still read the file that was opened.
+  std::vector<std::string> changed_since_open() const;
 
  private:
   void open_one(const std::string& path, DirectIo direct);
@@ -111,6 +118,11 @@ struct PipelineStats {
   uint64_t reads = 0, direct_reads = 0;
   double seconds = 0;
   std::vector<std::string> notes;  // fallbacks taken (O_DIRECT refused, ...)
+  // Per file of the FileSet: its identity at open (a caller compares it with
+  // the one its header was read from: a file renamed over in between is
+  // another inode), and after the reads, what changed (changed_since_open).
+  std::vector<os::FileIdentity> identities;
+  std::vector<std::string> changed;
 };
 
 // The share (0..1) of each file found in the page cache: FileSet's probe

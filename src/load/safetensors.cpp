@@ -369,7 +369,9 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   std::vector<uint8_t> bytes(8 + n);
   if (int err = os::read_at(fd, bytes.data(), bytes.size(), 0, &got)) throw OsError("read '" + path + "'", err);
   bytes.resize(got);  // shorter only if the file shrank since fstat: parse() says so
-  return parse_safetensors_header(bytes, file_bytes, path);
+  SafetensorsHeader h = parse_safetensors_header(bytes, file_bytes, path);
+  if (int err = os::file_identity(fd, &h.identity)) throw OsError("fstat '" + path + "'", err);
+  return h;
 }
 
 ShardIndex parse_shard_index(std::string_view json_text, std::string_view index_name) {

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "load/string_list.h"
+#include "os/file.h"
 
 namespace ferry::load {
 
@@ -66,6 +67,7 @@ struct SafetensorsHeader {
   uint64_t header_bytes = 0;  // N
   uint64_t data_offset = 0;   // 8 + N: where the data section starts in the file
   uint64_t file_bytes = 0;
+  os::FileIdentity identity;  // read_safetensors_header: fstat of the file it read (else zeros)
   std::vector<TensorEntry> tensors;  // sorted by (begin, end), i.e. file order
   bool has_metadata = false;
   StringList metadata_keys, metadata_values;  // __metadata__, as written: key i has value i

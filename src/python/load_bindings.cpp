@@ -54,6 +54,13 @@ nb::dict header_dict(const load::SafetensorsHeader& h) {
   return d;
 }
 
+// (device, inode, size, mtime_ns) per file: what Python compares.
+nb::list identities(const std::vector<os::FileIdentity>& ids) {
+  nb::list out;
+  for (const os::FileIdentity& i : ids) out.append(nb::make_tuple(i.device, i.inode, i.size, i.mtime_ns));
+  return out;
+}
+
 nb::dict stats_dict(const cuda::LoadStats& s) {
   nb::dict d;
   d["bytes"] = s.range_bytes;
@@ -69,6 +76,11 @@ nb::dict stats_dict(const cuda::LoadStats& s) {
   for (const std::string& n : s.notes)
     notes.append(nb::steal(PyUnicode_DecodeUTF8(n.data(), static_cast<Py_ssize_t>(n.size()), "backslashreplace")));
   d["notes"] = notes;
+  d["identities"] = identities(s.identities);
+  nb::list changed;
+  for (const std::string& n : s.changed)
+    changed.append(nb::steal(PyUnicode_DecodeUTF8(n.data(), static_cast<Py_ssize_t>(n.size()), "backslashreplace")));
+  d["changed"] = changed;
   return d;
 }
 
@@ -121,6 +133,7 @@ nb::dict catalog_dict(const load::Catalog& c) {
   d["shape"] = shapes;
   d["offset"] = c.offset;
   d["nbytes"] = c.bytes;
+  d["identity"] = identities(c.identity);
   return d;
 }
 

@@ -4,7 +4,8 @@
 // buffered / O_DIRECT / automatic reads. Errors: a file that shrank after it was
 // opened (a short read), a read error (EBADF from a descriptor swapped under
 // the FileSet), a missing file, a directory; each names the file and the
-// range, and the same worker pool runs the next load.
+// range, and the same worker pool runs the next load. A file renamed over or
+// changed while open: the stats' identities and changed say so.
 #include "load/pipeline.h"
 
 #include <fcntl.h>
@@ -12,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <random>
 
@@ -159,6 +161,71 @@ TEST(LoadPipeline, AShortReadFailsTheLoadNamingFileAndRange) {
     run_pipeline(plan, again, target, pool, o);
     EXPECT_TRUE(std::equal(f.data[0].begin(), f.data[0].end(), dst.begin()));
     EXPECT_TRUE(std::equal(f.data[1].begin(), f.data[1].end(), dst.begin() + MiB));
+  }
+}
+
+// A file renamed over after its identity was taken (as load_safetensors' catalog
+// takes it with the header) is another inode: the stats' identity says so, and
+// the bytes read are the new file's whole (the descriptors never mix the two).
+TEST(LoadPipeline, AFileRenamedOverBeforeTheOpenReportsTheNewIdentityAndReadsOnlyIt) {
+  std::mt19937_64 rng(31);
+  Files f;
+  ASSERT_TRUE(f.ok());
+  f.add(700 * KiB + 3, rng);
+  f.add(700 * KiB + 3, rng);  // the replacement: same size, other bytes
+  os::FileIdentity before;
+  ASSERT_EQ(os::path_identity(f.paths[0].c_str(), &before), 0);
+  ASSERT_EQ(rename(f.paths[1].c_str(), f.paths[0].c_str()), 0);
+  WorkerPool pool(3);
+  HostTarget target(2, 64 * KiB);
+  std::vector<uint8_t> dst(700 * KiB + 3, 0xA5);
+  std::vector<FileRange> ranges{{0, 0, dst.size(), reinterpret_cast<uintptr_t>(dst.data())}};
+  std::vector<std::string> one{f.paths[0]};
+  FileSet files(one, DirectIo::never);
+  ReadPlan plan = plan_reads(ranges, files.sizes(), files.names(), PlanOptions{64 * KiB, 64 * KiB});
+  PipelineOptions o;
+  o.threads = 3;
+  PipelineStats st = run_pipeline(plan, files, target, pool, o);
+  ASSERT_EQ(st.identities.size(), 1u);
+  EXPECT_NE(st.identities[0].inode, before.inode);
+  EXPECT_TRUE(st.changed.empty());
+  EXPECT_EQ(dst, f.data[1]);
+}
+
+// Written (same size, new modification time) or resized while it was open:
+// changed names the file and what changed.
+TEST(LoadPipeline, AFileChangedWhileOpenIsNamedInChanged) {
+  std::mt19937_64 rng(33);
+  for (int how = 0; how < 2; ++how) {
+    Files f;
+    ASSERT_TRUE(f.ok());
+    f.add(300 * KiB + 11, rng);
+    f.add(5000, rng);  // unchanged: not named
+    WorkerPool pool(2);
+    HostTarget target(2, 64 * KiB);
+    std::vector<uint8_t> dst(5000, 0xA5);
+    std::vector<FileRange> ranges{{1, 0, 5000, reinterpret_cast<uintptr_t>(dst.data())}};
+    FileSet files(f.paths, DirectIo::never);
+    ReadPlan plan = plan_reads(ranges, files.sizes(), files.names(), PlanOptions{64 * KiB, 64 * KiB});
+    int fd = open(f.paths[0].c_str(), O_WRONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    if (how == 0) {
+      ASSERT_EQ(pwrite(fd, "x", 1, 100), 1);
+      const timespec times[2] = {{0, UTIME_OMIT}, {12345, 678}};  // a modification time surely not the old one
+      ASSERT_EQ(futimens(fd, times), 0);
+    } else {
+      ASSERT_EQ(ftruncate(fd, 1000), 0);
+    }
+    close(fd);
+    PipelineOptions o;
+    o.threads = 2;
+    PipelineStats st = run_pipeline(plan, files, target, pool, o);
+    ASSERT_EQ(st.changed.size(), 1u) << how;
+    EXPECT_NE(st.changed[0].find(f.paths[0]), std::string::npos) << st.changed[0];
+    EXPECT_NE(st.changed[0].find(how == 0 ? "written to while it was read" : "size went from 307211 to 1000"),
+              std::string::npos)
+        << st.changed[0];
+    EXPECT_TRUE(std::equal(f.data[1].begin(), f.data[1].end(), dst.begin()));
   }
 }
 

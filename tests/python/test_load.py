@@ -542,3 +542,83 @@ def test_threads_share_the_default_loader(gpu, tmp_path, st_torch):
     assert not errors, errors
     for i, (_, ref) in enumerate(files):
         assert torch.equal(results[i][f"w{i}"].cpu(), ref[f"w{i}"])
+
+
+def test_catalog_records_each_files_identity(tmp_path):
+    """The catalog keeps, per file, the (device, inode, size, mtime_ns) of the file its
+    header was read from: what the load compares with the files it opens."""
+    from ferry.torch.safetensors import _catalog
+
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    paths = []
+    for k in range(3):
+        p = tmp_path / f"i{k}.safetensors"
+        n = int(rng.integers(1, 5000))
+        _write(p, {f"t{k}": ("U8", [n], rng.integers(0, 256, n, dtype=np.uint8).tobytes())})
+        paths.append(str(p))
+    cat = _catalog(paths)
+    for p, ident in zip(paths, cat.identity):
+        st = os.stat(p)
+        assert tuple(ident) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), p
+
+
+def _two_versions(torch, st_torch, tmp_path, seed):
+    """A checkpoint file and a replacement (other tensors: other dtypes, shapes, bytes)."""
+    old = _random_tensors(torch, np.random.default_rng(seed), 20)
+    new = _random_tensors(torch, np.random.default_rng(seed + 1), 20)
+    p, q = tmp_path / "m.safetensors", tmp_path / "m.new"
+    st_torch.save_file(old, str(p))
+    st_torch.save_file(new, str(q))
+    return p, q, new
+
+
+def test_a_file_renamed_over_during_the_load_gives_the_new_files_tensors(gpu, tmp_path, st_torch, monkeypatch):
+    """A new checkpoint renamed over the file after its header was read (the exact
+    window a saver's atomic rename can hit): the load notices the other inode, loads
+    again, and every tensor is the new file's, none the old one's."""
+    torch = pytest.importorskip("torch")
+    import ferry.torch.safetensors as sf
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    p, q, new = _two_versions(torch, st_torch, tmp_path, seed)
+    real, calls = sf._catalog, []
+
+    def catalog_then_rename(*args, **kwargs):
+        cat = real(*args, **kwargs)
+        if not calls:
+            os.rename(q, p)
+        calls.append(1)
+        return cat
+
+    monkeypatch.setattr(sf, "_catalog", catalog_then_rename)
+    got = sf.load_safetensors(str(p))
+    assert len(calls) == 2, f"seed {seed}: the load did not start again"
+    assert set(got) == set(new), f"seed {seed}"
+    for name, t in new.items():
+        assert torch.equal(_bytes_view(got[name]).cpu(), _bytes_view(t)), f"{name} (seed {seed})"
+
+
+def test_a_file_replaced_at_every_try_is_a_clear_error(gpu, tmp_path, st_torch, monkeypatch):
+    """Replaced after the header read of both tries: CheckpointChangedError naming the
+    file, never tensors of two versions."""
+    torch = pytest.importorskip("torch")
+    import ferry.torch.safetensors as sf
+    from ferry.errors import CheckpointChangedError
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    p, q, _ = _two_versions(torch, st_torch, tmp_path, seed)
+    real = sf._catalog
+
+    def catalog_then_replace(*args, **kwargs):
+        cat = real(*args, **kwargs)
+        spare = tmp_path / "spare"
+        os.link(p, spare)  # a copy of the current version, renamed over: another inode
+        data = spare.read_bytes()
+        os.unlink(spare)
+        spare.write_bytes(data)
+        os.rename(spare, p)
+        return cat
+
+    monkeypatch.setattr(sf, "_catalog", catalog_then_replace)
+    with pytest.raises(CheckpointChangedError, match="m.safetensors: not the file whose header was read"):
+        sf.load_safetensors(str(p))

@@ -23,7 +23,7 @@ import threading
 import traceback
 
 from .. import _ferry
-from ..errors import InvalidArgumentError, NoDeviceError
+from ..errors import CheckpointChangedError, InvalidArgumentError, NoDeviceError
 from ..load import Loader, default_loader, read_catalog, read_shard_index
 from ..gpu_check import gpu_absent_reason
 from ._torch import torch_module as _torch
@@ -74,11 +74,12 @@ class _Catalog:
     ``shape[i]``; ``index`` maps a name to its i. Columns, not an object per
     tensor: a checkpoint of thousands of tensors costs a few list passes."""
 
-    __slots__ = ("files", "names", "file", "dtype", "shape", "offset", "nbytes", "index")
+    __slots__ = ("files", "names", "file", "dtype", "shape", "offset", "nbytes", "index", "identity")
 
-    def __init__(self, files, names, file, dtype, shape, offset, nbytes):
+    def __init__(self, files, names, file, dtype, shape, offset, nbytes, identity=None):
         self.files, self.names, self.file, self.dtype = files, names, file, dtype
         self.shape, self.offset, self.nbytes = shape, offset, nbytes
+        self.identity = identity  # per file: (device, inode, size, mtime_ns) its header was read from
         self.index = dict(zip(names, range(len(names))))
 
     @classmethod
@@ -155,7 +156,7 @@ def _resolve(paths) -> tuple[list[str], list[str], list[int]]:
 def _catalog(files: list[str], index_tensors=(), index_files=()) -> _Catalog:
     """Every tensor of `files`, checked against the index (one native call)."""
     c = read_catalog(files, index_tensors, index_files)
-    return _Catalog(files, c["names"], c["file"], c["dtype"], c["shape"], c["offset"], c["nbytes"])
+    return _Catalog(files, c["names"], c["file"], c["dtype"], c["shape"], c["offset"], c["nbytes"], c["identity"])
 
 
 def _torch_dtype(torch, cat: _Catalog, i: int):
@@ -294,13 +295,23 @@ def _targets(torch, sel, cat: _Catalog, dtype, out, device) -> dict:
     return result
 
 
-def _run(loader, files, file_index, offsets, sizes, addresses, stream) -> None:
-    """Loads the ranges (four columns) with only the files they use."""
-    used = sorted(set(file_index))
+def _run(loader, cat: _Catalog, file_index, offsets, sizes, addresses, stream) -> None:
+    """Loads the ranges (four columns) of cat's files with only the files they use;
+    CheckpointChangedError where a file the loader opened is not the one whose header
+    the catalog read (renamed over since), or changed while it was read."""
+    files, used = cat.files, sorted(set(file_index))
     if len(used) < len(files):
         remap = {f: k for k, f in enumerate(used)}
         files, file_index = [files[f] for f in used], [remap[f] for f in file_index]
-    loader.load_ranges(files, file_index, offsets, sizes, addresses, stream)
+    stats = loader.load_ranges(files, file_index, offsets, sizes, addresses, stream)
+    if stats.get("changed"):
+        raise CheckpointChangedError("; ".join(stats["changed"]))
+    if cat.identity is not None:
+        for f, opened in zip(used, stats.get("identities", ())):
+            if tuple(opened) != tuple(cat.identity[f]):
+                raise CheckpointChangedError(
+                    f"{cat.files[f]}: not the file whose header was read (device, inode, size, mtime "
+                    f"{tuple(cat.identity[f])} then {tuple(opened)}): it was replaced or written during the load")
 
 
 def _cast_batches(cat: _Catalog, sel, limit):
@@ -350,6 +361,14 @@ def load_safetensors(
     loader: a ``ferry.load.Loader`` (staging size, threads, O_DIRECT);
     default: the process's loader for the device.
 
+    A file replaced while it loads (a new checkpoint renamed over it after its
+    header was read) or written, truncated or extended while it is read: the
+    load starts once more from the headers, so each tensor is of one version
+    of its file; a second change raises CheckpointChangedError. (A write that
+    keeps the size and lands within the file system's timestamp granularity of
+    the first cannot be told apart: write checkpoints to a new name, then
+    rename, as ferry's save does.)
+
     node: a ``ferry.node.NodePool`` (opened with ``device=`` this rank's GPU)
     to read each file once per node: collective, every one of the node's
     ``ranks`` processes calls it with the same paths; each reads its part of
@@ -364,7 +383,13 @@ def load_safetensors(
     math.inf: no limit; negative or NaN: InvalidArgumentError).
     """
     try:
-        return _load(paths, device, (keys, slices), dtype, out, strict, loader, (node, rank, ranks, timeout))
+        try:
+            return _load(paths, device, (keys, slices), dtype, out, strict, loader, (node, rank, ranks, timeout))
+        except CheckpointChangedError:
+            # A file was replaced (a new checkpoint renamed over it) or written
+            # during the load: load once more, headers included, so every tensor
+            # is of one version of its file; a second change is the caller's.
+            return _load(paths, device, (keys, slices), dtype, out, strict, loader, (node, rank, ranks, timeout))
     except BaseException as err:
         # The traceback's frames hold the tensors allocated so far: free them
         # now, not when the caller drops the exception.
@@ -412,12 +437,12 @@ def _load_alone(torch, ld, files, cat: _Catalog, selection, dtype, out, dev, str
         direct, cast = _split(torch, sel, cat, result, dtype, out)
         if direct:
             tensors = [result[cat.names[i]] for i in direct]
-            _run(ld, files, [cat.file[i] for i in direct], [cat.offset[i] for i in direct],
+            _run(ld, cat, [cat.file[i] for i in direct], [cat.offset[i] for i in direct],
                  [cat.nbytes[i] for i in direct], [t.data_ptr() for t in tensors], stream)
         _load_cast(torch, _loader_fill(ld, files, cat, stream), cat, cast, result, dev)
     if sliced:
         def fetch(idx, offsets, sizes, addresses):
-            _run(ld, files, [cat.file[i] for i in idx], offsets, sizes, addresses, stream)
+            _run(ld, cat, [cat.file[i] for i in idx], offsets, sizes, addresses, stream)
         result.update(_slices.load(torch, fetch, cat, sliced, _dtypes(torch, cat, list(sliced), dtype), out, dev))
     return result
 
@@ -458,7 +483,7 @@ def _load_planned(torch, node, rank, ranks, timeout, files, cat: _Catalog, selec
 def _loader_fill(ld, files, cat: _Catalog, stream):
     """fill(batch, addresses) for _load_cast: the loader reads the tensors' bytes."""
     def fill(batch, addresses):
-        _run(ld, files, [cat.file[i] for i in batch], [cat.offset[i] for i in batch],
+        _run(ld, cat, [cat.file[i] for i in batch], [cat.offset[i] for i in batch],
              [cat.nbytes[i] for i in batch], addresses, stream)
     return fill
 
@@ -533,7 +558,7 @@ def _load_new_overlapped(torch, ld, files, cat: _Catalog, sel, dts, dev, stream)
 
     def load_head():
         try:
-            _run(ld, files, *head_ranges, stream)
+            _run(ld, cat, *head_ranges, stream)
         except BaseException as err:  # noqa: BLE001 - re-raised by the caller's thread
             failed.append(err)
 
@@ -545,7 +570,7 @@ def _load_new_overlapped(torch, ld, files, cat: _Catalog, sel, dts, dev, stream)
         _join(worker)
     if failed:
         raise failed[0]
-    _run(ld, files, *ranges(rest, others.values()), stream)
+    _run(ld, cat, *ranges(rest, others.values()), stream)
     result.update(others)
     return result
 
