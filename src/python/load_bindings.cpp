@@ -61,6 +61,14 @@ nb::list identities(const std::vector<os::FileIdentity>& ids) {
   return out;
 }
 
+// Messages that may name files that are not UTF-8: such bytes appear as \xNN.
+nb::list messages(const std::vector<std::string>& texts) {
+  nb::list out;
+  for (const std::string& n : texts)
+    out.append(nb::steal(PyUnicode_DecodeUTF8(n.data(), static_cast<Py_ssize_t>(n.size()), "backslashreplace")));
+  return out;
+}
+
 nb::dict stats_dict(const cuda::LoadStats& s) {
   nb::dict d;
   d["bytes"] = s.range_bytes;
@@ -72,15 +80,9 @@ nb::dict stats_dict(const cuda::LoadStats& s) {
   d["staging_bytes"] = s.staging_bytes;
   d["threads"] = s.threads;
   d["numa_node"] = s.numa_node;
-  nb::list notes;  // they may name files that are not UTF-8: such bytes appear as \xNN
-  for (const std::string& n : s.notes)
-    notes.append(nb::steal(PyUnicode_DecodeUTF8(n.data(), static_cast<Py_ssize_t>(n.size()), "backslashreplace")));
-  d["notes"] = notes;
+  d["notes"] = messages(s.notes);
   d["identities"] = identities(s.identities);
-  nb::list changed;
-  for (const std::string& n : s.changed)
-    changed.append(nb::steal(PyUnicode_DecodeUTF8(n.data(), static_cast<Py_ssize_t>(n.size()), "backslashreplace")));
-  d["changed"] = changed;
+  d["changed"] = messages(s.changed);
   return d;
 }
 
